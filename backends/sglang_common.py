@@ -1,0 +1,283 @@
+"""Shared role adapter for sglang backends built on the Common protocol classes.
+
+Mooncake, NIXL and Mori each subclass sglang's ``CommonKVManager``,
+``CommonKVSender``, ``CommonKVReceiver`` and ``CommonKVBootstrapServer``
+(``sglang/srt/disaggregation/common/conn.py``), so one adapter drives all three;
+a backend's subclass names its ``conn`` module and classes, starts its engine and
+fills backend-specific ``KVArgs`` fields.
+
+The adapter drives the managers the way sglang's schedulers do
+(``disaggregation/prefill.py`` and ``decode.py``):
+
+* prefill: ``Sender(mgr, bootstrap_addr, room)`` -> ``init(num_pages, aux_index)``
+  once the sender is WaitingForInput -> ``send(page_indices)`` per chunk;
+* decode: ``Receiver(mgr, bootstrap_addr, room)`` ->
+  ``mgr.try_ensure_parallel_info(addr)`` until true -> ``init(prefill_dp_rank=0)``
+  -> ``send_metadata(page_indices, aux_index, state_indices=None)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from harness import gpu_import_shims, pattern, role_context
+from harness.adapter import Layout, Observation, RoleAdapter, RoleRecorder
+
+
+def wait_for_tcp_port(host: str, port: int, timeout_s: float) -> None:
+    """Block until ``host:port`` accepts a TCP connection; TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s") from None
+            time.sleep(0.05)
+
+
+def _keys_of(value: Any) -> list | None:
+    if isinstance(value, Mapping):
+        return list(value.keys())
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return list(value)
+    return None
+
+
+def room_residue(obj: Any, rooms: list[int]) -> dict[int, list[str]]:
+    """Find the attributes of ``obj`` (a KV manager) that still hold state for ``rooms``.
+
+    Looks at every dict/set/list attribute and one level inside dict values
+    (``addr_to_rooms_tracker[addr] -> {rooms}``).  Returns room -> paths like
+    ``"request_status"`` or ``"addr_to_rooms_tracker['127.0.0.1:8998']"``.
+    """
+    found: dict[int, list[str]] = {}
+    wanted = set(rooms)
+    for _ in range(3):  # sglang threads may resize a dict while we read it
+        try:
+            found = {}
+            for attr, value in list(vars(obj).items()):
+                keys = _keys_of(value)
+                if keys is None:
+                    continue
+                for key in keys:
+                    if isinstance(key, int) and key in wanted:
+                        found.setdefault(key, []).append(attr)
+                if isinstance(value, Mapping):
+                    for key, inner in list(value.items()):
+                        inner_keys = _keys_of(inner)
+                        for room in wanted.intersection(k for k in inner_keys or [] if isinstance(k, int)):
+                            found.setdefault(room, []).append(f"{attr}[{key!r}]")
+            return found
+        except RuntimeError:
+            time.sleep(0.01)
+    return found
+
+
+class SglangCommonRole(RoleAdapter):
+    """Drives one side of a Common-protocol sglang backend inside a role process.
+
+    Subclasses set ``backend`` (sglang's ``--disaggregation-transfer-backend``),
+    ``conn_module`` and the four class names, and override :meth:`init_engine`,
+    :meth:`engine` and :meth:`fill_backend_kv_args` as needed.
+    """
+
+    backend: ClassVar[str]
+    conn_module: ClassVar[str]
+    manager_class: ClassVar[str]
+    sender_class: ClassVar[str]
+    receiver_class: ClassVar[str]
+    bootstrap_class: ClassVar[str]
+    host: ClassVar[str] = role_context.LOOPBACK
+
+    def __init__(self, role: str, recorder: RoleRecorder):
+        self.role = role
+        self.recorder = recorder
+        role_context.apply_role_env()
+        self.prepare_imports()
+        gpu_import_shims.install()
+        self.conn = importlib.import_module(self.conn_module)
+        self.manager = None
+        self.bootstrap_server = None
+        self.buffers: list[tuple[pattern.BufferSpec, Any]] = []
+        self.senders: dict[int, Any] = {}
+        self.receivers: dict[int, Any] = {}
+        self.rooms_seen: list[int] = []
+        self._threads: list[threading.Thread] = []
+
+    # ---- hooks -----------------------------------------------------------
+    def prepare_imports(self) -> None:
+        """Runs before sglang's conn module is imported (e.g. put a stand-in on sys.path)."""
+
+    def init_engine(self) -> None:
+        """Start process-wide engine state the manager expects to find."""
+
+    def fill_backend_kv_args(self, kv_args: Any) -> None:
+        """Set KVArgs fields only this backend reads."""
+
+    # ---- lifecycle -------------------------------------------------------
+    def _build_pools(self, side: int, layout: Layout):
+        import torch
+
+        specs = [pattern.BufferSpec(pattern.K, layer) for layer in range(layout.num_layers)]
+        if not layout.mla:
+            specs += [pattern.BufferSpec(pattern.V, layer) for layer in range(layout.num_layers)]
+        kv = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes)) for s in specs]
+        aux_spec = pattern.BufferSpec(pattern.AUX, 0)
+        aux = (aux_spec, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes))
+        assert all(t.dtype == torch.uint8 and t.is_contiguous() for _, t in kv + [aux])
+        return kv, aux
+
+    def _kv_args(self, layout: Layout, kv: list, aux: tuple):
+        from sglang.srt.disaggregation.base.conn import KVArgs
+
+        args = KVArgs()
+        args.engine_rank = 0
+        args.pp_rank = 0
+        args.system_dp_rank = 0
+        args.rust_http_port = None
+        args.kv_cache_dtype_str = "bfloat16"
+        args.kv_layout = None
+        args.prefill_start_layer = 0
+        args.prefill_end_layer = layout.num_layers
+        args.kv_data_ptrs = [t.data_ptr() for _, t in kv]
+        args.kv_data_lens = [t.nbytes for _, t in kv]
+        args.kv_item_lens = [layout.page_bytes for _ in kv]
+        args.kv_layer_ids = [s.layer for s, _ in kv]
+        args.num_draft_entries = 0
+        args.kv_head_num = layout.kv_heads
+        args.total_kv_head_num = layout.kv_heads
+        args.page_size = layout.page_size
+        aux_tensor = aux[1]
+        args.aux_data_ptrs = [aux_tensor.data_ptr()]
+        args.aux_data_lens = [aux_tensor.nbytes]
+        args.aux_item_lens = [layout.aux_bytes]
+        for name in ("state_types", "state_data_ptrs", "state_data_lens", "state_item_lens",
+                     "state_layer_ids", "state_dim_per_tensor", "state_slice_outer_counts",
+                     "state_conv_shard_groups"):
+            setattr(args, name, [])
+        args.is_hybrid_mla_backend = False
+        args.swa_kv_cache_layout = None
+        args.ib_device = None
+        args.gpu_id = 0
+        args.mla_compression_ratios = None
+        args.kv_buf_groups = 1
+        args.hidden_kv_layers = layout.num_layers
+        args.draft_kv_layers = 0
+        self.fill_backend_kv_args(args)
+        return args
+
+    def _start(self, mode: str, layout_dict: dict, bootstrap_port: int) -> dict:
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+
+        layout = Layout(**layout_dict)
+        server_args = role_context.prepare_role(
+            role_context.RoleSettings(
+                mode=mode, backend=self.backend, bootstrap_port=bootstrap_port, page_size=layout.page_size
+            )
+        )
+        before = set(threading.enumerate())
+        self.init_engine()
+        facts: dict[str, Any] = {"mode": mode}
+        if mode == "prefill":
+            self.bootstrap_server = getattr(self.conn, self.bootstrap_class)(self.host, bootstrap_port)
+            wait_for_tcp_port(self.host, bootstrap_port, timeout_s=15)
+            facts["bootstrap_addr"] = f"{self.host}:{bootstrap_port}"
+        side = pattern.PREFILL if mode == "prefill" else pattern.DECODE
+        kv, aux = self._build_pools(side, layout)
+        self.buffers = kv + [aux]
+        dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
+        manager_cls = getattr(self.conn, self.manager_class)
+        self.manager = manager_cls(self._kv_args(layout, kv, aux), dmode, server_args, layout.mla)
+        self._threads = [t for t in threading.enumerate() if t not in before]
+        facts["rank_port"] = getattr(self.manager, "rank_port", None)
+        facts["engine"] = self.engine()
+        return facts
+
+    def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
+        return self._start("prefill", layout, bootstrap_port)
+
+    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
+        return self._start("decode", layout, bootstrap_port)
+
+    def teardown(self) -> None:
+        teardown = getattr(self.manager, "teardown", None)
+        if teardown is None:
+            return
+        worker = threading.Thread(target=teardown, name="pdconform-teardown", daemon=True)
+        worker.start()
+        worker.join(timeout=3)
+
+    # ---- prefill side ----------------------------------------------------
+    def _room_object(self, room: int):
+        obj = self.senders.get(room) or self.receivers.get(room)
+        if obj is None:
+            raise KeyError(f"room {room} is not open on this {self.role}")
+        return obj
+
+    def open_sender(self, room: int, bootstrap_addr: str) -> None:
+        self.rooms_seen.append(room)
+        self.senders[room] = getattr(self.conn, self.sender_class)(self.manager, bootstrap_addr, room)
+
+    def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
+        self.senders[room].init(num_pages, aux_slot)
+
+    def send_chunk(self, room: int, pages: list[int]) -> None:
+        import numpy as np
+
+        self.senders[room].send(np.asarray(pages, dtype=np.int32), None)
+
+    # ---- decode side -----------------------------------------------------
+    def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
+        self.rooms_seen.append(room)
+        deadline = time.monotonic() + timeout_s
+        while not self.manager.try_ensure_parallel_info(bootstrap_addr):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prefill at {bootstrap_addr} gave no parallel info within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        self.receivers[room] = getattr(self.conn, self.receiver_class)(self.manager, bootstrap_addr, room)
+
+    def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
+        import numpy as np
+
+        receiver = self.receivers[room]
+        receiver.init(0)
+        receiver.send_metadata(np.asarray(pages, dtype=np.int32), aux_slot, None)
+
+    def verify(self, kv_moves: list, aux_moves: list) -> dict:
+        kv_moves = [tuple(m) for m in kv_moves]
+        aux_moves = [tuple(m) for m in aux_moves]
+        return pattern.verify_pools(self.buffers, kv_moves, aux_moves).to_dict()
+
+    # ---- either side -----------------------------------------------------
+    def poll(self, room: int) -> int:
+        return int(self._room_object(room).poll())
+
+    def failure_reason(self, room: int) -> str | None:
+        obj = self._room_object(room)
+        try:
+            obj.failure_exception()
+        except Exception as exc:  # sglang raises the failure as an exception
+            return str(exc)
+        return None
+
+    def clear(self, room: int) -> None:
+        obj = self._room_object(room)
+        obj.clear()
+        self.senders.pop(room, None)
+        self.receivers.pop(room, None)
+
+    def abort(self, room: int) -> None:
+        self._room_object(room).abort()
+
+    def observe(self) -> dict:
+        logs, dead = self.recorder.snapshot()
+        loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(self._threads)}
+        rooms = room_residue(self.manager, self.rooms_seen) if self.manager is not None else {}
+        return Observation(role=self.role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms).to_dict()

@@ -1,0 +1,230 @@
+"""The adapter contract: what every implementation offers the harness.
+
+An adapter lives inside a *role process* (see :mod:`harness.role_host`) and
+drives one side of one implementation: the prefill (with its bootstrap server)
+or the decode.  The cell driver reaches it only through the role process's
+command socket, so the same contract works for local processes and, later,
+roles on other hosts.
+
+Adapters translate vocabulary calls into calls on the implementation and report
+*observations*; they never decide a verdict (that is :mod:`harness.checks`).
+
+Every method that takes a ``room`` refers to a bootstrap room id (an int).
+Statuses are sglang ``KVPoll`` values as ints: Failed 0, Bootstrapping 1,
+WaitingForInput 2, Transferring 3, Success 4.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+# KVPoll values (sglang.srt.disaggregation.base.conn.KVPoll), spelled out so
+# that the driver side never imports sglang.
+FAILED, BOOTSTRAPPING, WAITING_FOR_INPUT, TRANSFERRING, SUCCESS = 0, 1, 2, 3, 4
+KVPOLL_NAMES = {
+    FAILED: "Failed",
+    BOOTSTRAPPING: "Bootstrapping",
+    WAITING_FOR_INPUT: "WaitingForInput",
+    TRANSFERRING: "Transferring",
+    SUCCESS: "Success",
+}
+TERMINAL = (FAILED, SUCCESS)
+
+
+def kvpoll_name(value: int | None) -> str:
+    """Human name of a KVPoll int (``"None"`` for no status)."""
+    return KVPOLL_NAMES.get(value, str(value)) if value is not None else "None"
+
+
+class Unsupported(Exception):
+    """Raised by an adapter for a step its implementation cannot perform.
+
+    The message is the reason; the cell's verdict becomes UNSUPPORTED.
+    """
+
+
+@dataclass(frozen=True)
+class Layout:
+    """KV pool layout of one side.
+
+    ``num_layers`` model layers (this side holds all of them for PP = 1);
+    ``num_pages`` pages per buffer; ``page_size`` tokens per page;
+    ``page_bytes`` bytes per page per buffer (multiple of 8); ``aux_slots`` aux
+    slots of ``aux_bytes`` bytes each; ``mla`` selects one KV buffer per layer
+    (MLA) instead of separate K and V buffers (MHA).
+    """
+
+    num_layers: int = 3
+    num_pages: int = 16
+    page_size: int = 4
+    page_bytes: int = 256
+    aux_slots: int = 4
+    aux_bytes: int = 64
+    mla: bool = False
+    kv_heads: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Observation:
+    """What a role saw during the cell, as plain data.
+
+    * ``loops``: the implementation's control/worker threads by name -> alive;
+    * ``log_records``: WARNING and above from the implementation's loggers
+      (``level``, ``logger``, ``message``);
+    * ``dead_threads``: threads that died with an exception (``thread``,
+      ``exception``, ``message``, ``traceback``);
+    * ``rooms``: per-room state left in the manager: room -> list of
+      ``"attribute[key]"`` paths that still mention the room.
+    """
+
+    role: str
+    loops: dict[str, bool] = field(default_factory=dict)
+    log_records: list[dict[str, str]] = field(default_factory=list)
+    dead_threads: list[dict[str, str]] = field(default_factory=list)
+    rooms: dict[int, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RoleAdapter(ABC):
+    """One implementation's side of a PD pair, inside one role process.
+
+    Subclasses set ``impl`` (``reference``, ``mooncake``, ``nixl``, ``mori``) and
+    implement the abstract methods.  A role process hosts exactly one adapter;
+    the prefill role also hosts the bootstrap server.
+    """
+
+    impl: ClassVar[str]
+
+    # ---- lifecycle -------------------------------------------------------
+    @abstractmethod
+    def engine(self) -> str:
+        """``real``, ``standin`` or ``reference``: which transfer engine runs."""
+
+    @abstractmethod
+    def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
+        """Start the bootstrap server on ``bootstrap_port`` and the prefill manager
+        over pattern-filled pools.  Returns facts for the history (ports, engine)."""
+
+    @abstractmethod
+    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
+        """Start the decode manager over pattern-filled pools."""
+
+    @abstractmethod
+    def teardown(self) -> None:
+        """Stop what the adapter started, as far as the implementation allows."""
+
+    # ---- prefill side ----------------------------------------------------
+    @abstractmethod
+    def open_sender(self, room: int, bootstrap_addr: str) -> None:
+        """Create the prefill sender for ``room``."""
+
+    @abstractmethod
+    def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
+        """Tell the sender how many KV pages the request has and its aux slot."""
+
+    @abstractmethod
+    def send_chunk(self, room: int, pages: list[int]) -> None:
+        """Send one chunk: prefill page indices, in order."""
+
+    # ---- decode side -----------------------------------------------------
+    @abstractmethod
+    def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
+        """Create the decode receiver for ``room`` and resolve the prefill's
+        parallel info (bounded by ``timeout_s`` seconds)."""
+
+    @abstractmethod
+    def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
+        """Initialise the receiver and send its destination pages and aux slot."""
+
+    @abstractmethod
+    def verify(self, kv_moves: list[tuple[int, int]], aux_moves: list[tuple[int, int]]) -> dict:
+        """Check this side's pools against (source, destination) page/slot pairs;
+        returns :meth:`harness.pattern.PoolReport.to_dict`."""
+
+    # ---- either side -----------------------------------------------------
+    @abstractmethod
+    def poll(self, room: int) -> int:
+        """The room's KVPoll on this side."""
+
+    @abstractmethod
+    def failure_reason(self, room: int) -> str | None:
+        """The implementation's failure reason for the room, if any."""
+
+    @abstractmethod
+    def clear(self, room: int) -> None:
+        """Clear the room's sender/receiver."""
+
+    @abstractmethod
+    def abort(self, room: int) -> None:
+        """Abort the room's sender/receiver."""
+
+    @abstractmethod
+    def observe(self) -> dict:
+        """:class:`Observation` as a dict."""
+
+
+class RoleRecorder:
+    """Collects log records and dead threads inside a role process.
+
+    Installed once per process by the role host; adapters read it in ``observe``.
+    Bounded: keeps the first ``limit`` records of each kind.
+    """
+
+    def __init__(self, logger_prefixes: tuple[str, ...] = ("sglang",), limit: int = 500):
+        self.logger_prefixes = logger_prefixes
+        self.limit = limit
+        self.log_records: list[dict[str, str]] = []
+        self.dead_threads: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._previous_hook = threading.excepthook
+
+    def install(self) -> "RoleRecorder":
+        recorder = self
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if not record.name.startswith(recorder.logger_prefixes):
+                    return
+                try:
+                    message = record.getMessage()
+                except Exception as exc:  # a bad format string is still a record
+                    message = f"{record.msg!r} (unformattable: {exc})"
+                with recorder._lock:
+                    if len(recorder.log_records) < recorder.limit:
+                        recorder.log_records.append(
+                            {"level": record.levelname, "logger": record.name, "message": message}
+                        )
+
+        handler = _Handler(level=logging.WARNING)
+        logging.getLogger().addHandler(handler)
+        threading.excepthook = self._excepthook
+        return self
+
+    def _excepthook(self, args: threading.ExceptHookArgs) -> None:
+        with self._lock:
+            if len(self.dead_threads) < self.limit:
+                self.dead_threads.append(
+                    {
+                        "thread": args.thread.name if args.thread else "?",
+                        "exception": args.exc_type.__name__,
+                        "message": str(args.exc_value),
+                        "traceback": "".join(
+                            traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)
+                        )[-4000:],
+                    }
+                )
+        self._previous_hook(args)
+
+    def snapshot(self) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        with self._lock:
+            return list(self.log_records), list(self.dead_threads)

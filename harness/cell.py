@@ -1,0 +1,220 @@
+"""One cell: one implementation x one scenario, run in its own process.
+
+``python -m harness.cell --impl NAME --scenario ID --seed N --workdir DIR``
+starts the scenario's roles through a :class:`harness.launcher.Launcher`,
+executes its steps, observes every role, stops them, runs the checks on the
+history and writes ``DIR/cell.json`` (a :class:`harness.results.CellResult`)
+and ``DIR/history.jsonl``.  The runner kills the whole process group at the
+cell deadline, so nothing here needs to guard against its own hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from harness import steps as s
+from harness.adapter import TERMINAL, kvpoll_name
+from harness.checks import verdict_of
+from harness.history import History
+from harness.launcher import LocalLauncher, Launcher, RoleClient, RoleError, RoleHandle, RoleSpec
+from harness.results import CellResult
+from harness.scenario import Scenario, get_scenario
+
+CALL_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.02
+
+
+class CellAborted(Exception):
+    """The cell cannot go on (a role failed to start, or a step is unsupported)."""
+
+    def __init__(self, message: str, unsupported: bool = False):
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+class CellDriver:
+    """Executes scenario steps against role processes and records the history."""
+
+    def __init__(self, impl: str, launcher: Launcher, history: History, base_port: int):
+        self.impl = impl
+        self.launcher = launcher
+        self.history = history
+        self.ctx = zmq.Context()
+        self.handles: dict[str, RoleHandle] = {}
+        self.clients: dict[str, RoleClient] = {}
+        self.bootstrap_addr: dict[str, str] = {}
+        self.engine: str | None = None
+        self.base_port = base_port
+        self.step_index: int | None = None
+
+    # ---- calls with history ----------------------------------------------
+    def call(self, role: str, op: str, deadline_s: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+        self.history.record("invoke", op, role, self.step_index, args=kwargs)
+        try:
+            value = self.clients[role].call(op, deadline_s, **kwargs)
+        except RoleError as exc:
+            self.history.record("fail", op, role, self.step_index, args=kwargs, error=str(exc),
+                                unsupported=exc.unsupported, remote_traceback=exc.remote_traceback)
+            if exc.unsupported:
+                raise CellAborted(f"{role}.{op}: {exc}", unsupported=True) from exc
+            return None
+        self.history.record("ok", op, role, self.step_index, args=kwargs, value=value)
+        return value
+
+    # ---- steps -------------------------------------------------------------
+    def run(self, steps: list[s.Step]) -> None:
+        for index, step in enumerate(steps):
+            self.step_index = index
+            getattr(self, f"_do_{type(step).__name__}")(step)
+
+    def _do_StartRoles(self, step: s.StartRoles) -> None:
+        names = [(n, "prefill") for n in step.prefills] + [(n, "decode") for n in step.decodes]
+        for name, role in names:
+            self.handles[name] = self.launcher.start(RoleSpec(name=name, impl=self.impl, role=role))
+        for name, _ in names:
+            self.history.record("invoke", "launch", name, self.step_index, args={})
+            try:
+                endpoint = self.handles[name].wait_ready(step.ready_timeout_s)
+            except RoleError as exc:
+                self.history.record("fail", "launch", name, self.step_index, args={}, error=str(exc))
+                raise CellAborted(f"role {name} did not start: {exc}") from exc
+            self.history.record("ok", "launch", name, self.step_index, args={}, value={"endpoint": endpoint})
+            self.clients[name] = RoleClient(self.ctx, name, endpoint)
+        layout = step.layout.to_dict()
+        for i, name in enumerate(step.prefills):
+            port = self.base_port + i
+            facts = self.call(name, "start_prefill", deadline_s=60, layout=layout, bootstrap_port=port)
+            if facts is None:
+                raise CellAborted(f"prefill {name} failed to start: {self._last_error(name)}")
+            self.bootstrap_addr[name] = facts["bootstrap_addr"]
+            self.engine = facts.get("engine", self.engine)
+        for name in step.decodes:
+            facts = self.call(name, "start_decode", deadline_s=60, layout=layout, bootstrap_port=self.base_port)
+            if facts is None:
+                raise CellAborted(f"decode {name} failed to start: {self._last_error(name)}")
+            self.engine = facts.get("engine", self.engine)
+
+    def _last_error(self, role: str) -> str:
+        for event in reversed(self.history.events):
+            if event["role"] == role and event["type"] == "fail":
+                return event.get("error", "")
+        return ""
+
+    def _do_OpenRoom(self, step: s.OpenRoom) -> None:
+        addr = self.bootstrap_addr[step.prefill]
+        self.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=addr)
+        self.call(step.decode, "open_receiver", deadline_s=step.timeout_s + 5,
+                  room=step.room, bootstrap_addr=addr, timeout_s=step.timeout_s)
+
+    def _do_RequestKV(self, step: s.RequestKV) -> None:
+        self.call(step.decode, "request_kv", room=step.room, pages=list(step.pages), aux_slot=step.aux_slot)
+
+    def _do_InitSender(self, step: s.InitSender) -> None:
+        self.call(step.prefill, "init_sender", room=step.room, num_pages=step.num_pages, aux_slot=step.aux_slot)
+
+    def _do_SendChunk(self, step: s.SendChunk) -> None:
+        self.call(step.prefill, "send_chunk", room=step.room, pages=list(step.pages))
+
+    def _do_AwaitStatus(self, step: s.AwaitStatus) -> None:
+        args = {"room": step.room, "statuses": [kvpoll_name(x) for x in step.statuses], "timeout_s": step.timeout_s}
+        self.history.record("invoke", "await_status", step.role, self.step_index, args=args)
+        client = self.clients[step.role]
+        start = time.monotonic()
+        status = None
+        trail: list[str] = []
+        try:
+            while True:
+                status = client.call("poll", CALL_TIMEOUT_S, room=step.room)
+                if not trail or trail[-1] != kvpoll_name(status):
+                    trail.append(kvpoll_name(status))
+                if status in step.statuses or time.monotonic() - start > step.timeout_s:
+                    break
+                time.sleep(POLL_INTERVAL_S)
+            reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status in TERMINAL else None
+        except RoleError as exc:
+            self.history.record("fail", "await_status", step.role, self.step_index, args=args, error=str(exc))
+            return
+        value = {"status": status, "status_name": kvpoll_name(status), "reached": status in step.statuses,
+                 "waited_s": round(time.monotonic() - start, 3), "trail": trail, "failure_reason": reason}
+        self.history.record("ok", "await_status", step.role, self.step_index, args=args, value=value)
+
+    def _do_VerifyPools(self, step: s.VerifyPools) -> None:
+        self.call(step.decode, "verify", kv_moves=[list(m) for m in step.kv_moves],
+                  aux_moves=[list(m) for m in step.aux_moves])
+
+    def _do_Sleep(self, step: s.Sleep) -> None:
+        time.sleep(step.seconds)
+
+    # ---- end of cell -------------------------------------------------------
+    def observe_all(self) -> None:
+        self.step_index = None
+        for name, client in self.clients.items():
+            if self.handles[name].alive() and not client.broken:
+                self.call(name, "observe", deadline_s=10)
+
+    def stop_all(self) -> None:
+        for name, client in self.clients.items():
+            if self.handles[name].alive() and not client.broken:
+                try:
+                    client.call("shutdown", 5)
+                except RoleError:
+                    pass
+            client.close()
+        for handle in self.handles.values():
+            handle.stop(timeout_s=5)
+        self.ctx.term()
+
+
+def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port: int) -> CellResult:
+    """Run one cell in this process (roles in child processes); return its result."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    history = History(workdir / "history.jsonl")
+    driver = CellDriver(impl, LocalLauncher(workdir), history, base_port)
+    start = time.monotonic()
+    run_error = unsupported = None
+    try:
+        driver.run(scenario.steps(seed))
+        driver.observe_all()
+    except CellAborted as exc:
+        if exc.unsupported:
+            unsupported = str(exc)
+        else:
+            run_error = str(exc)
+    finally:
+        driver.stop_all()
+        history.close()
+    results = [check.run(history.events) for check in scenario.checks(seed)]
+    verdict, reason = verdict_of(results, run_error=run_error, unsupported=unsupported)
+    bytes_verified = sum(
+        (e.get("value") or {}).get("bytes_verified", 0)
+        for e in history.events if e["op"] == "verify" and e["type"] == "ok"
+    )
+    return CellResult(
+        impl=impl, scenario=scenario.id, verdict=verdict, expected="PASS", engine=driver.engine,
+        duration_s=round(time.monotonic() - start, 3), bytes_verified=bytes_verified, reason=reason,
+        divergence=None, checks=[r.to_dict() for r in results], workdir=str(workdir),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.cell")
+    parser.add_argument("--impl", required=True)
+    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--base-port", type=int, required=True)
+    args = parser.parse_args(argv)
+    result = run_cell(args.impl, get_scenario(args.scenario), args.seed, Path(args.workdir), args.base_port)
+    Path(args.workdir, "cell.json").write_text(json.dumps(result.to_dict(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

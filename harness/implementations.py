@@ -1,0 +1,54 @@
+"""The implementations pdconform knows, declared as data.
+
+Each entry names the role-adapter class (imported only inside a role process,
+since importing it imports sglang and an engine) and says in one line what runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    adapter: str  # "module:Class" of a harness.adapter.RoleAdapter subclass
+    description: str
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    impl.name: impl
+    for impl in (
+        Implementation(
+            "mooncake",
+            "backends.mooncake.adapter:MooncakeRole",
+            "sglang MooncakeKVManager on the real Mooncake TransferEngine (TCP, loopback)",
+        ),
+        Implementation(
+            "nixl",
+            "backends.nixl.adapter:NixlRole",
+            "sglang NixlKVManager on a real NIXL agent (UCX over TCP on lo, DRAM)",
+        ),
+        Implementation(
+            "mori",
+            "backends.mori.adapter:MoriRole",
+            "sglang MoriKVManager on amd-mori, or on the pdconform stand-in engine when mori cannot import",
+        ),
+    )
+}
+
+
+def implementation(name: str) -> Implementation:
+    """Look up an implementation; KeyError names the known ones."""
+    try:
+        return IMPLEMENTATIONS[name]
+    except KeyError:
+        raise KeyError(f"unknown implementation {name!r} (known: {', '.join(IMPLEMENTATIONS)})") from None
+
+
+def load_role_adapter(name: str, *, role: str, recorder):
+    """Import and build the role adapter for ``name`` (inside a role process)."""
+    module_name, _, class_name = implementation(name).adapter.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(role=role, recorder=recorder)

@@ -1,0 +1,215 @@
+"""Starting role processes, and talking to them.
+
+The cell driver never assumes a role is its own child: it asks a
+:class:`Launcher` for a :class:`RoleHandle`, talks to it through
+:class:`RoleClient` over the handle's ZMQ endpoint, and applies process faults
+through the handle (``kill``/``freeze``/``thaw``).  :class:`LocalLauncher`
+starts roles as local processes; a multi-host launcher implements the same two
+classes.
+
+Every wait here is bounded; on timeout the caller gets :class:`RoleTimeout`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+
+class RoleError(RuntimeError):
+    """A role process failed to start, died, or answered a command with an error."""
+
+    def __init__(self, message: str, *, remote_error: str | None = None, remote_traceback: str = "",
+                 unsupported: bool = False):
+        super().__init__(message)
+        self.remote_error = remote_error
+        self.remote_traceback = remote_traceback
+        self.unsupported = unsupported
+
+
+class RoleTimeout(RoleError):
+    """A role did not become ready or did not answer within its deadline."""
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """What to run: implementation ``impl`` in role ``role`` (prefill/decode).
+
+    ``env`` is added to the process environment; ``log_path`` receives the
+    role's stdout and stderr.
+    """
+
+    name: str
+    impl: str
+    role: str
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: str | None = None
+
+
+class RoleHandle(ABC):
+    """A started role, wherever it runs."""
+
+    spec: RoleSpec
+
+    @abstractmethod
+    def wait_ready(self, timeout_s: float) -> str:
+        """Block until the role serves commands; return its endpoint.
+        Raises RoleTimeout or RoleError (with the log tail) when it cannot."""
+
+    @abstractmethod
+    def alive(self) -> bool:
+        """Whether the role's process is still running."""
+
+    @abstractmethod
+    def signal(self, signum: int) -> None:
+        """Send a signal: SIGKILL (kill), SIGSTOP (freeze), SIGCONT (thaw)."""
+
+    @abstractmethod
+    def stop(self, timeout_s: float) -> None:
+        """Make sure the role is gone: ask, then kill.  Bounded by ``timeout_s``."""
+
+    @abstractmethod
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines the role printed (for error reasons)."""
+
+
+class Launcher(ABC):
+    """Starts role processes.  Implementations: :class:`LocalLauncher`."""
+
+    @abstractmethod
+    def start(self, spec: RoleSpec) -> RoleHandle:
+        """Start ``spec`` without waiting for it to be ready."""
+
+
+class LocalRoleHandle(RoleHandle):
+    def __init__(self, spec: RoleSpec, process: subprocess.Popen, ready_file: Path, log_path: Path):
+        self.spec = spec
+        self.process = process
+        self.ready_file = ready_file
+        self.log_path = log_path
+        self.endpoint: str | None = None
+
+    def wait_ready(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.ready_file.exists():
+                self.endpoint = self.ready_file.read_text().split("\n")[0].strip()
+                shutil.rmtree(self.ready_file.parent, ignore_errors=True)
+                return self.endpoint
+            if self.process.poll() is not None:
+                raise RoleError(
+                    f"{self.spec.name} exited with code {self.process.returncode} before it was ready:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.05)
+        raise RoleTimeout(f"{self.spec.name} was not ready within {timeout_s:.0f} s:\n" + self.log_tail())
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            self.process.send_signal(signum)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        shutil.rmtree(self.ready_file.parent, ignore_errors=True)
+        if not self.alive():
+            return
+        try:  # a role asked to shut down exits by itself within moments
+            self.process.wait(timeout=min(1.0, timeout_s))
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        self.process.send_signal(signal.SIGCONT)  # a frozen role cannot exit
+        self.process.kill()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class LocalLauncher(Launcher):
+    """Runs each role as a child process of this one, in this process group.
+
+    ``workdir`` receives one ``<role name>.log`` per role.
+    """
+
+    def __init__(self, workdir: str | os.PathLike):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, spec: RoleSpec) -> LocalRoleHandle:
+        log_path = Path(spec.log_path) if spec.log_path else self.workdir / f"{spec.name}.log"
+        ready_dir = Path(tempfile.mkdtemp(prefix="pdconform-ready-"))
+        ready_file = ready_dir / "endpoint"
+        env = dict(os.environ)
+        env.update(spec.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [
+            sys.executable, "-m", "harness.role_host",
+            "--impl", spec.impl, "--role", spec.role,
+            "--ready-file", str(ready_file), "--parent-pid", str(os.getpid()),
+        ]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                cwd=str(Path(__file__).resolve().parent.parent),
+            )
+        return LocalRoleHandle(spec, process, ready_file, log_path)
+
+
+class RoleClient:
+    """Calls :class:`harness.adapter.RoleAdapter` methods on a role, with a deadline each.
+
+    After a timeout the REQ socket cannot be reused: the client marks itself
+    broken and every later call raises RoleTimeout at once.
+    """
+
+    def __init__(self, ctx: zmq.Context, name: str, endpoint: str):
+        self.name = name
+        self.endpoint = endpoint
+        self._ctx = ctx
+        self._socket = ctx.socket(zmq.REQ)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(endpoint)
+        self.broken: str | None = None
+
+    def call(self, op: str, deadline_s: float, **kwargs: Any) -> Any:
+        """Run ``op(**kwargs)`` on the role; RoleTimeout after ``deadline_s`` seconds,
+        RoleError (with the remote traceback) when the op raised."""
+        if self.broken:
+            raise RoleTimeout(f"{self.name} is not answering ({self.broken})")
+        self._socket.send_pyobj({"op": op, "kwargs": kwargs})
+        if not self._socket.poll(int(deadline_s * 1000), zmq.POLLIN):
+            self.broken = f"{op} got no answer within {deadline_s:.1f} s"
+            raise RoleTimeout(f"{self.name}: {self.broken}")
+        reply = self._socket.recv_pyobj()
+        if reply.get("ok"):
+            return reply.get("value")
+        raise RoleError(
+            f"{self.name}.{op} raised {reply.get('error')}: {reply.get('message')}",
+            remote_error=reply.get("error"),
+            remote_traceback=reply.get("traceback", ""),
+            unsupported=bool(reply.get("unsupported")),
+        )
+
+    def close(self) -> None:
+        self._socket.close(0)

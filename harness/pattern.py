@@ -1,0 +1,216 @@
+"""Deterministic KV/aux pool patterns that name every byte, and their verification.
+
+Every 8-byte word of a pool holds a 64-bit tag that says where it was written::
+
+    bit 62-63  side      1 = prefill, 2 = decode
+    bit 60-61  kind      0 = K, 1 = V, 2 = aux
+    bit 48-59  layer     model layer id (K/V) or aux buffer index (aux)
+    bit 24-47  page      page (K/V) or aux slot index (aux)
+    bit  0-23  word      8-byte word index inside the page/slot
+
+A decode pool starts filled with decode tags.  After a transfer of prefill page
+``s`` into decode page ``d`` of the same layer and kind, page ``d`` must hold the
+prefill tags of page ``s``; every other page must still hold its decode tags.
+A misplaced byte therefore names both where it is and where it came from.
+
+Pools are ``torch.uint8`` CPU tensors of shape ``[num_pages, page_bytes]``
+(``page_bytes`` = bytes per page per buffer, a multiple of 8).  Pure functions:
+no I/O, no sglang import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+
+PREFILL, DECODE = 1, 2
+K, V, AUX = 0, 1, 2
+SIDE_NAMES = {PREFILL: "prefill", DECODE: "decode"}
+KIND_NAMES = {K: "K", V: "V", AUX: "aux"}
+WORD = 8
+MAX_LAYER = (1 << 12) - 1
+MAX_PAGE = (1 << 24) - 1
+
+
+def pattern(side: int, kind: int, layer: int, num_pages: int, page_bytes: int) -> torch.Tensor:
+    """Return a ``[num_pages, page_bytes]`` uint8 tensor of tags for one buffer.
+
+    Raises ValueError when ``page_bytes`` is not a positive multiple of 8 or an
+    index does not fit its field.
+    """
+    if page_bytes <= 0 or page_bytes % WORD:
+        raise ValueError(f"page_bytes must be a positive multiple of {WORD}, got {page_bytes}")
+    if not 0 <= layer <= MAX_LAYER or num_pages - 1 > MAX_PAGE:
+        raise ValueError(f"layer {layer} or page count {num_pages} does not fit the tag")
+    words = page_bytes // WORD
+    page = torch.arange(num_pages, dtype=torch.int64).unsqueeze(1)
+    word = torch.arange(words, dtype=torch.int64).unsqueeze(0)
+    # side << 62 overflows int64 for side 2; build it from two halves.
+    low = (kind << 60) | (layer << 48) | (page << 24) | word
+    tags = low + torch.tensor(side, dtype=torch.int64).bitwise_left_shift(62)
+    return tags.contiguous().view(torch.uint8).view(num_pages, page_bytes).clone()
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A decoded 64-bit word tag."""
+
+    side: int
+    kind: int
+    layer: int
+    page: int
+    word: int
+
+    @classmethod
+    def decode(cls, value: int) -> "Tag":
+        value &= (1 << 64) - 1
+        return cls(
+            side=value >> 62,
+            kind=(value >> 60) & 0x3,
+            layer=(value >> 48) & 0xFFF,
+            page=(value >> 24) & 0xFFFFFF,
+            word=value & 0xFFFFFF,
+        )
+
+    def describe(self) -> str:
+        side = SIDE_NAMES.get(self.side)
+        if side is None or self.kind not in KIND_NAMES:
+            return "unrecognised bytes (no pattern tag)"
+        if self.kind == AUX:
+            return f"{side} aux buffer {self.layer} slot {self.page}"
+        return f"{side} layer {self.layer} {KIND_NAMES[self.kind]} page {self.page}"
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """One registered buffer: which layer (or aux buffer index) and kind it holds."""
+
+    kind: int
+    layer: int
+
+    def name(self) -> str:
+        if self.kind == AUX:
+            return f"aux buffer {self.layer}"
+        return f"layer {self.layer} {KIND_NAMES[self.kind]}"
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A destination page whose bytes are not what the transfer plan says.
+
+    ``where`` names the destination (side, layer, K/V, page); ``expected`` and
+    ``found`` name the source of the bytes by their tag.
+    """
+
+    buffer: str
+    page: int
+    first_bad_word: int
+    bad_words: int
+    expected: str
+    found: str
+
+    def describe(self) -> str:
+        unit = "slot" if self.buffer.startswith("aux") else "page"
+        return (
+            f"decode {self.buffer} {unit} {self.page}: expected {self.expected}, found "
+            f"{self.found} ({self.bad_words} bad 8-byte words from word {self.first_bad_word})"
+        )
+
+
+@dataclass
+class PoolReport:
+    """Result of checking destination pools against a transfer plan.
+
+    ``bytes_verified`` counts bytes of destination pages that were expected to
+    receive data and hold exactly the right bytes; ``bytes_untouched_checked``
+    counts bytes of pages that had to stay untouched and did.
+    """
+
+    bytes_verified: int = 0
+    bytes_untouched_checked: int = 0
+    mismatches: list[Mismatch] = field(default_factory=list)
+    mismatch_pages: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatch_pages == 0
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "bytes_verified": self.bytes_verified,
+            "bytes_untouched_checked": self.bytes_untouched_checked,
+            "mismatch_pages": self.mismatch_pages,
+            "mismatches": [m.describe() for m in self.mismatches],
+        }
+
+
+def expected_destination(
+    spec: BufferSpec,
+    num_pages: int,
+    page_bytes: int,
+    moves: Sequence[tuple[int, int]],
+) -> torch.Tensor:
+    """The bytes a decode buffer must hold after ``moves`` = [(src_page, dst_page)]."""
+    out = pattern(DECODE, spec.kind, spec.layer, num_pages, page_bytes)
+    if moves:
+        src = pattern(PREFILL, spec.kind, spec.layer, max(s for s, _ in moves) + 1, page_bytes)
+        for s, d in moves:
+            out[d] = src[s]
+    return out
+
+
+def verify_buffer(
+    spec: BufferSpec,
+    actual: torch.Tensor,
+    moves: Sequence[tuple[int, int]],
+    report: PoolReport,
+    max_listed: int = 20,
+) -> None:
+    """Compare one destination buffer with the plan; add results to ``report``.
+
+    ``actual`` is the ``[num_pages, page_bytes]`` uint8 destination tensor.
+    """
+    num_pages, page_bytes = actual.shape
+    expected = expected_destination(spec, num_pages, page_bytes, moves)
+    got_words = actual.contiguous().view(torch.int64)
+    exp_words = expected.view(torch.int64)
+    bad = got_words != exp_words
+    received = {d for _, d in moves}
+    bad_pages = bad.any(dim=1)
+    for page in range(num_pages):
+        if not bool(bad_pages[page]):
+            if page in received:
+                report.bytes_verified += page_bytes
+            else:
+                report.bytes_untouched_checked += page_bytes
+            continue
+        report.mismatch_pages += 1
+        if len(report.mismatches) >= max_listed:
+            continue
+        idx = int(bad[page].nonzero()[0])
+        report.mismatches.append(
+            Mismatch(
+                buffer=spec.name(),
+                page=page,
+                first_bad_word=idx,
+                bad_words=int(bad[page].sum()),
+                expected=Tag.decode(int(exp_words[page, idx])).describe(),
+                found=Tag.decode(int(got_words[page, idx])).describe(),
+            )
+        )
+
+
+def verify_pools(
+    buffers: Iterable[tuple[BufferSpec, torch.Tensor]],
+    kv_moves: Sequence[tuple[int, int]],
+    aux_moves: Sequence[tuple[int, int]],
+) -> PoolReport:
+    """Check every decode buffer: K/V buffers against ``kv_moves`` (page pairs,
+    the same for every layer), aux buffers against ``aux_moves`` (slot pairs)."""
+    report = PoolReport()
+    for spec, tensor in buffers:
+        verify_buffer(spec, tensor, aux_moves if spec.kind == AUX else kv_moves, report)
+    return report

@@ -1,0 +1,74 @@
+"""The result tree: one structure that every report format is built from.
+
+``results.json`` is :class:`RunResult` encoded as JSON (schema 1)::
+
+    {"schema": 1, "sglang": {"version", "path"}, "seed", "duration_s",
+     "cells": [{"impl", "scenario", "verdict", "expected", "engine",
+                "duration_s", "bytes_verified", "reason", "divergence", ...}]}
+
+It round-trips: :func:`load_run` reads back exactly what :func:`dump_run` wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import msgspec
+
+SCHEMA = 1
+
+
+class CellResult(msgspec.Struct, kw_only=True):
+    impl: str  # reference | mooncake | nixl | mori
+    scenario: str
+    verdict: str  # PASS | FAIL | WARN | UNSUPPORTED | ERROR
+    expected: str = "PASS"
+    engine: Optional[str] = None  # real | standin | reference (None: no role started)
+    duration_s: float = 0.0
+    bytes_verified: int = 0
+    reason: str = ""
+    divergence: Optional[dict[str, Any]] = None
+    checks: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    workdir: Optional[str] = None
+
+    @property
+    def as_expected(self) -> bool:
+        return self.verdict == self.expected
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+
+class SglangInfo(msgspec.Struct):
+    version: Optional[str]
+    path: Optional[str]
+
+
+class RunResult(msgspec.Struct, kw_only=True):
+    schema: int = SCHEMA
+    sglang: SglangInfo
+    seed: int
+    duration_s: float = 0.0
+    started_at: str = ""
+    cells: list[CellResult] = msgspec.field(default_factory=list)
+
+    @property
+    def all_as_expected(self) -> bool:
+        return all(cell.as_expected for cell in self.cells)
+
+
+def dump_run(run: RunResult, path: str | Path) -> None:
+    """Write ``run`` as pretty JSON to ``path`` (parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(run), indent=2) + b"\n")
+
+
+def load_run(path: str | Path) -> RunResult:
+    """Read a results.json; msgspec.ValidationError when it does not match schema 1."""
+    return msgspec.json.decode(Path(path).read_bytes(), type=RunResult)
+
+
+def load_cell(path: str | Path) -> CellResult:
+    return msgspec.json.decode(Path(path).read_bytes(), type=CellResult)

@@ -1,0 +1,164 @@
+"""Prepare sglang's process-global runtime context for one PD role, without a GPU.
+
+sglang's KV managers read their serving, disaggregation and parallel settings
+from process globals that a real server sets up while it launches schedulers:
+a published ``ServerArgs`` (``sglang.srt.runtime_context``), the parallel rank
+placement, the pipeline-parallel group and, for Mooncake, a process-wide
+transfer engine.  This module builds exactly that for TP = PP = 1 on loopback:
+no torch.distributed, no model download (``model_path="dummy"``), no GPU.
+
+How the context is built drifts between sglang releases, so each supported range
+has a :class:`ContextStrategy`; :func:`strategy_for` picks one by version and
+raises :class:`UnsupportedSglang` (with the supported ranges) otherwise.
+
+Must be called in a fresh role process after :func:`harness.gpu_import_shims.install`
+and before any sglang KV manager is built.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable
+
+LOOPBACK = "127.0.0.1"
+
+# Environment that every role process needs before sglang or an engine is imported.
+ROLE_ENV = {
+    "SGLANG_HOST_IP": LOOPBACK,  # otherwise the managers pick the NIC's address
+    "MOONCAKE_PROTOCOL": "tcp",
+    "MC_FORCE_TCP": "1",
+    "UCX_TLS": "tcp",  # shared-memory transports fail at backend creation here
+    "UCX_NET_DEVICES": "lo",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class UnsupportedSglang(RuntimeError):
+    """The installed sglang release has no context strategy here."""
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """What a role needs to know to build its ServerArgs.
+
+    ``mode`` is ``"prefill"`` or ``"decode"``; ``bootstrap_port`` is the TCP port
+    of the prefill's bootstrap server (the decode uses it only as a default);
+    ``page_size`` is in tokens.  ``extra`` is passed to ``ServerArgs`` verbatim.
+    """
+
+    mode: str
+    backend: str
+    bootstrap_port: int
+    page_size: int = 4
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _SingleRankPPGroup:
+    """Stands for sglang's pipeline-parallel ``GroupCoordinator`` when PP = 1.
+
+    The managers read ``is_first_rank``, ``is_last_rank``, ``world_size`` and
+    ``rank_in_group`` even when pipeline parallelism is off.
+    """
+
+    is_first_rank = True
+    is_last_rank = True
+    world_size = 1
+    rank_in_group = 0
+    rank = 0
+    ranks = [0]
+
+
+def sglang_version() -> str:
+    """The installed sglang's version string (from package metadata, no import)."""
+    return metadata.version("sglang")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class ContextStrategy:
+    """How one range of sglang releases builds its role context."""
+
+    name: str
+    min_version: tuple[int, ...]
+    max_version: tuple[int, ...] | None
+    prepare: Callable[[RoleSettings], Any]
+
+    def covers(self, version: str) -> bool:
+        v = _version_tuple(version)
+        return v >= self.min_version and (self.max_version is None or v <= self.max_version)
+
+
+def _server_args(settings: RoleSettings):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(
+        model_path="dummy",
+        device="cpu",
+        host=LOOPBACK,
+        disaggregation_mode=settings.mode,
+        disaggregation_transfer_backend=settings.backend,
+        disaggregation_bootstrap_port=settings.bootstrap_port,
+        page_size=settings.page_size,
+        **settings.extra,
+    )
+
+
+def _prepare_published_context(settings: RoleSettings):
+    """sglang >= 0.5.19: ``runtime_context.publish`` with a one-rank placement."""
+    from sglang.srt import runtime_context
+
+    server_args = _server_args(settings)
+    runtime_context.publish(
+        server_args,
+        role="scheduler",
+        ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=None),
+    )
+    runtime_context.get_parallel().override_permanently(pp_group=_SingleRankPPGroup())
+    return server_args
+
+
+STRATEGIES = [
+    ContextStrategy("published-runtime-context", (0, 5, 19), None, _prepare_published_context),
+]
+
+
+def strategy_for(version: str) -> ContextStrategy:
+    """Pick the strategy for ``version``; raise UnsupportedSglang if none covers it."""
+    for strategy in STRATEGIES:
+        if strategy.covers(version):
+            return strategy
+    ranges = ", ".join(
+        f"{s.name}: >= {'.'.join(map(str, s.min_version))}"
+        + (f", <= {'.'.join(map(str, s.max_version))}" if s.max_version else "")
+        for s in STRATEGIES
+    )
+    raise UnsupportedSglang(f"sglang {version} has no role-context strategy (supported: {ranges})")
+
+
+def apply_role_env() -> None:
+    """Set the loopback/engine environment (see ``ROLE_ENV``) unless already set."""
+    for key, value in ROLE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def prepare_role(settings: RoleSettings):
+    """Build sglang's process-global context for ``settings.mode``; return the ServerArgs.
+
+    Raises UnsupportedSglang for a release without a strategy, ValueError for a
+    mode other than prefill/decode.
+    """
+    if settings.mode not in ("prefill", "decode"):
+        raise ValueError(f"role mode must be 'prefill' or 'decode', got {settings.mode!r}")
+    apply_role_env()
+    return strategy_for(sglang_version()).prepare(settings)

@@ -1,0 +1,122 @@
+"""A role process: hosts one adapter and serves the cell driver's commands.
+
+Started by a :class:`harness.launcher.Launcher` as
+``python -m harness.role_host --impl NAME --role prefill|decode --ready-file PATH``.
+It binds a ZMQ REP command socket on loopback, imports the adapter (which
+imports sglang and the engine: several seconds), then writes the socket's
+endpoint to the ready file.  Requests and replies are pickled dicts (trusted,
+harness-internal traffic):
+
+* request: ``{"op": <RoleAdapter method>, "kwargs": {...}}``
+* reply: ``{"ok": True, "value": ...}`` or
+  ``{"ok": False, "error": <exception class name>, "message": str, "traceback": str}``
+
+The process exits on the ``shutdown`` op, when its watched parent process goes
+away, or when killed; it never outlives the cell that started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import traceback
+
+import zmq
+
+from harness.adapter import RoleAdapter, RoleRecorder, Unsupported
+
+# Ops a driver may call: exactly the RoleAdapter contract.
+ALLOWED_OPS = frozenset(
+    name for name in dir(RoleAdapter) if not name.startswith("_") and callable(getattr(RoleAdapter, name))
+)
+
+
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Exit this process as soon as ``parent_pid`` is gone (no orphans)."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
+            if os.getppid() == 1 and parent_pid != 1:
+                os._exit(3)
+
+    threading.Thread(target=loop, name="pdconform-parent-watch", daemon=True).start()
+
+
+def _reply_error(exc: BaseException) -> dict:
+    return {
+        "ok": False,
+        "error": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc))[-6000:],
+        "unsupported": isinstance(exc, Unsupported),
+    }
+
+
+def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
+    """Answer commands until ``shutdown``; each command runs to completion in turn."""
+    while True:
+        request = socket.recv_pyobj()
+        op = request.get("op")
+        if op == "shutdown":
+            try:
+                adapter.teardown()
+            except Exception:
+                pass
+            socket.send_pyobj({"ok": True, "value": None})
+            return
+        if op not in ALLOWED_OPS:
+            socket.send_pyobj(_reply_error(ValueError(f"unknown role op {op!r}")))
+            continue
+        try:
+            value = getattr(adapter, op)(**request.get("kwargs", {}))
+            reply = {"ok": True, "value": value}
+        except BaseException as exc:  # reported to the driver, never fatal here
+            reply = _reply_error(exc)
+        socket.send_pyobj(reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.role_host")
+    parser.add_argument("--impl", required=True)
+    parser.add_argument("--role", required=True, choices=["prefill", "decode"])
+    parser.add_argument("--ready-file", required=True)
+    parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+
+    _watch_parent(args.parent_pid)
+    recorder = RoleRecorder().install()
+
+    from harness.implementations import load_role_adapter
+
+    adapter = load_role_adapter(args.impl, role=args.role, recorder=recorder)
+
+    ctx = zmq.Context()
+    socket = ctx.socket(zmq.REP)
+    socket.setsockopt(zmq.LINGER, 0)
+    port = socket.bind_to_random_port(f"tcp://{args.host}")
+    tmp = args.ready_file + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(f"tcp://{args.host}:{port}\n{os.getpid()}\n")
+    os.replace(tmp, args.ready_file)
+    try:
+        serve(adapter, socket)
+    finally:
+        socket.close(0)
+        ctx.term()
+    # sglang's daemon threads may block in recv forever: leave without joining them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Runs a matrix of cells, each isolated in its own process group with a deadline.
+
+sglang keeps process-global state and starts daemon threads that never exit, so
+every cell runs in a fresh ``python -m harness.cell`` process whose roles are
+its own children.  At the cell's deadline the runner kills the whole process
+group and reports ERROR with the last step the history recorded; the next cell
+starts clean.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+from harness import history as hist
+from harness.results import CellResult, RunResult, SglangInfo, load_cell
+from harness.scenario import Scenario
+
+PORT_BLOCK = 8
+
+
+def sglang_info() -> SglangInfo:
+    """Installed sglang version and package directory, without importing it."""
+    try:
+        version = metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return SglangInfo(version=None, path=None)
+    spec = importlib.util.find_spec("sglang")
+    path = str(Path(spec.origin).parent) if spec and spec.origin else None
+    return SglangInfo(version=version, path=path)
+
+
+def free_port_block(size: int = PORT_BLOCK, rng: random.Random | None = None) -> int:
+    """First port of ``size`` consecutive loopback TCP ports that are free now."""
+    rng = rng or random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - size)
+        try:
+            sockets = []
+            for port in range(base, base + size):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no block of free loopback ports found")
+
+
+def _killpg(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGCONT)
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _last_step(workdir: Path) -> str:
+    events = hist.load(workdir / "history.jsonl")
+    if not events:
+        return "before the first step"
+    last = events[-1]
+    return f"last event: step {last['step']} {last['op']} on {last.get('role')} ({last['type']})"
+
+
+def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
+                      timeout_s: float | None = None) -> CellResult:
+    """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in ("cell.json", "history.jsonl"):
+        (workdir / stale).unlink(missing_ok=True)
+    deadline = timeout_s if timeout_s is not None else scenario.timeout_s
+    cmd = [sys.executable, "-m", "harness.cell", "--impl", impl, "--scenario", scenario.id,
+           "--seed", str(seed), "--workdir", str(workdir), "--base-port", str(free_port_block())]
+    start = time.monotonic()
+    with open(workdir / "cell.log", "ab") as log:
+        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent))
+        try:
+            process.wait(timeout=deadline)
+        except subprocess.TimeoutExpired:
+            _killpg(process)
+            return CellResult(
+                impl=impl, scenario=scenario.id, verdict="ERROR", duration_s=round(time.monotonic() - start, 3),
+                reason=f"cell exceeded its deadline of {deadline:.0f} s and was killed ({_last_step(workdir)})",
+                workdir=str(workdir),
+            )
+        finally:
+            # the cell's roles are in its process group: none may outlive it
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    try:
+        return load_cell(workdir / "cell.json")
+    except (OSError, ValueError) as exc:
+        tail = "\n".join((workdir / "cell.log").read_text(errors="replace").splitlines()[-15:])
+        return CellResult(
+            impl=impl, scenario=scenario.id, verdict="ERROR", duration_s=round(time.monotonic() - start, 3),
+            reason=f"cell process exited with code {process.returncode} without a result ({exc}): {tail}",
+            workdir=str(workdir),
+        )
+
+
+def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: Path,
+               on_cell: Callable[[int, int, CellResult], None] | None = None,
+               on_start: Callable[[int, int, str, Scenario], None] | None = None) -> RunResult:
+    """Run every (scenario, impl) cell in turn; return the run's result tree.
+
+    ``on_start(i, total, impl, scenario)`` and ``on_cell(i, total, result)`` report progress.
+    """
+    started = time.monotonic()
+    run = RunResult(sglang=sglang_info(), seed=seed,
+                    started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    cells = [(scenario, impl) for scenario in scenarios for impl in impls]
+    for i, (scenario, impl) in enumerate(cells, 1):
+        if on_start:
+            on_start(i, len(cells), impl, scenario)
+        result = run_cell_isolated(impl, scenario, seed, out_dir / "cells" / f"{scenario.id}--{impl}")
+        run.cells.append(result)
+        if on_cell:
+            on_cell(i, len(cells), result)
+    run.duration_s = round(time.monotonic() - started, 3)
+    return run

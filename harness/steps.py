@@ -1,0 +1,99 @@
+"""The closed step vocabulary that scenarios are written in.
+
+A scenario is a list of these frozen dataclasses; :mod:`harness.cell` executes
+them against role processes and records every invocation and completion in the
+history.  Steps name roles (``"prefill"``, ``"decode"``, or more for scenarios
+with several prefills) and bootstrap rooms; they never import a backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.adapter import Layout
+
+
+@dataclass(frozen=True)
+class StartRoles:
+    """Launch one process per role (concurrently), then start each role's manager.
+
+    ``prefills`` get a bootstrap server each; ``decodes`` a decode manager.
+    Every role uses ``layout``.  Seconds: ``ready_timeout_s`` for a process to
+    import sglang and serve commands.
+    """
+
+    prefills: tuple[str, ...] = ("prefill",)
+    decodes: tuple[str, ...] = ("decode",)
+    layout: Layout = field(default_factory=Layout)
+    ready_timeout_s: float = 90.0
+
+
+@dataclass(frozen=True)
+class OpenRoom:
+    """Create the prefill sender, then the decode receiver, for ``room``."""
+
+    room: int
+    prefill: str = "prefill"
+    decode: str = "decode"
+    timeout_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class RequestKV:
+    """Decode: init the receiver and send destination ``pages`` and ``aux_slot``."""
+
+    room: int
+    pages: tuple[int, ...]
+    aux_slot: int
+    decode: str = "decode"
+
+
+@dataclass(frozen=True)
+class AwaitStatus:
+    """Poll ``role``'s room until its KVPoll is in ``statuses`` or ``timeout_s`` passes.
+
+    The history records the last status seen and whether it was reached.
+    """
+
+    room: int
+    role: str
+    statuses: tuple[int, ...]
+    timeout_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class InitSender:
+    """Prefill: tell the sender the request's page count and aux slot."""
+
+    room: int
+    num_pages: int
+    aux_slot: int
+    prefill: str = "prefill"
+
+
+@dataclass(frozen=True)
+class SendChunk:
+    """Prefill: send one chunk of source ``pages``."""
+
+    room: int
+    pages: tuple[int, ...]
+    prefill: str = "prefill"
+
+
+@dataclass(frozen=True)
+class VerifyPools:
+    """Decode: check every byte of its pools against (src, dst) page and aux-slot pairs."""
+
+    kv_moves: tuple[tuple[int, int], ...]
+    aux_moves: tuple[tuple[int, int], ...]
+    decode: str = "decode"
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait in the driver (seconds).  Also how tests build a cell that hangs."""
+
+    seconds: float
+
+
+Step = StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | Sleep

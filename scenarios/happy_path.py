@@ -1,0 +1,68 @@
+"""happy-path: one bootstrap room, KV in two chunks over several layers, plus aux data.
+
+PASS iff both sides reach Success and every byte is where it belongs: decode
+layer l's K (V) destination pages hold prefill layer l's K (V) source pages, the
+aux slot holds the prefill's aux slot, and every other page and slot is untouched.
+"""
+
+from __future__ import annotations
+
+import random
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT, Layout
+from harness.scenario import Scenario, register
+from harness.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
+
+LAYOUT = Layout(num_layers=3, num_pages=16, page_size=4, page_bytes=256, aux_slots=4, aux_bytes=64)
+NUM_PAGES = 5
+
+
+def _plan(seed: int):
+    """Room id, scattered source/destination pages, aux slots and the two chunks."""
+    rng = random.Random(seed)
+    room = rng.randrange(1, 2**62)
+    src = sorted(rng.sample(range(LAYOUT.num_pages), NUM_PAGES))
+    dst = rng.sample(range(LAYOUT.num_pages), NUM_PAGES)
+    aux_src, aux_dst = rng.randrange(LAYOUT.aux_slots), rng.randrange(LAYOUT.aux_slots)
+    split = rng.randrange(1, NUM_PAGES)
+    return room, src, dst, aux_src, aux_dst, (src[:split], src[split:])
+
+
+def steps(seed: int):
+    room, src, dst, aux_src, aux_dst, chunks = _plan(seed)
+    return [
+        StartRoles(layout=LAYOUT),
+        OpenRoom(room),
+        RequestKV(room, tuple(dst), aux_dst),
+        AwaitStatus(room, "prefill", (WAITING_FOR_INPUT, FAILED)),
+        InitSender(room, NUM_PAGES, aux_src),
+        *[SendChunk(room, tuple(chunk)) for chunk in chunks],
+        AwaitStatus(room, "prefill", (SUCCESS, FAILED)),
+        AwaitStatus(room, "decode", (SUCCESS, FAILED)),
+        VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),)),
+    ]
+
+
+def checks(seed: int):
+    room = _plan(seed)[0]
+    return [
+        c.Check("steps-complete", "R-XFER-1", "MUST", c.steps_completed()),
+        c.Check("prefill-success", "R-XFER-1", "MUST", c.reached_status(room, "prefill", SUCCESS)),
+        c.Check("decode-success", "R-XFER-1", "MUST", c.reached_status(room, "decode", SUCCESS)),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="happy-path",
+        title="One room, KV in two chunks over several layers plus aux: both Success, every byte in place",
+        requirements=("R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Create .venv with torch (CPU), a pinned sglang for the disaggregation modules,
+# the real transfer engines and pdconform itself.  Called by `make setup`;
+# re-running it with nothing changed returns in well under a second (stamp file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
+TORCH_VERSION=2.13.0
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+req_sglang=requirements/sglang-${SGLANG_VERSION}.txt
+if [[ ! -f $req_sglang ]]; then
+  echo "setup: no pinned package set for sglang $SGLANG_VERSION ($req_sglang missing)" >&2
+  echo "setup: available: $(ls requirements/sglang-*.txt | sed 's/.*sglang-//; s/.txt//' | tr '\n' ' ')" >&2
+  exit 2
+fi
+
+# The stamp covers every input that changes what gets installed.
+stamp_key=$( { echo "$SGLANG_VERSION $TORCH_VERSION"; cat "$req_sglang" requirements/engines.txt requirements/harness.txt pyproject.toml; } | sha256sum | cut -c1-16)
+stamp=$VENV/.pdconform-setup-$stamp_key
+if [[ -f $stamp ]]; then
+  exit 0
+fi
+
+# Mooncake's engine.so links libibverbs.so.1 even for TCP.
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 '; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing libibverbs1 (needed by Mooncake's engine, even for TCP)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
+  else
+    echo "setup: WARNING libibverbs.so.1 missing and not root: mooncake will be reported unusable;" >&2
+    echo "setup:         install the Debian package libibverbs1 (pdconform doctor says the same)" >&2
+  fi
+fi
+
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "setup: creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+echo "setup: torch $TORCH_VERSION (CPU)"
+"${pip[@]}" "torch==$TORCH_VERSION"
+echo "setup: sglang $SGLANG_VERSION and its import-time runtime set (--no-deps)"
+"${pip[@]}" --no-deps -r "$req_sglang"
+echo "setup: transfer engines (--no-deps)"
+"${pip[@]}" --no-deps -r requirements/engines.txt
+echo "setup: pdconform and its own dependencies"
+"${pip[@]}" --no-deps -r requirements/harness.txt
+"${pip[@]}" --no-deps --no-build-isolation -e .
+rm -f "$VENV"/.pdconform-setup-*
+echo "$SGLANG_VERSION" > "$stamp"
+echo "setup: done ($VENV)"
