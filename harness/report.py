@@ -1,0 +1,50 @@
+"""Human-readable views of a result tree (pure: they build rich renderables)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from harness.results import CellResult, RunResult
+
+VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
+                 "UNSUPPORTED": "cyan", "ERROR": "bold magenta"}
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+def cell_text(cell: CellResult) -> Text:
+    """One matrix cell: verdict, engine and verified bytes; ``!`` marks an unexpected verdict."""
+    text = Text(cell.verdict, style=VERDICT_STYLE.get(cell.verdict, ""))
+    if not cell.as_expected:
+        text.append(f" (expected {cell.expected})", style="bold red")
+    details = [d for d in (cell.engine, _size(cell.bytes_verified) if cell.bytes_verified else None) if d]
+    if details:
+        text.append("\n" + ", ".join(details), style="dim")
+    return text
+
+
+def matrix_table(run: RunResult) -> Table:
+    """Scenarios as rows, implementations as columns."""
+    impls = list(dict.fromkeys(c.impl for c in run.cells))
+    scenarios = list(dict.fromkeys(c.scenario for c in run.cells))
+    by_key = {(c.scenario, c.impl): c for c in run.cells}
+    table = Table(title=f"pdconform: sglang {run.sglang.version}, seed {run.seed}, {run.duration_s:.1f} s",
+                  show_lines=True)
+    table.add_column("scenario", style="bold")
+    for impl in impls:
+        table.add_column(impl, justify="center")
+    for scenario in scenarios:
+        row = [scenario]
+        for impl in impls:
+            cell = by_key.get((scenario, impl))
+            row.append(cell_text(cell) if cell else Text("-"))
+        table.add_row(*row)
+    return table
+
+
+def reasons(run: RunResult) -> list[str]:
+    """One line per cell that did not PASS: why."""
+    return [f"{c.scenario} x {c.impl}: {c.verdict}: {c.reason}" for c in run.cells if c.verdict != "PASS"]
