@@ -72,6 +72,7 @@ class CellDriver:
     def run(self, steps: list[s.Step]) -> None:
         for index, step in enumerate(steps):
             self.step_index = index
+            self.history.record("info", "step", None, index, args={"step": type(step).__name__})
             getattr(self, f"_do_{type(step).__name__}")(step)
 
     def _do_StartRoles(self, step: s.StartRoles) -> None:

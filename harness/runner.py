@@ -74,7 +74,11 @@ def _last_step(workdir: Path) -> str:
     if not events:
         return "before the first step"
     last = events[-1]
-    return f"last event: step {last['step']} {last['op']} on {last.get('role')} ({last['type']})"
+    steps = [e for e in events if e["op"] == "step"]
+    step = f"in step {steps[-1]['step']} {steps[-1]['args']['step']}" if steps else "before the first step"
+    if last["op"] == "step":
+        return step
+    return f"{step}, last event: {last['op']} on {last.get('role')} ({last['type']})"
 
 
 def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,

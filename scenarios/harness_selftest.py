@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from harness import checks as c
 from harness.scenario import Scenario, register
-from harness.steps import Sleep
+from harness.steps import Sleep, VerifyPools
 
 register(
     Scenario(
@@ -31,6 +31,32 @@ register(
         steps=lambda seed: [],
         checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
         timeout_s=30.0,
+        test_only=True,
+    )
+)
+
+
+def _misplaced_steps(seed: int):
+    """happy-path, but the verification expects the first two destination pages
+    swapped: the real transfer is right, so the check must fail and name them."""
+    from scenarios import happy_path
+
+    steps = happy_path.steps(seed)
+    verify = steps[-1]
+    moves = list(verify.kv_moves)
+    (s0, d0), (s1, d1) = moves[0], moves[1]
+    moves[0], moves[1] = (s0, d1), (s1, d0)
+    return steps[:-1] + [VerifyPools(tuple(moves), verify.aux_moves)]
+
+
+register(
+    Scenario(
+        id="selftest-misplaced",
+        title="happy-path checked against a wrong plan: the byte check must fail (harness self-test)",
+        requirements=("R-LAYOUT-1",),
+        steps=_misplaced_steps,
+        checks=lambda seed: [c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact())],
+        timeout_s=150.0,
         test_only=True,
     )
 )

@@ -1,6 +1,6 @@
 """Tests of the pdconform stand-in for amd-mori 1.2.4's IO engine (backends/mori/standin).
 
-Run: ``cd /work/main && /tmp/disc/bin/python -m pytest -q tests/test_mori_standin.py``
+Run: ``.venv/bin/python -m pytest -q tests/test_mori_standin.py``
 """
 
 from __future__ import annotations

@@ -1,0 +1,58 @@
+"""The command line: usage errors exit 2 with a clear message, never a traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def pdconform(*args, cwd=None, timeout=180):
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--impl", "bogus"], "unknown --impl bogus"),
+    (["run", "--scenario", "no-such-scenario"], "unknown --scenario no-such-scenario"),
+    (["run", "--seed", "-1"], "--seed"),
+    (["run", "--seed", "abc"], "--seed"),
+    (["frobnicate"], "No such command"),
+    (["run", "--out", "/proc/pdconform-cannot-write"], "cannot write to --out"),
+])
+def test_usage_errors_exit_2(args, message):
+    out = pdconform(*args)
+    assert out.returncode == 2, out
+    assert message in out.stderr + out.stdout
+    assert "Traceback" not in out.stderr
+
+
+def test_list_json_names_scenarios_and_requirements():
+    out = pdconform("list", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {row["id"]: row for row in json.loads(out.stdout)}
+    assert rows["happy-path"]["requirements"] == ["R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"]
+    assert rows["happy-path"]["title"]
+
+
+def test_doctor_reports_python_sglang_and_every_engine():
+    out = pdconform("doctor", "--json")
+    report = json.loads(out.stdout)
+    assert report["python"]["version"].count(".") == 2
+    assert report["sglang"]["version"] == "0.5.23"
+    assert report["sglang"]["path"].endswith("sglang")
+    engines = {e["impl"]: e for e in report["engines"]}
+    assert set(engines) == {"mooncake", "nixl", "mori"}
+    for e in engines.values():
+        assert e["engine"] in ("real", "standin", "unusable") and e["reason"]
+    # This machine (CPU, no ROCm): real Mooncake and NIXL, Mori on the stand-in.
+    assert engines["mooncake"]["engine"] == "real"
+    assert engines["nixl"]["engine"] == "real"
+    assert engines["mori"]["engine"] == "standin" and "amd-mori" in engines["mori"]["reason"]
+    assert out.returncode == 0
+
+
+def test_doctor_table():
+    out = pdconform("doctor")
+    for word in ("python", "sglang", "mooncake", "nixl", "mori", "standin"):
+        assert word in out.stdout

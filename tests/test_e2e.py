@@ -1,0 +1,40 @@
+"""End to end: sglang 0.5.23's real backends in role processes (about 15-20 s per cell).
+
+Expected bytes for happy-path: 5 pages x 256 B x (3 layers x K,V) + one 64 B aux slot.
+"""
+
+import psutil
+import pytest
+
+from harness.runner import run_cell_isolated
+from harness.scenario import get_scenario
+from scenarios import happy_path
+
+pytestmark = pytest.mark.e2e
+
+EXPECTED_BYTES = happy_path.NUM_PAGES * happy_path.LAYOUT.page_bytes * 2 * happy_path.LAYOUT.num_layers \
+    + happy_path.LAYOUT.aux_bytes
+
+
+def _leftovers():
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if any("harness.role_host" in a or "harness.cell" in a for a in (p.info["cmdline"] or []))]
+
+
+@pytest.mark.parametrize("impl, engine", [("mooncake", "real"), ("nixl", "real"), ("mori", "standin")])
+def test_happy_path(impl, engine, tmp_path):
+    cell = run_cell_isolated(impl, get_scenario("happy-path"), seed=1, workdir=tmp_path)
+    assert cell.verdict == "PASS", (cell.reason, cell.checks)
+    assert cell.engine == engine
+    assert cell.bytes_verified == EXPECTED_BYTES
+    assert (tmp_path / "prefill.log").exists() and (tmp_path / "decode.log").exists()
+    assert not _leftovers()
+
+
+def test_byte_check_fails_on_a_wrong_plan_and_names_the_pages(tmp_path):
+    """The same real transfer, checked against a plan with two destinations swapped."""
+    cell = run_cell_isolated("mooncake", get_scenario("selftest-misplaced"), seed=1, workdir=tmp_path)
+    assert cell.verdict == "FAIL"
+    assert "R-LAYOUT-1 bytes-exact" in cell.reason
+    assert "decode layer 0 K page" in cell.reason and "expected prefill layer 0 K page" in cell.reason
+    assert not _leftovers()
