@@ -180,7 +180,8 @@ class RoleRecorder:
     Bounded: keeps the first ``limit`` records of each kind.
     """
 
-    def __init__(self, logger_prefixes: tuple[str, ...] = ("sglang",), limit: int = 500):
+    def __init__(self, logger_prefixes: tuple[str, ...] = ("sglang", "mooncake", "nixl", "NIXL", "mori"),
+                 limit: int = 500):
         self.logger_prefixes = logger_prefixes
         self.limit = limit
         self.log_records: list[dict[str, str]] = []

@@ -85,6 +85,16 @@ def run(
     missing = [s for s in wanted if s not in known]
     if missing:
         raise _usage_error(f"unknown --scenario {', '.join(missing)} (known: {', '.join(known)}; see `pdconform list`)")
+    from harness.role_context import UnsupportedSglang, strategy_for
+    from harness.runner import sglang_info
+
+    installed = sglang_info()
+    if installed.version is None:
+        raise _usage_error("sglang is not installed in this Python environment (run `make setup`)")
+    try:
+        strategy_for(installed.version)
+    except UnsupportedSglang as exc:
+        raise _usage_error(str(exc))
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"

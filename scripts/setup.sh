@@ -38,16 +38,21 @@ if [[ ! -x $VENV/bin/python ]]; then
   echo "setup: creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# pip warns once per package about this machine's configured local index folders
+# that do not exist; drop only those lines, keep every other message.
+pip_install() {
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
 echo "setup: torch $TORCH_VERSION (CPU)"
-"${pip[@]}" "torch==$TORCH_VERSION"
+pip_install "torch==$TORCH_VERSION"
 echo "setup: sglang $SGLANG_VERSION and its import-time runtime set (--no-deps)"
-"${pip[@]}" --no-deps -r "$req_sglang"
+pip_install --no-deps -r "$req_sglang"
 echo "setup: transfer engines (--no-deps)"
-"${pip[@]}" --no-deps -r requirements/engines.txt
+pip_install --no-deps -r requirements/engines.txt
 echo "setup: pdconform and its own dependencies"
-"${pip[@]}" --no-deps -r requirements/harness.txt
-"${pip[@]}" --no-deps --no-build-isolation -e .
+pip_install --no-deps -r requirements/harness.txt
+pip_install --no-deps --no-build-isolation -e .
 rm -f "$VENV"/.pdconform-setup-*
 echo "$SGLANG_VERSION" > "$stamp"
 echo "setup: done ($VENV)"
