@@ -87,7 +87,7 @@ class CellDriver:
                 self.history.record("fail", "launch", name, self.step_index, args={}, error=str(exc))
                 raise CellAborted(f"role {name} did not start: {exc}") from exc
             self.history.record("ok", "launch", name, self.step_index, args={}, value={"endpoint": endpoint})
-            self.clients[name] = RoleClient(self.ctx, name, endpoint)
+            self.clients[name] = RoleClient(self.ctx, name, endpoint, alive=self.handles[name].alive)
         layout = step.layout.to_dict()
         for i, name in enumerate(step.prefills):
             port = self.base_port + i

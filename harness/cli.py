@@ -76,8 +76,10 @@ def run(
     from harness.runner import run_matrix
     from harness.scenario import all_scenarios
 
+    from harness.implementations import available
+
     impls = list(dict.fromkeys(impl or IMPLEMENTATIONS))
-    unknown = [i for i in impls if i not in IMPLEMENTATIONS]
+    unknown = [i for i in impls if i not in available()]
     if unknown:
         raise _usage_error(f"unknown --impl {', '.join(unknown)} (known: {', '.join(IMPLEMENTATIONS)})")
     known = {s.id: s for s in all_scenarios()}
@@ -110,7 +112,11 @@ def run(
         err.print(f"[{i}/{total}] {result.scenario} x {result.impl}: ", cell_text(result).plain.replace("\n", " "),
                   f"({result.duration_s:.1f} s)")
 
-    result = run_matrix(impls, [known[s] for s in wanted], seed, out, on_cell=on_cell, on_start=on_start)
+    try:
+        result = run_matrix(impls, [known[s] for s in wanted], seed, out, on_cell=on_cell, on_start=on_start)
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")
+        raise typer.Exit(code=130)
     dump_run(result, out / "results.json")
     console.print(matrix_table(result))
     for line in reasons(result):

@@ -7,7 +7,10 @@ since importing it imports sglang and an engine) and says in one line what runs.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
+
+from harness.scenario import TEST_SCENARIOS_ENV
 
 
 @dataclass(frozen=True)
@@ -15,6 +18,7 @@ class Implementation:
     name: str
     adapter: str  # "module:Class" of a harness.adapter.RoleAdapter subclass
     description: str
+    test_only: bool = False
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
@@ -38,11 +42,23 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     )
 }
 
+# The harness's own test double: hidden unless the self-test switch is on.
+SELFTEST = Implementation("selftest", "backends.selftest.adapter:SelftestRole",
+                          "in-memory role for the harness's own tests (no sglang)", test_only=True)
+
+
+def available(include_test_only: bool | None = None) -> dict[str, Implementation]:
+    """Implementations a run may select; the self-test one only with PDCONFORM_TEST_SCENARIOS=1."""
+    if include_test_only is None:
+        include_test_only = os.environ.get(TEST_SCENARIOS_ENV) == "1"
+    return {**IMPLEMENTATIONS, **({SELFTEST.name: SELFTEST} if include_test_only else {})}
+
 
 def implementation(name: str) -> Implementation:
     """Look up an implementation; KeyError names the known ones."""
+    known = available(include_test_only=True)
     try:
-        return IMPLEMENTATIONS[name]
+        return known[name]
     except KeyError:
         raise KeyError(f"unknown implementation {name!r} (known: {', '.join(IMPLEMENTATIONS)})") from None
 

@@ -22,7 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -180,27 +180,36 @@ class RoleClient:
     """Calls :class:`harness.adapter.RoleAdapter` methods on a role, with a deadline each.
 
     After a timeout the REQ socket cannot be reused: the client marks itself
-    broken and every later call raises RoleTimeout at once.
+    broken and every later call raises RoleError at once; a role whose process
+    exits while a call is pending is noticed within ``POLL_SLICE_S``.
     """
 
-    def __init__(self, ctx: zmq.Context, name: str, endpoint: str):
+    POLL_SLICE_S = 0.1
+
+    def __init__(self, ctx: zmq.Context, name: str, endpoint: str, alive: Callable[[], bool] | None = None):
         self.name = name
         self.endpoint = endpoint
         self._ctx = ctx
         self._socket = ctx.socket(zmq.REQ)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(endpoint)
+        self._alive = alive
         self.broken: str | None = None
 
     def call(self, op: str, deadline_s: float, **kwargs: Any) -> Any:
         """Run ``op(**kwargs)`` on the role; RoleTimeout after ``deadline_s`` seconds,
         RoleError (with the remote traceback) when the op raised."""
         if self.broken:
-            raise RoleTimeout(f"{self.name} is not answering ({self.broken})")
+            raise RoleError(f"{self.name} is not answering ({self.broken})")
         self._socket.send_pyobj({"op": op, "kwargs": kwargs})
-        if not self._socket.poll(int(deadline_s * 1000), zmq.POLLIN):
-            self.broken = f"{op} got no answer within {deadline_s:.1f} s"
-            raise RoleTimeout(f"{self.name}: {self.broken}")
+        deadline = time.monotonic() + deadline_s
+        while not self._socket.poll(int(self.POLL_SLICE_S * 1000), zmq.POLLIN):
+            if self._alive is not None and not self._alive():
+                self.broken = f"its process exited while {op} was running"
+                raise RoleError(f"{self.name}: {self.broken}")
+            if time.monotonic() > deadline:
+                self.broken = f"{op} got no answer within {deadline_s:.1f} s"
+                raise RoleTimeout(f"{self.name}: {self.broken}")
         reply = self._socket.recv_pyobj()
         if reply.get("ok"):
             return reply.get("value")

@@ -60,3 +60,35 @@ register(
         test_only=True,
     )
 )
+
+
+def _open_room_steps(room: int):
+    from harness.adapter import SUCCESS, FAILED
+    from harness.steps import AwaitStatus, OpenRoom, StartRoles
+
+    return lambda seed: [StartRoles(ready_timeout_s=30), OpenRoom(room), AwaitStatus(room, "prefill", (SUCCESS, FAILED), 2)]
+
+
+register(
+    Scenario(
+        id="selftest-role-dies",
+        title="The prefill role process exits in the middle of a call (harness self-test, impl selftest)",
+        requirements=(),
+        steps=_open_room_steps(1002),  # backends.selftest.adapter.DIE_ROOM
+        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
+        timeout_s=60.0,
+        test_only=True,
+    )
+)
+
+register(
+    Scenario(
+        id="selftest-role-hangs",
+        title="The prefill role blocks forever inside a call (harness self-test, impl selftest)",
+        requirements=(),
+        steps=_open_room_steps(1001),  # backends.selftest.adapter.HANG_ROOM
+        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
+        timeout_s=6.0,
+        test_only=True,
+    )
+)

@@ -38,3 +38,43 @@ def test_cli_exit_code_and_results_for_a_hanging_cell(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     assert [c["verdict"] for c in data["cells"]] == ["ERROR", "PASS"]
     assert "deadline" in out.stdout
+
+
+def test_role_that_dies_mid_call_is_noticed_at_once(tmp_path):
+    start = time.monotonic()
+    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-dies")], seed=0, out_dir=tmp_path).cells
+    assert cell.verdict == "FAIL"
+    assert "prefill: its process exited while open_sender was running" in cell.reason
+    assert time.monotonic() - start < 20  # not the 30 s call deadline
+    assert not _role_processes()
+
+
+def test_role_that_hangs_in_a_call_is_killed_with_the_cell(tmp_path):
+    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-hangs")], seed=0, out_dir=tmp_path).cells
+    assert cell.verdict == "ERROR"
+    assert "deadline of 6 s" in cell.reason
+    assert "in step 1 OpenRoom, last event: open_sender on prefill (invoke)" in cell.reason
+    assert not _role_processes()
+
+
+def test_unknown_role_op_is_an_error_not_a_crash(tmp_path):
+    import zmq
+
+    from harness.launcher import LocalLauncher, RoleClient, RoleError, RoleSpec
+
+    handle = LocalLauncher(tmp_path).start(RoleSpec(name="p", impl="selftest", role="prefill"))
+    ctx = zmq.Context()
+    try:
+        client = RoleClient(ctx, "p", handle.wait_ready(30), alive=handle.alive)
+        try:
+            client.call("format_disk", 5)
+        except RoleError as exc:
+            assert "unknown role op 'format_disk'" in str(exc)
+        else:
+            raise AssertionError("an unknown op must be refused")
+        assert client.call("engine", 5) == "reference"  # still serving
+        client.close()
+    finally:
+        handle.stop(5)
+        ctx.term()
+    assert not handle.alive()

@@ -1,0 +1,77 @@
+"""A trivial in-memory implementation for the harness's own tests (not a backend).
+
+It imports no sglang and no engine, so tests of role processes, deadlines and
+cleanup run in a second instead of twenty.  Only visible when
+``PDCONFORM_TEST_SCENARIOS=1``.  Room ids with a meaning of their own:
+``HANG_ROOM`` makes ``open_sender`` block forever, ``DIE_ROOM`` makes the role
+process exit in the middle of ``open_sender``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from harness.adapter import SUCCESS, WAITING_FOR_INPUT, Observation, RoleAdapter, RoleRecorder
+
+HANG_ROOM = 1001
+DIE_ROOM = 1002
+
+
+class SelftestRole(RoleAdapter):
+    impl = "selftest"
+
+    def __init__(self, role: str, recorder: RoleRecorder):
+        self.role = role
+        self.recorder = recorder
+        self.status: dict[int, int] = {}
+
+    def engine(self) -> str:
+        return "reference"
+
+    def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
+        return {"mode": "prefill", "bootstrap_addr": f"127.0.0.1:{bootstrap_port}", "engine": self.engine()}
+
+    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
+        return {"mode": "decode", "engine": self.engine()}
+
+    def teardown(self) -> None:
+        pass
+
+    def open_sender(self, room: int, bootstrap_addr: str) -> None:
+        if room == HANG_ROOM:
+            time.sleep(3600)
+        if room == DIE_ROOM:
+            os._exit(9)
+        self.status[room] = WAITING_FOR_INPUT
+
+    def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
+        pass
+
+    def send_chunk(self, room: int, pages: list[int]) -> None:
+        self.status[room] = SUCCESS
+
+    def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
+        self.status[room] = WAITING_FOR_INPUT
+
+    def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
+        self.status[room] = SUCCESS
+
+    def verify(self, kv_moves: list, aux_moves: list) -> dict:
+        return {"ok": True, "bytes_verified": 0, "bytes_untouched_checked": 0, "mismatch_pages": 0, "mismatches": []}
+
+    def poll(self, room: int) -> int:
+        return self.status[room]
+
+    def failure_reason(self, room: int) -> str | None:
+        return None
+
+    def clear(self, room: int) -> None:
+        self.status.pop(room, None)
+
+    def abort(self, room: int) -> None:
+        pass
+
+    def observe(self) -> dict:
+        logs, dead = self.recorder.snapshot()
+        return Observation(role=self.role, log_records=logs, dead_threads=dead).to_dict()
