@@ -260,12 +260,17 @@ class SglangCommonRole(RoleAdapter):
         return int(self._room_object(room).poll())
 
     def failure_reason(self, room: int) -> str | None:
-        obj = self._room_object(room)
-        try:
-            obj.failure_exception()
-        except Exception as exc:  # sglang raises the failure as an exception
-            return str(exc)
-        return None
+        """The reason the manager recorded for the room, read without side effects.
+
+        sglang's own ``failure_exception()`` clears the room and pops the record,
+        so the adapter reads ``failure_records`` (common/conn.py) under its lock.
+        """
+        self._room_object(room)
+        records = getattr(self.manager, "failure_records", None)
+        if records is None:
+            return None
+        with self.manager.failure_lock:
+            return records.get(room)
 
     def clear(self, room: int) -> None:
         obj = self._room_object(room)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from typing import Any
 import zmq
 
 from harness import steps as s
-from harness.adapter import TERMINAL, kvpoll_name
+from harness.adapter import FAILED, kvpoll_name
 from harness.checks import verdict_of
 from harness.history import History
 from harness.launcher import LocalLauncher, Launcher, RoleClient, RoleError, RoleHandle, RoleSpec
@@ -87,7 +90,7 @@ class CellDriver:
                 self.history.record("fail", "launch", name, self.step_index, args={}, error=str(exc))
                 raise CellAborted(f"role {name} did not start: {exc}") from exc
             self.history.record("ok", "launch", name, self.step_index, args={}, value={"endpoint": endpoint})
-            self.clients[name] = RoleClient(self.ctx, name, endpoint, alive=self.handles[name].alive)
+            self.clients[name] = RoleClient(self.ctx, name, endpoint, handle=self.handles[name])
         layout = step.layout.to_dict()
         for i, name in enumerate(step.prefills):
             port = self.base_port + i
@@ -138,7 +141,7 @@ class CellDriver:
                 if status in step.statuses or time.monotonic() - start > step.timeout_s:
                     break
                 time.sleep(POLL_INTERVAL_S)
-            reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status in TERMINAL else None
+            reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status == FAILED else None
         except RoleError as exc:
             self.history.record("fail", "await_status", step.role, self.step_index, args=args, error=str(exc))
             return
@@ -155,10 +158,16 @@ class CellDriver:
 
     # ---- end of cell -------------------------------------------------------
     def observe_all(self) -> None:
+        """Observe every launched role; a role that cannot be observed gets a ``fail``
+        event saying why, so checks never mistake silence for health."""
         self.step_index = None
         for name, client in self.clients.items():
-            if self.handles[name].alive() and not client.broken:
-                self.call(name, "observe", deadline_s=10)
+            handle = self.handles[name]
+            if not handle.alive() or client.broken:
+                why = client.broken or f"its process ended ({handle.exit_description()})"
+                self.history.record("fail", "observe", name, None, args={}, error=f"{name} cannot be observed: {why}")
+                continue
+            self.call(name, "observe", deadline_s=10)
 
     def stop_all(self) -> None:
         for name, client in self.clients.items():
@@ -204,6 +213,20 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
     )
 
 
+def _die_with_parent(interval_s: float = 0.5) -> None:
+    """Kill this cell's whole process group (roles included) if the runner goes away,
+    however it ended (SIGKILL leaves it no chance to clean up)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="pdconform-cell-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.cell")
     parser.add_argument("--impl", required=True)
@@ -212,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--base-port", type=int, required=True)
     args = parser.parse_args(argv)
+    _die_with_parent()
     result = run_cell(args.impl, get_scenario(args.scenario), args.seed, Path(args.workdir), args.base_port)
     Path(args.workdir, "cell.json").write_text(json.dumps(result.to_dict(), indent=2))
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from harness.adapter import kvpoll_name
+from harness.adapter import FAILED, SUCCESS, kvpoll_name
 from harness.history import completions
 
 PASS, FAIL, WARN, UNSUPPORTED, ERROR = "PASS", "FAIL", "WARN", "UNSUPPORTED", "ERROR"
@@ -36,14 +36,14 @@ class Check:
     name: str
     requirement: str
     level: str
-    fn: Callable[[list[dict]], tuple[bool, str]]
+    fn: Callable[[list[dict]], tuple[bool | None, str]]  # ok None: cannot tell
 
     def run(self, events: list[dict]) -> CheckResult:
         try:
             ok, detail = self.fn(events)
         except Exception as exc:  # a broken checker is "unknown", not a crash
             return CheckResult(self.name, self.requirement, self.level, None, f"checker error: {exc!r}")
-        return CheckResult(self.name, self.requirement, self.level, bool(ok), detail)
+        return CheckResult(self.name, self.requirement, self.level, None if ok is None else bool(ok), detail)
 
 
 # ---- reusable checkers -------------------------------------------------------
@@ -71,6 +71,27 @@ def reached_status(room: int, role: str, status: int) -> Callable[[list[dict]], 
     return fn
 
 
+def stays_terminal(room: int, roles: tuple[str, ...]) -> Callable[[list[dict]], tuple[bool, str]]:
+    """Once a role's room was seen Success or Failed, every later poll saw the same status."""
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        changed = []
+        for role in roles:
+            seen = [e["value"]["status"] for e in completions(events, op="await_status", role=role, room=room)
+                    if e["type"] == "ok"]
+            terminal = next((s for s in seen if s in (FAILED, SUCCESS)), None)
+            if terminal is None:
+                continue
+            later = seen[seen.index(terminal):]
+            if any(s != terminal for s in later):
+                changed.append(f"{role} room {room}: {' -> '.join(kvpoll_name(s) for s in later)}")
+        if changed:
+            return False, "terminal status changed: " + "; ".join(changed)
+        return True, "terminal statuses held on every later poll"
+
+    return fn
+
+
 def pools_exact(decode: str = "decode") -> Callable[[list[dict]], tuple[bool, str]]:
     """The last pool verification on ``decode`` found every byte where it belongs."""
 
@@ -80,7 +101,7 @@ def pools_exact(decode: str = "decode") -> Callable[[list[dict]], tuple[bool, st
             return False, "pools were never verified"
         last = checks[-1]
         if last["type"] == "fail":
-            return False, f"verification failed to run: {last.get('error')}"
+            return None, f"verification could not run: {last.get('error')}"
         report = last["value"]
         if report["ok"]:
             return True, (
@@ -106,36 +127,53 @@ def steps_completed() -> Callable[[list[dict]], tuple[bool, str]]:
     return fn
 
 
+def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:
+    """The last observation of every launched role, and why any role has none.
+
+    A role that was launched but not observed (dead, frozen, not answering)
+    is a problem, never silence that passes.
+    """
+    launched = [e["role"] for e in completions(events, op="launch") if e["type"] == "ok"]
+    observed: dict[str, dict] = {}
+    problems: dict[str, str] = {}
+    for obs in completions(events, op="observe"):
+        if obs["type"] == "ok":
+            observed[obs["role"]] = obs["value"]
+            problems.pop(obs["role"], None)
+        else:
+            problems[obs["role"]] = obs.get("error") or "observation failed"
+    for role in launched:
+        if role not in observed and role not in problems:
+            problems[role] = f"{role} was never observed"
+    return observed, list(problems.values())
+
+
 def no_dead_threads() -> Callable[[list[dict]], tuple[bool, str]]:
-    """No thread in any role died with an exception."""
+    """No thread in any role died with an exception, and every role could be observed."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        dead = []
-        for obs in completions(events, op="observe"):
-            if obs["type"] == "ok":
-                for d in obs["value"]["dead_threads"]:
-                    dead.append(f"{obs['role']}: thread {d['thread']} died: {d['exception']}: {d['message']}")
-        return (not dead), ("; ".join(dead) if dead else "no thread died")
+        observed, problems = observations(events)
+        dead = [f"{role}: thread {d['thread']} died: {d['exception']}: {d['message']}"
+                for role, value in observed.items() for d in value["dead_threads"]]
+        bad = problems + dead
+        return (not bad), ("; ".join(bad) if bad else f"no thread died in {len(observed)} role(s)")
 
     return fn
 
 
 def loops_alive() -> Callable[[list[dict]], tuple[bool, str]]:
-    """Every control/worker thread the managers started is still alive at the end."""
+    """Every role is alive at the end, and so is every control/worker thread its manager started."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        stopped = []
-        seen = 0
-        for obs in completions(events, op="observe"):
-            if obs["type"] != "ok":
-                return False, f"{obs['role']} could not be observed: {obs.get('error')}"
-            for name, alive in obs["value"]["loops"].items():
-                seen += 1
-                if not alive:
-                    stopped.append(f"{obs['role']}:{name}")
+        observed, problems = observations(events)
+        if problems:
+            return False, "; ".join(problems)
+        stopped = [f"{role}:{name}" for role, value in observed.items()
+                   for name, alive in value["loops"].items() if not alive]
         if stopped:
             return False, "stopped: " + ", ".join(stopped)
-        return True, f"{seen} control/worker threads alive"
+        seen = sum(len(value["loops"]) for value in observed.values())
+        return True, f"{len(observed)} role(s) and {seen} control/worker threads alive"
 
     return fn
 
@@ -147,19 +185,22 @@ def verdict_of(results: list[CheckResult], run_error: str | None = None,
     """Fold check results into (verdict, reason).
 
     UNSUPPORTED when the adapter could not perform a step; ERROR when the cell
-    could not run (``run_error``) or a checker crashed; FAIL when a MUST check
-    failed; WARN when only SHOULD checks failed; else PASS.
+    could not run (``run_error``) or declares no check; FAIL when a MUST check
+    failed (evidence beats a check that could not tell); ERROR when a check
+    could not tell; WARN when only SHOULD checks failed; else PASS.
     """
     if unsupported:
         return UNSUPPORTED, unsupported
     if run_error:
         return ERROR, run_error
-    unknown = [r for r in results if r.ok is None]
-    if unknown:
-        return ERROR, f"{unknown[0].name}: {unknown[0].detail}"
+    if not results:
+        return ERROR, "the scenario declares no check: nothing was judged"
     must = [r for r in results if r.ok is False and r.level == "MUST"]
     if must:
         return FAIL, f"{must[0].requirement} {must[0].name}: {must[0].detail}"
+    unknown = [r for r in results if r.ok is None]
+    if unknown:
+        return ERROR, f"{unknown[0].requirement} {unknown[0].name}: {unknown[0].detail}"
     should = [r for r in results if r.ok is False]
     if should:
         return WARN, f"{should[0].requirement} {should[0].name}: {should[0].detail}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -97,6 +98,7 @@ def run(
         strategy_for(installed.version)
     except UnsupportedSglang as exc:
         raise _usage_error(str(exc))
+    out = out.expanduser().resolve()  # cells run with the repository as working directory
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -112,16 +114,24 @@ def run(
         err.print(f"[{i}/{total}] {result.scenario} x {result.impl}: ", cell_text(result).plain.replace("\n", " "),
                   f"({result.duration_s:.1f} s)")
 
+    results_path = out / "results.json"
+    results_path.unlink(missing_ok=True)  # an interrupted run must not leave an old verdict behind
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
     try:
         result = run_matrix(impls, [known[s] for s in wanted], seed, out, on_cell=on_cell, on_start=on_start)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")
         raise typer.Exit(code=130)
-    dump_run(result, out / "results.json")
+    dump_run(result, results_path)
     console.print(matrix_table(result))
     for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
-    console.print(f"results: {out / 'results.json'}")
+    console.print(f"results: {results_path}")
     raise typer.Exit(code=0 if result.all_as_expected else 1)
 
 

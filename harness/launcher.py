@@ -3,7 +3,7 @@
 The cell driver never assumes a role is its own child: it asks a
 :class:`Launcher` for a :class:`RoleHandle`, talks to it through
 :class:`RoleClient` over the handle's ZMQ endpoint, and applies process faults
-through the handle (``kill``/``freeze``/``thaw``).  :class:`LocalLauncher`
+through the handle (``signal``: SIGKILL, SIGSTOP, SIGCONT).  :class:`LocalLauncher`
 starts roles as local processes; a multi-host launcher implements the same two
 classes.
 
@@ -13,16 +13,14 @@ Every wait here is bounded; on timeout the caller gets :class:`RoleTimeout`.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
@@ -76,6 +74,10 @@ class RoleHandle(ABC):
         """Send a signal: SIGKILL (kill), SIGSTOP (freeze), SIGCONT (thaw)."""
 
     @abstractmethod
+    def exit_description(self) -> str:
+        """How the role ended ("exit code 3", "killed by SIGKILL"), or "running"."""
+
+    @abstractmethod
     def stop(self, timeout_s: float) -> None:
         """Make sure the role is gone: ask, then kill.  Bounded by ``timeout_s``."""
 
@@ -105,7 +107,6 @@ class LocalRoleHandle(RoleHandle):
         while time.monotonic() < deadline:
             if self.ready_file.exists():
                 self.endpoint = self.ready_file.read_text().split("\n")[0].strip()
-                shutil.rmtree(self.ready_file.parent, ignore_errors=True)
                 return self.endpoint
             if self.process.poll() is not None:
                 raise RoleError(
@@ -118,12 +119,22 @@ class LocalRoleHandle(RoleHandle):
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def exit_description(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return "running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
     def signal(self, signum: int) -> None:
         if self.alive():
             self.process.send_signal(signum)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        shutil.rmtree(self.ready_file.parent, ignore_errors=True)
         if not self.alive():
             return
         try:  # a role asked to shut down exits by itself within moments
@@ -158,8 +169,8 @@ class LocalLauncher(Launcher):
 
     def start(self, spec: RoleSpec) -> LocalRoleHandle:
         log_path = Path(spec.log_path) if spec.log_path else self.workdir / f"{spec.name}.log"
-        ready_dir = Path(tempfile.mkdtemp(prefix="pdconform-ready-"))
-        ready_file = ready_dir / "endpoint"
+        ready_file = self.workdir / f"{spec.name}.endpoint"
+        ready_file.unlink(missing_ok=True)
         env = dict(os.environ)
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
@@ -168,7 +179,7 @@ class LocalLauncher(Launcher):
             "--impl", spec.impl, "--role", spec.role,
             "--ready-file", str(ready_file), "--parent-pid", str(os.getpid()),
         ]
-        with open(log_path, "ab") as log:
+        with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 cwd=str(Path(__file__).resolve().parent.parent),
@@ -186,14 +197,14 @@ class RoleClient:
 
     POLL_SLICE_S = 0.1
 
-    def __init__(self, ctx: zmq.Context, name: str, endpoint: str, alive: Callable[[], bool] | None = None):
+    def __init__(self, ctx: zmq.Context, name: str, endpoint: str, handle: RoleHandle | None = None):
         self.name = name
         self.endpoint = endpoint
         self._ctx = ctx
         self._socket = ctx.socket(zmq.REQ)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(endpoint)
-        self._alive = alive
+        self._handle = handle
         self.broken: str | None = None
 
     def call(self, op: str, deadline_s: float, **kwargs: Any) -> Any:
@@ -204,8 +215,8 @@ class RoleClient:
         self._socket.send_pyobj({"op": op, "kwargs": kwargs})
         deadline = time.monotonic() + deadline_s
         while not self._socket.poll(int(self.POLL_SLICE_S * 1000), zmq.POLLIN):
-            if self._alive is not None and not self._alive():
-                self.broken = f"its process exited while {op} was running"
+            if self._handle is not None and not self._handle.alive():
+                self.broken = f"its process ended ({self._handle.exit_description()}) while {op} was running"
                 raise RoleError(f"{self.name}: {self.broken}")
             if time.monotonic() > deadline:
                 self.broken = f"{op} got no answer within {deadline_s:.1f} s"

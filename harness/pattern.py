@@ -191,14 +191,18 @@ def verify_buffer(
         if len(report.mismatches) >= max_listed:
             continue
         idx = int(bad[page].nonzero()[0])
+        want, got = Tag.decode(int(exp_words[page, idx])), Tag.decode(int(got_words[page, idx]))
+        expected, found = want.describe(), got.describe()
+        if expected == found:  # same page, shifted or altered bytes: say which word
+            expected, found = f"{expected} word {want.word}", f"{found} word {got.word} (value {int(got_words[page, idx]) & (2**64 - 1):#018x})"
         report.mismatches.append(
             Mismatch(
                 buffer=spec.name(),
                 page=page,
                 first_bad_word=idx,
                 bad_words=int(bad[page].sum()),
-                expected=Tag.decode(int(exp_words[page, idx])).describe(),
-                found=Tag.decode(int(got_words[page, idx])).describe(),
+                expected=expected,
+                found=found,
             )
         )
 

@@ -16,7 +16,8 @@ def _size(n: int) -> str:
 
 
 def cell_text(cell: CellResult) -> Text:
-    """One matrix cell: verdict, engine and verified bytes; ``!`` marks an unexpected verdict."""
+    """One matrix cell: verdict, engine and bytes that arrived where they belong;
+    ``(expected X)`` marks a verdict other than the expected one."""
     text = Text(cell.verdict, style=VERDICT_STYLE.get(cell.verdict, ""))
     if not cell.as_expected:
         text.append(f" (expected {cell.expected})", style="bold red")

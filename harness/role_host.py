@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import sys
 import threading
 import time
@@ -77,10 +78,10 @@ def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
             continue
         try:
             value = getattr(adapter, op)(**request.get("kwargs", {}))
-            reply = {"ok": True, "value": value}
+            payload = pickle.dumps({"ok": True, "value": value})
         except BaseException as exc:  # reported to the driver, never fatal here
-            reply = _reply_error(exc)
-        socket.send_pyobj(reply)
+            payload = pickle.dumps(_reply_error(exc))
+        socket.send(payload)
 
 
 def main(argv: list[str] | None = None) -> int:

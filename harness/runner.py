@@ -13,6 +13,7 @@ import datetime as dt
 import importlib.util
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,14 +85,14 @@ def _last_step(workdir: Path) -> str:
 def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
                       timeout_s: float | None = None) -> CellResult:
     """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    for stale in ("cell.json", "history.jsonl"):
-        (workdir / stale).unlink(missing_ok=True)
+    workdir = workdir.resolve()
+    shutil.rmtree(workdir, ignore_errors=True)  # logs and history of an earlier run
+    workdir.mkdir(parents=True)
     deadline = timeout_s if timeout_s is not None else scenario.timeout_s
     cmd = [sys.executable, "-m", "harness.cell", "--impl", impl, "--scenario", scenario.id,
            "--seed", str(seed), "--workdir", str(workdir), "--base-port", str(free_port_block())]
     start = time.monotonic()
-    with open(workdir / "cell.log", "ab") as log:
+    with open(workdir / "cell.log", "wb") as log:
         process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent))
         try:

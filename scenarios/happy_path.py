@@ -41,6 +41,9 @@ def steps(seed: int):
         AwaitStatus(room, "prefill", (SUCCESS, FAILED)),
         AwaitStatus(room, "decode", (SUCCESS, FAILED)),
         VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),)),
+        # Success is terminal: polling again, after the pools were read, still says Success.
+        AwaitStatus(room, "prefill", (SUCCESS, FAILED), timeout_s=0.0),
+        AwaitStatus(room, "decode", (SUCCESS, FAILED), timeout_s=0.0),
     ]
 
 
@@ -51,6 +54,7 @@ def checks(seed: int):
         c.Check("prefill-success", "R-XFER-1", "MUST", c.reached_status(room, "prefill", SUCCESS)),
         c.Check("decode-success", "R-XFER-1", "MUST", c.reached_status(room, "decode", SUCCESS)),
         c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("success-stays", "R-TERM-1", "MUST", c.stays_terminal(room, ("prefill", "decode"))),
         c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
         c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
     ]
@@ -60,7 +64,7 @@ SCENARIO = register(
     Scenario(
         id="happy-path",
         title="One room, KV in two chunks over several layers plus aux: both Success, every byte in place",
-        requirements=("R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
+        requirements=("R-XFER-1", "R-LAYOUT-1", "R-TERM-1", "R-LIVE-2"),
         steps=steps,
         checks=checks,
         timeout_s=150.0,

@@ -42,11 +42,11 @@ def _misplaced_steps(seed: int):
     from scenarios import happy_path
 
     steps = happy_path.steps(seed)
-    verify = steps[-1]
-    moves = list(verify.kv_moves)
+    at = next(i for i, step in enumerate(steps) if isinstance(step, VerifyPools))
+    moves = list(steps[at].kv_moves)
     (s0, d0), (s1, d1) = moves[0], moves[1]
     moves[0], moves[1] = (s0, d1), (s1, d0)
-    return steps[:-1] + [VerifyPools(tuple(moves), verify.aux_moves)]
+    return steps[:at] + [VerifyPools(tuple(moves), steps[at].aux_moves)] + steps[at + 1:]
 
 
 register(

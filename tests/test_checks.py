@@ -57,3 +57,35 @@ def test_dead_thread_and_stopped_loop_are_reported():
     assert not ok and "transfer-worker died: ValueError: bad frame" in detail
     ok, detail = c.loops_alive()(h.events)
     assert not ok and "prefill:transfer-worker#0" in detail
+
+
+def test_terminal_status_that_flips_is_caught():
+    h = History()
+    _await(h, "prefill", 5, SUCCESS)
+    _await(h, "prefill", 5, FAILED)
+    ok, detail = c.stays_terminal(5, ("prefill",))(h.events)
+    assert not ok and "prefill room 5: Success -> Failed" in detail
+
+
+def test_launched_role_that_was_never_observed_fails_liveness():
+    h = History()
+    for role in ("prefill", "decode"):
+        h.record("ok", "launch", role, 0, args={}, value={"endpoint": "tcp://x"})
+    h.record("ok", "observe", "decode", None, args={}, value={"loops": {"w#0": True}, "dead_threads": [],
+                                                             "log_records": [], "rooms": {}})
+    h.record("fail", "observe", "prefill", None, args={},
+             error="prefill cannot be observed: its process ended (killed by SIGKILL)")
+    for check in (c.loops_alive(), c.no_dead_threads()):
+        ok, detail = check(h.events)
+        assert not ok and "killed by SIGKILL" in detail
+
+
+def test_no_checks_is_an_error_not_a_pass():
+    assert c.verdict_of([]) == ("ERROR", "the scenario declares no check: nothing was judged")
+
+
+def test_unknown_check_yields_to_must_failure():
+    must = c.CheckResult("a", "R-1", "MUST", False, "broken")
+    unknown = c.CheckResult("b", "R-2", "MUST", None, "could not run")
+    assert c.verdict_of([unknown, must])[0] == "FAIL"
+    assert c.verdict_of([unknown])[0] == "ERROR"

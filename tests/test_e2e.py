@@ -16,9 +16,11 @@ EXPECTED_BYTES = happy_path.NUM_PAGES * happy_path.LAYOUT.page_bytes * 2 * happy
     + happy_path.LAYOUT.aux_bytes
 
 
-def _leftovers():
+def _leftovers(workdir):
+    """Cell and role processes of this test still running (other runs are not ours)."""
     return [p.pid for p in psutil.process_iter(["cmdline"])
-            if any("harness.role_host" in a or "harness.cell" in a for a in (p.info["cmdline"] or []))]
+            if any(m in " ".join(p.info["cmdline"] or []) for m in ("harness.role_host", "harness.cell"))
+            and str(workdir) in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.mark.parametrize("impl, engine", [("mooncake", "real"), ("nixl", "real"), ("mori", "standin")])
@@ -28,7 +30,7 @@ def test_happy_path(impl, engine, tmp_path):
     assert cell.engine == engine
     assert cell.bytes_verified == EXPECTED_BYTES
     assert (tmp_path / "prefill.log").exists() and (tmp_path / "decode.log").exists()
-    assert not _leftovers()
+    assert not _leftovers(tmp_path)
 
 
 def test_byte_check_fails_on_a_wrong_plan_and_names_the_pages(tmp_path):
@@ -37,4 +39,4 @@ def test_byte_check_fails_on_a_wrong_plan_and_names_the_pages(tmp_path):
     assert cell.verdict == "FAIL"
     assert "R-LAYOUT-1 bytes-exact" in cell.reason
     assert "decode layer 0 K page" in cell.reason and "expected prefill layer 0 K page" in cell.reason
-    assert not _leftovers()
+    assert not _leftovers(tmp_path)

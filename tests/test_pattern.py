@@ -74,3 +74,12 @@ def test_aux_slot_mismatch_names_the_slot():
 def test_page_bytes_must_be_whole_words(page_bytes):
     with pytest.raises(ValueError, match="multiple of 8"):
         p.pattern(p.PREFILL, p.K, 0, 4, page_bytes)
+
+
+def test_shifted_word_inside_the_right_page_names_the_words():
+    spec = p.BufferSpec(p.K, 0)
+    actual = p.expected_destination(spec, 4, 64, [(2, 1)])
+    actual[1, 8:16] = actual[1, 16:24].clone()  # word 1 holds word 2's bytes
+    report = p.verify_pools([(spec, actual)], [(2, 1)], [])
+    text = report.mismatches[0].describe()
+    assert "expected prefill layer 0 K page 2 word 1, found prefill layer 0 K page 2 word 2" in text

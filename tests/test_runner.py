@@ -11,9 +11,14 @@ from harness.runner import run_matrix
 from harness.scenario import get_scenario
 
 
-def _role_processes():
-    return [p for p in psutil.process_iter(["cmdline"])
-            if any("harness.cell" in a or "harness.role_host" in a for a in (p.info["cmdline"] or []))]
+def _role_processes(workdir):
+    """Cell and role processes of this test (other runs on the machine are not ours)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if ("harness.cell" in cmd or "harness.role_host" in cmd) and str(workdir) in cmd:
+            found.append(proc)
+    return found
 
 
 def test_hanging_cell_is_killed_and_the_run_continues(tmp_path):
@@ -27,7 +32,7 @@ def test_hanging_cell_is_killed_and_the_run_continues(tmp_path):
     assert "in step 0 Sleep" in hang.reason
     assert noop.verdict == "PASS"
     assert elapsed < 30
-    assert not _role_processes()
+    assert not _role_processes(tmp_path)
 
 
 def test_cli_exit_code_and_results_for_a_hanging_cell(tmp_path):
@@ -44,9 +49,9 @@ def test_role_that_dies_mid_call_is_noticed_at_once(tmp_path):
     start = time.monotonic()
     (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-dies")], seed=0, out_dir=tmp_path).cells
     assert cell.verdict == "FAIL"
-    assert "prefill: its process exited while open_sender was running" in cell.reason
+    assert "prefill: its process ended (exit code 9) while open_sender was running" in cell.reason
     assert time.monotonic() - start < 20  # not the 30 s call deadline
-    assert not _role_processes()
+    assert not _role_processes(tmp_path)
 
 
 def test_role_that_hangs_in_a_call_is_killed_with_the_cell(tmp_path):
@@ -54,7 +59,7 @@ def test_role_that_hangs_in_a_call_is_killed_with_the_cell(tmp_path):
     assert cell.verdict == "ERROR"
     assert "deadline of 6 s" in cell.reason
     assert "in step 1 OpenRoom, last event: open_sender on prefill (invoke)" in cell.reason
-    assert not _role_processes()
+    assert not _role_processes(tmp_path)
 
 
 def test_unknown_role_op_is_an_error_not_a_crash(tmp_path):
@@ -65,7 +70,7 @@ def test_unknown_role_op_is_an_error_not_a_crash(tmp_path):
     handle = LocalLauncher(tmp_path).start(RoleSpec(name="p", impl="selftest", role="prefill"))
     ctx = zmq.Context()
     try:
-        client = RoleClient(ctx, "p", handle.wait_ready(30), alive=handle.alive)
+        client = RoleClient(ctx, "p", handle.wait_ready(30), handle=handle)
         try:
             client.call("format_disk", 5)
         except RoleError as exc:
@@ -78,3 +83,32 @@ def test_unknown_role_op_is_an_error_not_a_crash(tmp_path):
         handle.stop(5)
         ctx.term()
     assert not handle.alive()
+
+
+def test_sigterm_to_the_runner_stops_the_cell_and_its_roles(tmp_path):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--impl", "selftest",
+                             "--scenario", "selftest-role-hangs", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("cells/*/prefill.endpoint")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # wait until the roles are up
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert not (tmp_path / "results.json").exists()
+    time.sleep(1.0)  # the cell's own parent watch needs one interval
+    assert not _role_processes(tmp_path)
+
+
+def test_relative_out_works_from_any_directory(tmp_path):
+    repo = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    env = dict(__import__("os").environ, PYTHONPATH=repo)
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "selftest",
+                          "--scenario", "selftest-noop", "--out", "rel/out"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr + out.stdout
+    data = json.loads((tmp_path / "rel" / "out" / "results.json").read_text())
+    assert data["cells"][0]["verdict"] == "PASS"
