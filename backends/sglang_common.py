@@ -207,9 +207,11 @@ class SglangCommonRole(RoleAdapter):
         return self._start("decode", layout, bootstrap_port)
 
     def teardown(self) -> None:
-        teardown = getattr(self.manager, "teardown", None)
-        if teardown is None:
+        # Only managers that declare role-switch support implement teardown()
+        # (base/conn.py); NixlKVManager's raises NotImplementedError.
+        if self.manager is None or not getattr(self.manager, "supports_role_switch", False):
             return
+        teardown = self.manager.teardown
         worker = threading.Thread(target=teardown, name="pdconform-teardown", daemon=True)
         worker.start()
         worker.join(timeout=3)

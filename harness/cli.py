@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -20,8 +21,10 @@ from harness.implementations import IMPLEMENTATIONS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Conformance harness for SGLang PD-disaggregation transfer backends.")
-console = Console()
-err = Console(stderr=True)
+# Lines are never wrapped mid-word; when output is not a terminal (CI logs,
+# pipes) the matrix gets 120 columns instead of rich's default 80.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_OUT = Path("reports/out/latest")
 
@@ -98,7 +101,11 @@ def run(
         strategy_for(installed.version)
     except UnsupportedSglang as exc:
         raise _usage_error(str(exc))
+    if not str(out).strip() or str(out) == ".":
+        raise _usage_error("--out needs a directory path (got an empty one)")
     out = out.expanduser().resolve()  # cells run with the repository as working directory
+    if out.exists() and not out.is_dir():
+        raise _usage_error(f"--out {out} is a file, not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -115,7 +122,9 @@ def run(
                   f"({result.duration_s:.1f} s)")
 
     results_path = out / "results.json"
-    results_path.unlink(missing_ok=True)  # an interrupted run must not leave an old verdict behind
+    # An interrupted run must not leave an old verdict behind, nor cells of another run.
+    results_path.unlink(missing_ok=True)
+    shutil.rmtree(out / "cells", ignore_errors=True)
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)

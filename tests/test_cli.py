@@ -19,6 +19,8 @@ def pdconform(*args, cwd=None, timeout=180):
     (["run", "--seed", "abc"], "--seed"),
     (["frobnicate"], "No such command"),
     (["run", "--out", "/proc/pdconform-cannot-write"], "cannot write to --out"),
+    (["run", "--out", ""], "--out needs a directory path"),
+    (["run", "--out", "/etc/hostname"], "is a file, not a directory"),
 ])
 def test_usage_errors_exit_2(args, message):
     out = pdconform(*args)
@@ -31,7 +33,7 @@ def test_list_json_names_scenarios_and_requirements():
     out = pdconform("list", "--json")
     assert out.returncode == 0, out.stderr
     rows = {row["id"]: row for row in json.loads(out.stdout)}
-    assert rows["happy-path"]["requirements"] == ["R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"]
+    assert rows["happy-path"]["requirements"] == ["R-XFER-1", "R-LAYOUT-1", "R-TERM-1", "R-LIVE-2"]
     assert rows["happy-path"]["title"]
 
 
