@@ -1,0 +1,311 @@
+"""The reference prefill side of the Common protocol, as a sans-I/O state machine.
+
+Events in, actions out: no sockets, threads, clocks or randomness.  Time comes
+in as ``now`` (seconds) on events; drivers (a real one with ZMQ and threads, a
+deterministic simulator) turn actions into I/O and feed results back as events.
+
+Requirements implemented (docs/protocol.md): R-XFER-1, R-TERM-1, R-TIMEOUT-1,
+R-STALE-1, R-ABORT-1, R-ABORT-2, R-REUSE-1, R-RESIDUE-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+
+
+# ---- events ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpenSender:
+    """The scheduler created a sender for ``room`` at time ``now`` (s)."""
+    room: int
+    now: float
+
+
+@dataclass(frozen=True)
+class DecodeRegistered:
+    """The decode sent its destination ``dst_pages`` and ``aux_slot`` for ``room``."""
+    room: int
+    decode: str
+    dst_pages: tuple[int, ...]
+    aux_slot: int
+
+
+@dataclass(frozen=True)
+class InitSender:
+    room: int
+    num_pages: int
+    aux_slot: int
+
+
+@dataclass(frozen=True)
+class SendChunk:
+    """The scheduler sends source ``pages``; ``last`` also sends the aux slot."""
+    room: int
+    pages: tuple[int, ...]
+    last: bool
+
+
+@dataclass(frozen=True)
+class WriteDone:
+    """The engine finished write ``write_id`` (``ok`` False: it failed, ``reason`` says why)."""
+    room: int
+    write_id: int
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class AbortReceived:
+    """An ABORT from ``decode`` for the decode's room lifecycle ``generation``."""
+    room: int
+    decode: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Clear:
+    room: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+PrefillEvent = Union[OpenSender, DecodeRegistered, InitSender, SendChunk, WriteDone, AbortReceived, Clear, Tick]
+
+
+# ---- actions --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StartWrite:
+    """Write source pages (or the aux slot when ``aux``) into the decode's destinations."""
+    room: int
+    write_id: int
+    decode: str
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+    aux: bool = False
+
+
+@dataclass(frozen=True)
+class SendStatus:
+    """Tell the decode the room's terminal status (Success or Failed, with a reason)."""
+    room: int
+    decode: str
+    status: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SendAbortAck:
+    room: int
+    decode: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class StatusChanged:
+    room: int
+    status: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str
+    message: str
+
+
+PrefillAction = Union[StartWrite, SendStatus, SendAbortAck, StatusChanged, Log]
+
+
+# ---- state ------------------------------------------------------------------------
+
+@dataclass
+class _Room:
+    opened_at: float
+    status: int = BOOTSTRAPPING
+    decode: str | None = None
+    dst_pages: tuple[int, ...] = ()
+    dst_aux: int | None = None
+    num_pages: int | None = None
+    src_aux: int | None = None
+    sent: int = 0  # pages handed to the engine so far
+    last_sent: bool = False
+    outstanding: set[int] = field(default_factory=set)
+    reason: str = ""
+
+
+@dataclass
+class _Drain:
+    """What is left of a room that was cleared or failed with writes still in flight."""
+    outstanding: set[int]
+    ack_to: tuple[str, int] | None = None  # (decode, generation) owed an ABORT_ACK
+
+
+class PrefillCore:
+    """Prefill side state machine.  ``handle(event)`` returns the actions to perform.
+
+    ``bootstrap_timeout_s``: a room still Bootstrapping this long after it was
+    opened becomes Failed (R-TIMEOUT-1).  ``deferred_release``: ABORT is answered
+    with one ABORT_ACK once the room's writes have drained (R-ABORT-2).
+    """
+
+    def __init__(self, bootstrap_timeout_s: float = 30.0, deferred_release: bool = True):
+        self.bootstrap_timeout_s = bootstrap_timeout_s
+        self.deferred_release = deferred_release
+        self.rooms: dict[int, _Room] = {}
+        self.registrations: dict[int, DecodeRegistered] = {}  # arrived before the sender
+        self.draining: dict[int, _Drain] = {}
+        self.acked: set[tuple[int, int]] = set()  # (room, generation) answered, until clear
+        self._next_write = 0
+
+    # -- helpers -------------------------------------------------------------------
+    def _set(self, room: int, r: _Room, status: int, reason: str = "") -> list[PrefillAction]:
+        if r.status in (SUCCESS, FAILED) or r.status == status:
+            return []  # terminal until clear (R-TERM-1)
+        r.status = status
+        r.reason = reason if status == FAILED else r.reason
+        actions: list[PrefillAction] = [StatusChanged(room, status, reason)]
+        if status in (SUCCESS, FAILED) and r.decode is not None:
+            actions.append(SendStatus(room, r.decode, status, reason))
+        return actions
+
+    def _write(self, room: int, r: _Room, src: tuple[int, ...], dst: tuple[int, ...], aux: bool) -> StartWrite:
+        self._next_write += 1
+        r.outstanding.add(self._next_write)
+        return StartWrite(room, self._next_write, r.decode or "", src, dst, aux)
+
+    def _maybe_success(self, room: int, r: _Room) -> list[PrefillAction]:
+        if r.status == TRANSFERRING and r.last_sent and not r.outstanding:
+            return self._set(room, r, SUCCESS)
+        return []
+
+    def _bind(self, room: int, r: _Room, reg: DecodeRegistered) -> list[PrefillAction]:
+        r.decode, r.dst_pages, r.dst_aux = reg.decode, reg.dst_pages, reg.aux_slot
+        return self._set(room, r, WAITING_FOR_INPUT)
+
+    # -- events --------------------------------------------------------------------
+    def handle(self, event: PrefillEvent) -> list[PrefillAction]:
+        return getattr(self, f"_on_{type(event).__name__}")(event)
+
+    def _on_OpenSender(self, e: OpenSender) -> list[PrefillAction]:
+        if e.room in self.rooms:
+            return [Log("warning", f"room {e.room} opened twice; keeping the first sender")]
+        r = self.rooms[e.room] = _Room(opened_at=e.now)
+        actions: list[PrefillAction] = [StatusChanged(e.room, BOOTSTRAPPING)]
+        reg = self.registrations.pop(e.room, None)
+        if reg is not None:
+            actions += self._bind(e.room, r, reg)
+        return actions
+
+    def _on_DecodeRegistered(self, e: DecodeRegistered) -> list[PrefillAction]:
+        r = self.rooms.get(e.room)
+        if r is None:
+            self.registrations[e.room] = e  # the decode may be faster than the scheduler
+            return []
+        if r.status != BOOTSTRAPPING:
+            return [Log("warning", f"room {e.room}: registration while {r.status}; dropped")]
+        return self._bind(e.room, r, e)
+
+    def _on_InitSender(self, e: InitSender) -> list[PrefillAction]:
+        r = self.rooms.get(e.room)
+        if r is None:
+            return [Log("warning", f"room {e.room}: init for an unknown room; dropped")]
+        r.num_pages, r.src_aux = e.num_pages, e.aux_slot
+        return []
+
+    def _on_SendChunk(self, e: SendChunk) -> list[PrefillAction]:
+        r = self.rooms.get(e.room)
+        if r is None or r.status in (SUCCESS, FAILED):
+            why = "unknown or cleared" if r is None else "concluded"
+            return [Log("debug", f"room {e.room}: chunk for a {why} room dropped")]  # R-STALE-1
+        if r.status == BOOTSTRAPPING or r.num_pages is None:
+            return self._set(e.room, r, FAILED, "chunk sent before the decode registered or init")
+        end = r.sent + len(e.pages)
+        if end > len(r.dst_pages) or (r.num_pages is not None and end > r.num_pages):
+            return self._set(e.room, r, FAILED,
+                             f"chunk ends at page {end}, past the decode's {len(r.dst_pages)} destination pages")
+        actions = self._set(e.room, r, TRANSFERRING)
+        if e.pages:
+            actions.append(self._write(e.room, r, e.pages, r.dst_pages[r.sent:end], aux=False))
+        r.sent = end
+        if e.last:
+            r.last_sent = True
+            if r.src_aux is not None and r.dst_aux is not None:
+                actions.append(self._write(e.room, r, (r.src_aux,), (r.dst_aux,), aux=True))
+            actions += self._maybe_success(e.room, r)
+        return actions
+
+    def _on_WriteDone(self, e: WriteDone) -> list[PrefillAction]:
+        drain = self.draining.get(e.room)
+        if drain is not None and e.write_id in drain.outstanding:
+            drain.outstanding.discard(e.write_id)
+            return self._finish_drain(e.room, drain)
+        r = self.rooms.get(e.room)
+        if r is None or e.write_id not in r.outstanding:
+            return [Log("debug", f"room {e.room}: completion of unknown write {e.write_id} dropped")]
+        r.outstanding.discard(e.write_id)
+        if not e.ok:
+            return self._set(e.room, r, FAILED, f"write {e.write_id} failed: {e.reason}")
+        return self._maybe_success(e.room, r)
+
+    def _finish_drain(self, room: int, drain: _Drain) -> list[PrefillAction]:
+        if drain.outstanding:
+            return []
+        del self.draining[room]
+        return self._ack(room, *drain.ack_to) if drain.ack_to else []
+
+    def _ack(self, room: int, decode: str, generation: int) -> list[PrefillAction]:
+        if not self.deferred_release or (room, generation) in self.acked:
+            return []
+        if room in self.rooms:  # remember within the room's lifecycle; clear forgets (R-REUSE-1)
+            self.acked.add((room, generation))
+        return [SendAbortAck(room, decode, generation)]
+
+    def _on_AbortReceived(self, e: AbortReceived) -> list[PrefillAction]:
+        r = self.rooms.get(e.room)
+        actions = self._set(e.room, r, FAILED, "aborted by the decode") if r else []  # R-ABORT-1
+        if r is not None and r.outstanding:  # writes in flight: they must drain first
+            self.draining.setdefault(e.room, _Drain(set())).outstanding |= r.outstanding
+            r.outstanding.clear()
+        drain = self.draining.get(e.room)
+        if drain is not None:  # ACK once the writes drain (R-ABORT-2)
+            drain.ack_to = drain.ack_to or (e.decode, e.generation)
+            return actions
+        if r is None:
+            actions.append(Log("info", f"ABORT for unknown room {e.room}: nothing to do"))
+        return actions + self._ack(e.room, e.decode, e.generation)
+
+    def _on_Clear(self, e: Clear) -> list[PrefillAction]:
+        r = self.rooms.pop(e.room, None)
+        self.registrations.pop(e.room, None)
+        self.acked = {key for key in self.acked if key[0] != e.room}
+        if r is not None and r.outstanding:
+            drain = self.draining.setdefault(e.room, _Drain(set()))
+            drain.outstanding |= r.outstanding
+        return []
+
+    def _on_Tick(self, e: Tick) -> list[PrefillAction]:
+        actions: list[PrefillAction] = []
+        for room, r in list(self.rooms.items()):
+            if r.status == BOOTSTRAPPING and e.now - r.opened_at >= self.bootstrap_timeout_s:
+                actions += self._set(room, r, FAILED,
+                                     f"decode did not register within the bootstrap timeout of {self.bootstrap_timeout_s:g} s")
+        return actions
+
+    # -- observation ---------------------------------------------------------------
+    def status(self, room: int) -> int | None:
+        r = self.rooms.get(room)
+        return r.status if r else None
+
+    def residue(self) -> dict[str, list[int]]:
+        """Per-room state held anywhere (empty after clear and quiescence, R-RESIDUE-1)."""
+        found = {"rooms": sorted(self.rooms), "registrations": sorted(self.registrations),
+                 "draining": sorted(self.draining), "acked": sorted({room for room, _ in self.acked})}
+        return {k: v for k, v in found.items() if v}

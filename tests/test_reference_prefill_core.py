@@ -1,0 +1,177 @@
+"""The reference prefill state machine: scripted transitions and a stateful property test."""
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from backends.reference import prefill_core as pc
+from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+
+D = "decode-0"
+
+
+def writes(actions):
+    return [a for a in actions if isinstance(a, pc.StartWrite)]
+
+
+def opened(core, room=7, pages=(5, 6, 7)):
+    core.handle(pc.OpenSender(room, now=0.0))
+    core.handle(pc.DecodeRegistered(room, D, pages, aux_slot=2))
+    core.handle(pc.InitSender(room, num_pages=len(pages), aux_slot=1))
+    return core
+
+
+def test_two_chunks_then_success_sent_to_the_decode():
+    core = opened(pc.PrefillCore())
+    assert core.status(7) == WAITING_FOR_INPUT
+    w1 = writes(core.handle(pc.SendChunk(7, (0, 1), last=False)))
+    assert [(w.src, w.dst) for w in w1] == [((0, 1), (5, 6))]
+    w2 = writes(core.handle(pc.SendChunk(7, (9,), last=True)))
+    assert [(w.src, w.dst, w.aux) for w in w2] == [((9,), (7,), False), ((1,), (2,), True)]
+    assert core.status(7) == TRANSFERRING
+    for w in w1 + w2[:1]:
+        assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == []
+    actions = core.handle(pc.WriteDone(7, w2[1].write_id, ok=True))
+    assert pc.SendStatus(7, D, SUCCESS) in actions and core.status(7) == SUCCESS
+
+
+def test_registration_before_the_sender_is_kept():
+    core = pc.PrefillCore()
+    core.handle(pc.DecodeRegistered(3, D, (1,), 0))
+    core.handle(pc.OpenSender(3, now=0.0))
+    assert core.status(3) == WAITING_FOR_INPUT
+
+
+def test_bootstrap_timeout_only_while_bootstrapping():
+    core = pc.PrefillCore(bootstrap_timeout_s=5)
+    core.handle(pc.OpenSender(1, now=0.0))
+    opened(core, room=2)
+    assert core.handle(pc.Tick(4.9)) == []
+    actions = core.handle(pc.Tick(5.0))
+    assert core.status(1) == FAILED and core.status(2) == WAITING_FOR_INPUT
+    assert "bootstrap timeout of 5 s" in actions[0].reason
+
+
+def test_stale_chunk_after_clear_is_dropped_without_a_write():
+    core = opened(pc.PrefillCore())
+    core.handle(pc.Clear(7))
+    actions = core.handle(pc.SendChunk(7, (0,), last=True))
+    assert writes(actions) == [] and core.residue() == {}
+
+
+def test_abort_mid_transfer_acks_once_after_drain():
+    core = opened(pc.PrefillCore())
+    (w,) = writes(core.handle(pc.SendChunk(7, (0,), last=False)))
+    actions = core.handle(pc.AbortReceived(7, D, generation=4))
+    assert core.status(7) == FAILED and not any(isinstance(a, pc.SendAbortAck) for a in actions)
+    assert core.handle(pc.AbortReceived(7, D, generation=4)) == []  # duplicate ABORT: still waiting
+    assert writes(core.handle(pc.SendChunk(7, (1,), last=True))) == []  # no write after Failed
+    assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == [pc.SendAbortAck(7, D, 4)]
+    assert core.handle(pc.AbortReceived(7, D, generation=4)) == []  # exactly once
+    core.handle(pc.Clear(7))
+    assert core.residue() == {}
+
+
+def test_clear_then_abort_acks_after_the_writes_drain():
+    core = opened(pc.PrefillCore())
+    (w,) = writes(core.handle(pc.SendChunk(7, (0,), last=False)))
+    core.handle(pc.Clear(7))
+    assert core.handle(pc.AbortReceived(7, D, generation=1)) == []
+    assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == [pc.SendAbortAck(7, D, 1)]
+    assert core.residue() == {}
+
+
+def test_abort_for_an_unknown_room_is_harmless():
+    core = pc.PrefillCore()
+    actions = core.handle(pc.AbortReceived(99, D, generation=0))
+    assert pc.SendAbortAck(99, D, 0) in actions and core.residue() == {}
+
+
+class PrefillMachine(RuleBasedStateMachine):
+    """Random event sequences; invariants from docs/protocol.md after every step."""
+
+    ROOMS = st.sampled_from([1, 2, 3])
+
+    def __init__(self):
+        super().__init__()
+        self.core = pc.PrefillCore(bootstrap_timeout_s=3, deferred_release=True)
+        self.now = 0.0
+        self.inflight: dict[int, int] = {}  # write id -> room
+        self.terminal: dict[int, int] = {}  # room -> terminal status seen this lifecycle
+        self.cleared: set[int] = set()
+        self.acks: dict[tuple[int, int], int] = {}
+        self.generation = {1: 0, 2: 0, 3: 0}
+        self.known: set[int] = set()  # opened and not cleared, or cleared with writes in flight
+
+    def apply(self, event):
+        for a in self.core.handle(event):
+            if isinstance(a, pc.StatusChanged):
+                old = self.terminal.get(a.room)
+                assert old is None, f"room {a.room} left terminal {old} for {a.status}"  # R-TERM-1
+                if a.status in (SUCCESS, FAILED):
+                    self.terminal[a.room] = a.status
+            elif isinstance(a, pc.StartWrite):
+                assert a.room not in self.cleared, "write for a cleared room"  # R-STALE-1
+                assert a.room not in self.terminal, "write after a terminal status"
+                self.inflight[a.write_id] = a.room
+            elif isinstance(a, pc.SendAbortAck):
+                assert not [w for w, r in self.inflight.items() if r == a.room], "ACK before drain"  # R-ABORT-2
+                if a.room in self.known:  # a never-known room may be answered each time
+                    key = (a.room, a.generation)
+                    self.acks[key] = self.acks.get(key, 0) + 1
+                    assert self.acks[key] == 1, f"second ACK for {key}"
+
+    @rule(room=ROOMS)
+    def open(self, room):
+        if room in self.core.rooms:
+            return
+        self.cleared.discard(room)
+        self.terminal.pop(room, None)
+        self.generation[room] += 1
+        self.acks = {k: v for k, v in self.acks.items() if k[0] != room}
+        self.known.add(room)
+        self.apply(pc.OpenSender(room, self.now))
+
+    @rule(room=ROOMS, n=st.integers(1, 4))
+    def register(self, room, n):
+        self.apply(pc.DecodeRegistered(room, D, tuple(range(n)), 0))
+        self.apply(pc.InitSender(room, n, 0))
+
+    @rule(room=ROOMS, pages=st.lists(st.integers(0, 9), max_size=2), last=st.booleans())
+    def send(self, room, pages, last):
+        self.apply(pc.SendChunk(room, tuple(pages), last))
+
+    @precondition(lambda self: self.inflight)
+    @rule(data=st.data(), ok=st.booleans())
+    def complete(self, data, ok):
+        write_id = data.draw(st.sampled_from(sorted(self.inflight)))
+        room = self.inflight.pop(write_id)
+        self.apply(pc.WriteDone(room, write_id, ok, "injected"))
+        if room not in self.core.rooms and room not in self.inflight.values():
+            self.known.discard(room)  # a cleared room's last write drained
+
+    @rule(room=ROOMS)
+    def abort(self, room):
+        self.apply(pc.AbortReceived(room, D, self.generation[room]))
+
+    @rule(room=ROOMS)
+    def clear(self, room):
+        self.apply(pc.Clear(room))
+        self.cleared.add(room)
+        if room not in self.inflight.values():
+            self.known.discard(room)
+        self.terminal.pop(room, None)
+
+    @rule(dt=st.floats(0, 2))
+    def tick(self, dt):
+        self.now += dt
+        self.apply(pc.Tick(self.now))
+
+    @invariant()
+    def no_residue_once_all_cleared_and_drained(self):
+        if not self.core.rooms and not self.inflight:
+            assert self.core.residue() in ({}, {"registrations": sorted(self.core.registrations)})
+
+
+TestPrefillMachine = PrefillMachine.TestCase
+TestPrefillMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
