@@ -32,6 +32,7 @@ class DecodeRegistered:
     decode: str
     dst_pages: tuple[int, ...]
     aux_slot: int
+    generation: int = 0  # the decode's room lifecycle, echoed in status messages
 
 
 @dataclass(frozen=True)
@@ -94,11 +95,13 @@ class StartWrite:
 
 @dataclass(frozen=True)
 class SendStatus:
-    """Tell the decode the room's terminal status (Success or Failed, with a reason)."""
+    """Tell the decode the room's terminal status (Success or Failed, with a reason),
+    for the decode's lifecycle ``generation``."""
     room: int
     decode: str
     status: int
     reason: str = ""
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class _Room:
     opened_at: float
     status: int = BOOTSTRAPPING
     decode: str | None = None
+    generation: int = 0
     dst_pages: tuple[int, ...] = ()
     dst_aux: int | None = None
     num_pages: int | None = None
@@ -154,13 +158,27 @@ class PrefillCore:
     ``bootstrap_timeout_s``: a room still Bootstrapping this long after it was
     opened becomes Failed (R-TIMEOUT-1).  ``deferred_release``: ABORT is answered
     with one ABORT_ACK once the room's writes have drained (R-ABORT-2).
+    ``planted_bug``: test-only switch that breaks one rule on purpose, so tests
+    can show the stateful test and the simulator find it (``"ack-before-drain"``:
+    answer ABORT at once, with writes still in flight).
     """
 
-    def __init__(self, bootstrap_timeout_s: float = 30.0, deferred_release: bool = True):
+    PLANTED_BUGS = ("ack-before-drain",)
+
+    def __init__(self, bootstrap_timeout_s: float = 30.0, deferred_release: bool = True,
+                 planted_bug: str | None = None):
+        if planted_bug is not None and planted_bug not in self.PLANTED_BUGS:
+            raise ValueError(f"unknown planted bug {planted_bug!r} (known: {', '.join(self.PLANTED_BUGS)})")
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.deferred_release = deferred_release
+        self.planted_bug = planted_bug
         self.rooms: dict[int, _Room] = {}
-        self.registrations: dict[int, DecodeRegistered] = {}  # arrived before the sender
+        # Registrations that arrived before the sender, and ABORTed generations of rooms
+        # not held yet (a late registration of one must not start a transfer into pages
+        # the decode already reused).  Both expire after the bootstrap timeout.
+        self.registrations: dict[int, tuple[DecodeRegistered, float]] = {}
+        self.tombstones: dict[tuple[int, int], float] = {}
+        self.clock = 0.0  # latest time seen on an event
         self.draining: dict[int, _Drain] = {}
         self.acked: set[tuple[int, int]] = set()  # (room, generation) answered, until clear
         self._next_write = 0
@@ -173,7 +191,7 @@ class PrefillCore:
         r.reason = reason if status == FAILED else r.reason
         actions: list[PrefillAction] = [StatusChanged(room, status, reason)]
         if status in (SUCCESS, FAILED) and r.decode is not None:
-            actions.append(SendStatus(room, r.decode, status, reason))
+            actions.append(SendStatus(room, r.decode, status, reason, r.generation))
         return actions
 
     def _write(self, room: int, r: _Room, src: tuple[int, ...], dst: tuple[int, ...], aux: bool) -> StartWrite:
@@ -187,7 +205,7 @@ class PrefillCore:
         return []
 
     def _bind(self, room: int, r: _Room, reg: DecodeRegistered) -> list[PrefillAction]:
-        r.decode, r.dst_pages, r.dst_aux = reg.decode, reg.dst_pages, reg.aux_slot
+        r.decode, r.dst_pages, r.dst_aux, r.generation = reg.decode, reg.dst_pages, reg.aux_slot, reg.generation
         return self._set(room, r, WAITING_FOR_INPUT)
 
     # -- events --------------------------------------------------------------------
@@ -197,17 +215,20 @@ class PrefillCore:
     def _on_OpenSender(self, e: OpenSender) -> list[PrefillAction]:
         if e.room in self.rooms:
             return [Log("warning", f"room {e.room} opened twice; keeping the first sender")]
+        self.clock = max(self.clock, e.now)
         r = self.rooms[e.room] = _Room(opened_at=e.now)
         actions: list[PrefillAction] = [StatusChanged(e.room, BOOTSTRAPPING)]
-        reg = self.registrations.pop(e.room, None)
-        if reg is not None:
-            actions += self._bind(e.room, r, reg)
+        pending = self.registrations.pop(e.room, None)
+        if pending is not None:
+            actions += self._bind(e.room, r, pending[0])
         return actions
 
     def _on_DecodeRegistered(self, e: DecodeRegistered) -> list[PrefillAction]:
+        if (e.room, e.generation) in self.tombstones:
+            return [Log("info", f"room {e.room}: registration of aborted generation {e.generation} dropped")]
         r = self.rooms.get(e.room)
         if r is None:
-            self.registrations[e.room] = e  # the decode may be faster than the scheduler
+            self.registrations[e.room] = (e, self.clock)  # the decode may be faster than the scheduler
             return []
         if r.status != BOOTSTRAPPING:
             return [Log("warning", f"room {e.room}: registration while {r.status}; dropped")]
@@ -262,8 +283,8 @@ class PrefillCore:
         return self._ack(room, *drain.ack_to) if drain.ack_to else []
 
     def _ack(self, room: int, decode: str, generation: int) -> list[PrefillAction]:
-        if not self.deferred_release or (room, generation) in self.acked:
-            return []
+        if not self.deferred_release or (room, generation) in self.acked or (room, generation) in self.tombstones:
+            return []  # answered already (a tombstone records an ACK sent for a room not held)
         if room in self.rooms:  # remember within the room's lifecycle; clear forgets (R-REUSE-1)
             self.acked.add((room, generation))
         return [SendAbortAck(room, decode, generation)]
@@ -271,7 +292,7 @@ class PrefillCore:
     def _on_AbortReceived(self, e: AbortReceived) -> list[PrefillAction]:
         r = self.rooms.get(e.room)
         actions = self._set(e.room, r, FAILED, "aborted by the decode") if r else []  # R-ABORT-1
-        if r is not None and r.outstanding:  # writes in flight: they must drain first
+        if r is not None and r.outstanding and self.planted_bug != "ack-before-drain":  # drain first
             self.draining.setdefault(e.room, _Drain(set())).outstanding |= r.outstanding
             r.outstanding.clear()
         drain = self.draining.get(e.room)
@@ -279,7 +300,13 @@ class PrefillCore:
             drain.ack_to = drain.ack_to or (e.decode, e.generation)
             return actions
         if r is None:
-            actions.append(Log("info", f"ABORT for unknown room {e.room}: nothing to do"))
+            pending = self.registrations.get(e.room)
+            if pending is not None and pending[0].generation == e.generation:
+                del self.registrations[e.room]
+            actions.append(Log("info", f"ABORT for room {e.room} not held: nothing was written"))
+            actions += self._ack(e.room, e.decode, e.generation)
+            self.tombstones.setdefault((e.room, e.generation), self.clock + self.bootstrap_timeout_s)
+            return actions
         return actions + self._ack(e.room, e.decode, e.generation)
 
     def _on_Clear(self, e: Clear) -> list[PrefillAction]:
@@ -292,6 +319,13 @@ class PrefillCore:
         return []
 
     def _on_Tick(self, e: Tick) -> list[PrefillAction]:
+        self.clock = max(self.clock, e.now)
+        for key, expiry in list(self.tombstones.items()):
+            if e.now >= expiry:
+                del self.tombstones[key]
+        for room, (_, arrived) in list(self.registrations.items()):
+            if e.now - arrived >= self.bootstrap_timeout_s:
+                del self.registrations[room]
         actions: list[PrefillAction] = []
         for room, r in list(self.rooms.items()):
             if r.status == BOOTSTRAPPING and e.now - r.opened_at >= self.bootstrap_timeout_s:
@@ -307,5 +341,6 @@ class PrefillCore:
     def residue(self) -> dict[str, list[int]]:
         """Per-room state held anywhere (empty after clear and quiescence, R-RESIDUE-1)."""
         found = {"rooms": sorted(self.rooms), "registrations": sorted(self.registrations),
-                 "draining": sorted(self.draining), "acked": sorted({room for room, _ in self.acked})}
+                 "draining": sorted(self.draining), "acked": sorted({room for room, _ in self.acked}),
+                 "tombstones": sorted({room for room, _ in self.tombstones})}
         return {k: v for k, v in found.items() if v}

@@ -1,0 +1,248 @@
+"""The reference decode side of the Common protocol, as a sans-I/O state machine.
+
+Events in, actions out, time as ``now`` (seconds) on events.  Requirements
+implemented (docs/protocol.md): R-XFER-1 (decode half), R-TERM-1, R-TIMEOUT-2,
+R-HB-1, R-ABORT-2 (decode half: release only on the ACK of the current
+generation), R-REUSE-1, R-RESIDUE-1, R-REASON-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
+
+
+# ---- events ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpenReceiver:
+    """The scheduler created a receiver for ``room`` bound to prefill ``prefill``."""
+    room: int
+    prefill: str
+    now: float
+
+
+@dataclass(frozen=True)
+class RequestKV:
+    """The receiver sends its destination pages and aux slot; the waiting deadline starts."""
+    room: int
+    dst_pages: tuple[int, ...]
+    aux_slot: int
+    now: float
+
+
+@dataclass(frozen=True)
+class StatusReceived:
+    """The prefill reported a terminal status for ``room``."""
+    room: int
+    prefill: str
+    status: int
+    reason: str = ""
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    """The health probe of ``prefill`` answered (``ok``) or not."""
+    prefill: str
+    ok: bool
+    now: float
+
+
+@dataclass(frozen=True)
+class Abort:
+    room: int
+
+
+@dataclass(frozen=True)
+class AbortAckReceived:
+    room: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Clear:
+    room: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+DecodeEvent = Union[OpenReceiver, RequestKV, StatusReceived, HeartbeatResult, Abort, AbortAckReceived, Clear, Tick]
+
+
+# ---- actions --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SendRegistration:
+    room: int
+    prefill: str
+    dst_pages: tuple[int, ...]
+    aux_slot: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class SendAbort:
+    room: int
+    prefill: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class ProbeHealth:
+    prefill: str
+
+
+@dataclass(frozen=True)
+class StatusChanged:
+    room: int
+    status: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ReleaseSafe:
+    """Every write to the room's destination pages has drained: they may be reused."""
+    room: int
+
+
+DecodeAction = Union[SendRegistration, SendAbort, ProbeHealth, StatusChanged, ReleaseSafe]
+
+
+@dataclass
+class _Room:
+    prefill: str
+    generation: int
+    status: int = BOOTSTRAPPING
+    waiting_since: float | None = None
+    awaiting_ack: bool = False
+    reason: str = ""
+
+
+class DecodeCore:
+    """Decode side state machine.  ``handle(event)`` returns the actions to perform.
+
+    ``waiting_timeout_s``: a room that sent its metadata and got no terminal
+    status this long after becomes Failed (R-TIMEOUT-2).  ``heartbeat_interval_s``
+    and ``heartbeat_max_failures``: a prefill whose probe failed that many times
+    in a row fails its rooms (R-HB-1).  ``deferred_release``: after an ABORT the
+    pages are released only on the ACK of the current generation.
+    """
+
+    def __init__(self, waiting_timeout_s: float = 300.0, heartbeat_interval_s: float = 2.0,
+                 heartbeat_max_failures: int = 2, deferred_release: bool = True):
+        self.waiting_timeout_s = waiting_timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_max_failures = heartbeat_max_failures
+        self.deferred_release = deferred_release
+        self.rooms: dict[int, _Room] = {}
+        self.failures: dict[str, int] = {}
+        self.last_probe: dict[str, float] = {}
+        self._generation = 0
+
+    def _set(self, room: int, r: _Room, status: int, reason: str = "") -> list[DecodeAction]:
+        if r.status in (SUCCESS, FAILED) or r.status == status:
+            return []  # R-TERM-1
+        r.status = status
+        if status == FAILED:
+            r.reason = reason
+        return [StatusChanged(room, status, reason)]
+
+    def handle(self, event: DecodeEvent) -> list[DecodeAction]:
+        return getattr(self, f"_on_{type(event).__name__}")(event)
+
+    def _on_OpenReceiver(self, e: OpenReceiver) -> list[DecodeAction]:
+        if e.room in self.rooms:
+            return []
+        self._generation += 1
+        self.rooms[e.room] = _Room(e.prefill, self._generation)
+        self.last_probe.setdefault(e.prefill, e.now)
+        return [StatusChanged(e.room, BOOTSTRAPPING)]
+
+    def _on_RequestKV(self, e: RequestKV) -> list[DecodeAction]:
+        r = self.rooms.get(e.room)
+        if r is None or r.status != BOOTSTRAPPING:
+            return []
+        r.waiting_since = e.now
+        return self._set(e.room, r, WAITING_FOR_INPUT) + [
+            SendRegistration(e.room, r.prefill, e.dst_pages, e.aux_slot, r.generation)]
+
+    def _on_StatusReceived(self, e: StatusReceived) -> list[DecodeAction]:
+        r = self.rooms.get(e.room)
+        if r is None or r.prefill != e.prefill or r.waiting_since is None or e.generation != r.generation:
+            return []  # a late message of an old lifecycle, or for another prefill (R-REUSE-1)
+        if e.status == SUCCESS:
+            return self._set(e.room, r, SUCCESS) + ([ReleaseSafe(e.room)] if r.status == SUCCESS else [])
+        if e.status == FAILED:
+            return self._set(e.room, r, FAILED, e.reason or f"prefill {e.prefill} reported a failure")
+        return []
+
+    def _on_HeartbeatResult(self, e: HeartbeatResult) -> list[DecodeAction]:
+        if not any(r.prefill == e.prefill for r in self.rooms.values()):
+            return []  # a probe answered after the prefill's last room was cleared
+        if e.ok:
+            self.failures[e.prefill] = 0
+            return []
+        self.failures[e.prefill] = self.failures.get(e.prefill, 0) + 1
+        if self.failures[e.prefill] < self.heartbeat_max_failures:
+            return []
+        actions: list[DecodeAction] = []
+        for room, r in self.rooms.items():
+            if r.prefill == e.prefill:
+                actions += self._set(room, r, FAILED,
+                                     f"prefill {e.prefill} stopped answering its health endpoint")  # R-HB-1
+        return actions
+
+    def _on_Abort(self, e: Abort) -> list[DecodeAction]:
+        r = self.rooms.get(e.room)
+        if r is None:
+            return []
+        actions = self._set(e.room, r, FAILED, "aborted")
+        if r.status == FAILED and not r.awaiting_ack and r.waiting_since is not None:
+            actions.append(SendAbort(e.room, r.prefill, r.generation))
+            if self.deferred_release:
+                r.awaiting_ack = True
+            else:
+                actions.append(ReleaseSafe(e.room))
+        return actions
+
+    def _on_AbortAckReceived(self, e: AbortAckReceived) -> list[DecodeAction]:
+        r = self.rooms.get(e.room)
+        if r is None or not r.awaiting_ack or e.generation != r.generation:
+            return []  # an ACK of another lifecycle (R-REUSE-1)
+        r.awaiting_ack = False
+        return [ReleaseSafe(e.room)]
+
+    def _on_Clear(self, e: Clear) -> list[DecodeAction]:
+        r = self.rooms.pop(e.room, None)
+        if r is not None and not any(x.prefill == r.prefill for x in self.rooms.values()):
+            self.failures.pop(r.prefill, None)
+            self.last_probe.pop(r.prefill, None)
+        return []
+
+    def _on_Tick(self, e: Tick) -> list[DecodeAction]:
+        actions: list[DecodeAction] = []
+        for room, r in self.rooms.items():
+            if r.status == WAITING_FOR_INPUT and r.waiting_since is not None \
+                    and e.now - r.waiting_since >= self.waiting_timeout_s:
+                actions += self._set(room, r, FAILED,
+                                     f"no transfer result from prefill {r.prefill} within the waiting timeout "
+                                     f"of {self.waiting_timeout_s:g} s")  # R-TIMEOUT-2
+        for prefill, last in list(self.last_probe.items()):
+            if e.now - last >= self.heartbeat_interval_s:
+                self.last_probe[prefill] = e.now
+                actions.append(ProbeHealth(prefill))
+        return actions
+
+    def status(self, room: int) -> int | None:
+        r = self.rooms.get(room)
+        return r.status if r else None
+
+    def residue(self) -> dict[str, list]:
+        found = {"rooms": sorted(self.rooms), "prefills": sorted(set(self.failures) | set(self.last_probe))}
+        return {k: v for k, v in found.items() if v}

@@ -1,0 +1,65 @@
+"""The reference decode state machine: scripted transitions for its requirements."""
+
+from backends.reference import decode_core as dc
+from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
+
+
+def requested(core, room, prefill="P-A", now=0.0):
+    core.handle(dc.OpenReceiver(room, prefill, now))
+    (reg,) = [a for a in core.handle(dc.RequestKV(room, (1, 2), 0, now)) if isinstance(a, dc.SendRegistration)]
+    return reg
+
+
+def test_success_of_the_current_generation_only():
+    core = dc.DecodeCore()
+    reg = requested(core, 5)
+    assert core.status(5) == WAITING_FOR_INPUT
+    assert core.handle(dc.StatusReceived(5, "P-A", SUCCESS, generation=reg.generation + 1)) == []
+    actions = core.handle(dc.StatusReceived(5, "P-A", SUCCESS, generation=reg.generation))
+    assert dc.ReleaseSafe(5) in actions and core.status(5) == SUCCESS
+    assert core.handle(dc.StatusReceived(5, "P-A", FAILED, "late", reg.generation)) == []  # R-TERM-1
+
+
+def test_reused_room_ignores_the_old_lifecycle():
+    core = dc.DecodeCore()
+    old = requested(core, 5)
+    core.handle(dc.Clear(5))
+    new = requested(core, 5)
+    assert new.generation != old.generation
+    assert core.handle(dc.StatusReceived(5, "P-A", SUCCESS, generation=old.generation)) == []
+    assert core.status(5) == WAITING_FOR_INPUT
+
+
+def test_dead_prefill_fails_only_its_rooms():
+    core = dc.DecodeCore(heartbeat_interval_s=2, heartbeat_max_failures=2)
+    requested(core, 1, "P-A")
+    core.handle(dc.OpenReceiver(2, "P-A", 0.0))  # still Bootstrapping: fails too
+    requested(core, 3, "P-B")
+    probes = core.handle(dc.Tick(2.0))
+    assert {p.prefill for p in probes if isinstance(p, dc.ProbeHealth)} == {"P-A", "P-B"}
+    assert core.handle(dc.HeartbeatResult("P-A", False, 2.0)) == []
+    actions = core.handle(dc.HeartbeatResult("P-A", False, 4.0))
+    assert {a.room for a in actions} == {1, 2}
+    assert all("prefill P-A stopped answering" in a.reason for a in actions)
+    assert core.status(3) == WAITING_FOR_INPUT
+
+
+def test_waiting_timeout_names_the_prefill():
+    core = dc.DecodeCore(waiting_timeout_s=10)
+    requested(core, 1)
+    core.handle(dc.OpenReceiver(2, "P-A", 0.0))
+    assert [a for a in core.handle(dc.Tick(9.9)) if isinstance(a, dc.StatusChanged)] == []
+    (failed,) = [a for a in core.handle(dc.Tick(10.0)) if isinstance(a, dc.StatusChanged)]
+    assert failed.room == 1 and "prefill P-A" in failed.reason and core.status(2) == BOOTSTRAPPING
+
+
+def test_abort_releases_only_on_the_ack_of_this_generation():
+    core = dc.DecodeCore(deferred_release=True)
+    reg = requested(core, 4)
+    actions = core.handle(dc.Abort(4))
+    assert dc.SendAbort(4, "P-A", reg.generation) in actions and dc.ReleaseSafe(4) not in actions
+    assert core.handle(dc.AbortAckReceived(4, reg.generation - 1)) == []
+    assert core.handle(dc.AbortAckReceived(4, reg.generation)) == [dc.ReleaseSafe(4)]
+    assert core.handle(dc.AbortAckReceived(4, reg.generation)) == []
+    core.handle(dc.Clear(4))
+    assert core.residue() == {}
