@@ -3,7 +3,7 @@ SGLANG_VERSION ?= 0.5.23
 VENV ?= .venv
 PDCONFORM = $(VENV)/bin/pdconform
 
-.PHONY: setup matrix test doctor clean
+.PHONY: setup matrix test doctor bench nightly clean
 
 setup:
 	@SGLANG_VERSION=$(SGLANG_VERSION) VENV=$(VENV) scripts/setup.sh
@@ -13,6 +13,14 @@ matrix: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest -q
+
+# Benchmarks and long property runs: not part of `make test`.
+bench: setup
+	$(VENV)/bin/python benchmarks/simulate_rate.py
+
+nightly: setup
+	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/pdconform simulate --seeds 100000
 
 doctor: setup
 	$(PDCONFORM) doctor

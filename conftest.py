@@ -1,6 +1,18 @@
-"""pytest configuration shared by every test: the harness self-test scenarios are
-visible (PDCONFORM_TEST_SCENARIOS=1), and child processes inherit that."""
+"""pytest configuration shared by every test.
+
+* The harness self-test scenarios and implementation are visible
+  (PDCONFORM_TEST_SCENARIOS=1), and child processes inherit that.
+* Hypothesis profiles: ``ci`` (default, bounded for the default suite) and
+  ``nightly`` (long runs): ``PDCONFORM_HYPOTHESIS_PROFILE=nightly make test``
+  or ``make nightly``.
+"""
 
 import os
 
+from hypothesis import settings
+
 os.environ["PDCONFORM_TEST_SCENARIOS"] = "1"
+
+settings.register_profile("ci", deadline=None, max_examples=150, stateful_step_count=40, database=None)
+settings.register_profile("nightly", deadline=None, max_examples=5000, stateful_step_count=100)
+settings.load_profile(os.environ.get("PDCONFORM_HYPOTHESIS_PROFILE", "ci"))

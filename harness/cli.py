@@ -144,6 +144,60 @@ def run(
     raise typer.Exit(code=0 if result.all_as_expected else 1)
 
 
+@app.command()
+def simulate(
+    seeds: int = typer.Option(1000, "--seeds", min=1, help="How many consecutive seeds to run."),
+    seed: int = typer.Option(0, "--seed", min=0, help="First seed (alone with --seeds 1: replay that seed)."),
+    trace: bool = typer.Option(False, "--trace", help="Print the step list of every run, not only failing ones."),
+    planted_bug: Optional[str] = typer.Option(None, "--planted-bug", hidden=True,
+                                              help="Test-only: run a reference core with a planted bug."),
+) -> None:
+    """Run seeded simulations of the reference prefill and decode cores over a faulty network.
+
+    Prints runs per minute; for the first failing seed, its violations and the step
+    list that replays it (`pdconform simulate --seeds 1 --seed S`).
+    """
+    import time
+
+    from rich.progress import Progress
+
+    from backends.reference.prefill_core import PrefillCore
+    from backends.reference.simulator import SimConfig, simulate as run_one
+
+    if planted_bug is not None and planted_bug not in PrefillCore.PLANTED_BUGS:
+        raise _usage_error(f"unknown --planted-bug {planted_bug} (known: {', '.join(PrefillCore.PLANTED_BUGS)})")
+    config = SimConfig(planted_bug=planted_bug)
+    failures = []
+    start = time.monotonic()
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("simulating", total=seeds)
+        for s in range(seed, seed + seeds):
+            result = run_one(s, config)
+            if trace:
+                console.print(f"seed {s}: {'ok' if result.ok else 'VIOLATION'}", highlight=False)
+                for line in result.trace:
+                    console.print(f"  {line}", markup=False, highlight=False)
+            if not result.ok:
+                failures.append(result)
+            progress.advance(task)
+    elapsed = max(time.monotonic() - start, 1e-9)
+    console.print(f"{seeds} seeded runs in {elapsed:.1f} s: {seeds / elapsed * 60:,.0f} runs/min; "
+                  f"{len(failures)} with violations", highlight=False)
+    if failures:
+        first = failures[0]
+        console.print(f"first failing seed {first.seed}:", highlight=False)
+        for v in first.violations:
+            console.print(f"  VIOLATION {v}", markup=False, highlight=False)
+        console.print("steps that replay it:", highlight=False)
+        for line in first.trace:
+            console.print(f"  {line}", markup=False, highlight=False)
+        console.print(f"replay: pdconform simulate --seeds 1 --seed {first.seed}"
+                      + (f" --planted-bug {planted_bug}" if planted_bug else ""), highlight=False)
+        console.print(f"failing seeds: {', '.join(str(f.seed) for f in failures[:20])}"
+                      + (" ..." if len(failures) > 20 else ""), highlight=False)
+    raise typer.Exit(code=1 if failures else 0)
+
+
 def main() -> None:
     """Console-script entry point."""
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")

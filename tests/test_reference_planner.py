@@ -5,7 +5,7 @@ own lookup: for MHA a side with n main and d draft layers lists K main at
 [0, n), V main at [n, 2n), K draft at [2n, 2n+d), V draft at [2n+d, 2n+2d).
 """
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
@@ -43,7 +43,6 @@ def layouts(draw):
     return LayoutSpec(attention, num_layers, prefill, decode)
 
 
-@settings(max_examples=300, deadline=None)
 @given(layouts())
 def test_every_prefill_buffer_lands_in_the_same_layer_on_decode(spec):
     result = plan(spec)

@@ -182,5 +182,27 @@ class PrefillMachine(RuleBasedStateMachine):
             assert not set(self.core.residue()) - {"registrations", "tombstones"}, self.core.residue()
 
 
-TestPrefillMachine = PrefillMachine.TestCase
-TestPrefillMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestPrefillMachine = PrefillMachine.TestCase  # example counts come from the hypothesis profile (conftest.py)
+
+
+def test_planted_bug_is_found_and_shrunk_to_a_short_replay():
+    """With the test-only switch, ABORT is answered while a write is in flight:
+    the stateful test must find it and shrink it to a few steps."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    class Planted(PrefillMachine):
+        def __init__(self):
+            super().__init__()
+            self.core = pc.PrefillCore(bootstrap_timeout_s=3, planted_bug="ack-before-drain")
+
+    try:
+        run_state_machine_as_test(Planted, settings=settings(max_examples=500, stateful_step_count=40,
+                                                             deadline=None, database=None))
+    except AssertionError as exc:
+        assert "ACK before drain" in str(exc)
+        notes = "\n".join(getattr(exc, "__notes__", []))
+    else:
+        raise AssertionError("the planted bug was not found")
+    program = [ln.strip() for ln in notes.splitlines()
+               if ln.strip().startswith("state.") and "invariant" not in ln and "teardown" not in ln]
+    assert 3 <= len(program) <= 8, notes  # open, register, send, abort: a short replay
