@@ -25,6 +25,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
         Implementation(
+            "reference",
+            "backends.reference.adapter:ReferenceRole",
+            "pdconform's reference cores (docs/protocol.md) on ZMQ, HTTP and torch pools",
+        ),
+        Implementation(
             "mooncake",
             "backends.mooncake.adapter:MooncakeRole",
             "sglang MooncakeKVManager on the real Mooncake TransferEngine (TCP, loopback)",

@@ -23,7 +23,8 @@ def _leftovers(workdir):
             and str(workdir) in " ".join(p.info["cmdline"] or [])]
 
 
-@pytest.mark.parametrize("impl, engine", [("mooncake", "real"), ("nixl", "real"), ("mori", "standin")])
+@pytest.mark.parametrize("impl, engine", [("reference", "reference"), ("mooncake", "real"), ("nixl", "real"),
+                                          ("mori", "standin")])
 def test_happy_path(impl, engine, tmp_path):
     cell = run_cell_isolated(impl, get_scenario("happy-path"), seed=1, workdir=tmp_path)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)

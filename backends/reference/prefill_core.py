@@ -68,6 +68,12 @@ class AbortReceived:
 
 
 @dataclass(frozen=True)
+class LocalAbort:
+    """The prefill's scheduler aborts the request (sglang ``CommonKVSender.abort``)."""
+    room: int
+
+
+@dataclass(frozen=True)
 class Clear:
     room: int
 
@@ -77,7 +83,8 @@ class Tick:
     now: float
 
 
-PrefillEvent = Union[OpenSender, DecodeRegistered, InitSender, SendChunk, WriteDone, AbortReceived, Clear, Tick]
+PrefillEvent = Union[OpenSender, DecodeRegistered, InitSender, SendChunk, WriteDone, AbortReceived, LocalAbort,
+                     Clear, Tick]
 
 
 # ---- actions --------------------------------------------------------------------
@@ -308,6 +315,12 @@ class PrefillCore:
             self.tombstones.setdefault((e.room, e.generation), self.clock + self.bootstrap_timeout_s)
             return actions
         return actions + self._ack(e.room, e.decode, e.generation)
+
+    def _on_LocalAbort(self, e: LocalAbort) -> list[PrefillAction]:
+        r = self.rooms.get(e.room)
+        if r is None:
+            return [Log("info", f"abort of room {e.room} that is not held: nothing to do")]
+        return self._set(e.room, r, FAILED, "aborted by the prefill")
 
     def _on_Clear(self, e: Clear) -> list[PrefillAction]:
         r = self.rooms.pop(e.room, None)

@@ -1,0 +1,428 @@
+"""The reference implementation's real driver: the sans-I/O cores on real I/O.
+
+Runs :class:`PrefillCore` / :class:`DecodeCore` in a role process like any
+backend, so it can be killed, frozen and sent malformed frames:
+
+* control and data over ZMQ on loopback: each side binds a PULL socket and
+  PUSHes to its peer's; KV bytes travel in WRITE frames and the decode applies
+  them to its torch pools (the decode's copy stands for the RDMA write landing);
+* an HTTP endpoint on the prefill's bootstrap port: ``/health`` (heartbeat) and
+  ``/bootstrap`` (the prefill's control endpoint and KV layout);
+* torch CPU pools filled with the :mod:`harness.pattern` tags;
+* layout pairs from :mod:`backends.reference.planner` (a rejected layout fails
+  the room at bootstrap with the reason, R-LAYOUT-2).
+
+Wire frames (ASCII fields, like the Common protocol's)::
+
+    D->P  REGISTER   room decode_endpoint generation dst_pages(csv) aux_slot
+    D->P  ABORT      room decode_endpoint generation
+    P->D  WRITE      room generation write_id aux(0|1) dst(csv) payload
+    D->P  WRITE_DONE room write_id ok(0|1) reason
+    P->D  STATUS     room generation status reason
+    P->D  ABORT_ACK  room generation
+
+A frame that does not parse is dropped with a warning (R-LIVE-1).  All core
+calls happen on the side's control thread; API calls post events to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import zmq
+
+from backends.reference import decode_core as dc
+from backends.reference import prefill_core as pc
+from backends.reference.planner import LayoutSpec, Plan, SideLayout, plan
+from harness import pattern
+from harness.adapter import BOOTSTRAPPING, FAILED, Layout, Observation, RoleAdapter, RoleRecorder
+
+log = logging.getLogger("pdconform.reference")
+HOST = "127.0.0.1"
+TICK_S = 0.05
+HEALTH_TIMEOUT_S = 1.0
+
+
+class MalformedFrame(ValueError):
+    """A control frame that does not parse."""
+
+
+def _csv(values) -> bytes:
+    return ",".join(str(int(v)) for v in values).encode("ascii")
+
+
+def _ints(frame: bytes) -> tuple[int, ...]:
+    text = frame.decode("ascii")
+    return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+def parse(frames: list[bytes]) -> tuple[str, list[bytes]]:
+    """Split a multipart message into its tag and fields; MalformedFrame when the
+    tag is unknown or the field count is wrong."""
+    arity = {b"REGISTER": 5, b"ABORT": 3, b"WRITE": 6, b"WRITE_DONE": 4, b"STATUS": 4, b"ABORT_ACK": 2}
+    if not frames or frames[0] not in arity:
+        raise MalformedFrame(f"unknown tag {frames[0][:32]!r}" if frames else "empty message")
+    if len(frames) - 1 != arity[frames[0]]:
+        raise MalformedFrame(f"{frames[0].decode()} with {len(frames) - 1} fields, expected {arity[frames[0]]}")
+    return frames[0].decode(), frames[1:]
+
+
+class _Side:
+    """A control thread that owns one core, one PULL socket and the PUSH sockets."""
+
+    def __init__(self, name: str, handle_frames, on_tick):
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.port = self.pull.bind_to_random_port(f"tcp://{HOST}")
+        self.endpoint = f"tcp://{HOST}:{self.port}"
+        self.push: dict[str, zmq.Socket] = {}
+        self.inbox: queue.Queue = queue.Queue()
+        self.handle_frames = handle_frames
+        self.on_tick = on_tick
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=f"reference-{name}-control", daemon=True)
+
+    def send(self, endpoint: str, frames: list[bytes]) -> None:
+        sock = self.push.get(endpoint)
+        if sock is None:
+            sock = self.push[endpoint] = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 10000)
+            sock.connect(endpoint)
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("dropped a %s frame to %s: send queue full", frames[0][:16], endpoint)
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic()
+        while not self.stop.is_set():
+            if self.pull.poll(int(TICK_S * 1000)):
+                frames = self.pull.recv_multipart()
+                try:
+                    self.handle_frames(frames)
+                except (MalformedFrame, UnicodeDecodeError, ValueError) as exc:
+                    log.warning("dropped a malformed control frame: %s", exc)  # R-LIVE-1
+            while True:
+                try:
+                    fn = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                fn()
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + TICK_S
+                self.on_tick(time.monotonic())
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=2)
+        for sock in self.push.values():
+            sock.close(0)
+        self.pull.close(0)
+        self.ctx.term()
+
+
+class ReferenceRole(RoleAdapter):
+    """The reference implementation's role adapter (engine: ``reference``)."""
+
+    impl = "reference"
+
+    def __init__(self, role: str, recorder: RoleRecorder):
+        self.role = role
+        self.recorder = recorder
+        self.recorder.logger_prefixes = tuple(recorder.logger_prefixes) + ("pdconform.reference",)
+        self.side: _Side | None = None
+        self.http: ThreadingHTTPServer | None = None
+        self.buffers: list[tuple[pattern.BufferSpec, Any]] = []
+        self.layout: Layout | None = None
+        self.status: dict[int, int] = {}
+        self.reasons: dict[int, str] = {}
+        self.rooms_seen: list[int] = []
+        self.threads: list[threading.Thread] = []
+        self.prefill: pc.PrefillCore | None = None
+        self.decode: dc.DecodeCore | None = None
+        self.peer: dict[int, str] = {}  # decode: room -> prefill control endpoint
+        self.plans: dict[int, Plan] = {}
+
+    def engine(self) -> str:
+        return "reference"
+
+    # ---- pools -------------------------------------------------------------------
+    def _pools(self, side: int, layout: Layout) -> None:
+        specs = [pattern.BufferSpec(pattern.K, layer) for layer in range(layout.num_layers)]
+        if not layout.mla:
+            specs += [pattern.BufferSpec(pattern.V, layer) for layer in range(layout.num_layers)]
+        self.buffers = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes)) for s in specs]
+        aux = pattern.BufferSpec(pattern.AUX, 0)
+        self.buffers.append((aux, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes)))
+
+    def _spec(self, prefill_layout: Layout) -> LayoutSpec:
+        mine = self.layout
+        return LayoutSpec("MLA" if mine.mla else "MHA", max(mine.num_layers, prefill_layout.num_layers),
+                          SideLayout(0, prefill_layout.num_layers), SideLayout(0, mine.num_layers),
+                          mine.page_size, mine.kv_heads)
+
+    def _record(self, room: int, status: int, reason: str) -> None:
+        self.status[room] = status
+        if status == FAILED:
+            self.reasons[room] = reason
+
+    # ---- prefill -----------------------------------------------------------------
+    def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
+        self.layout = Layout(**layout)
+        self._pools(pattern.PREFILL, self.layout)
+        self.prefill = pc.PrefillCore(bootstrap_timeout_s=30.0, deferred_release=True)
+        self.side = _Side("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)))
+        info = json.dumps({"endpoint": self.side.endpoint, "layout": layout}).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server API)
+                body = b"ok" if self.path == "/health" else info if self.path == "/bootstrap" else None
+                self.send_response(200 if body else 404)
+                self.end_headers()
+                if body:
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer((HOST, bootstrap_port), Handler)
+        http_thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
+        http_thread.start()
+        self.side.thread.start()
+        self.threads = [self.side.thread, http_thread]
+        return {"mode": "prefill", "bootstrap_addr": f"{HOST}:{bootstrap_port}", "engine": self.engine(),
+                "rank_port": self.side.port}
+
+    def _prefill_event(self, event) -> None:
+        for action in self.prefill.handle(event):
+            if isinstance(action, pc.StartWrite):
+                self._start_write(action)
+            elif isinstance(action, pc.SendStatus):
+                self.side.send(action.decode, [b"STATUS", str(action.room).encode(), str(action.generation).encode(),
+                                               str(action.status).encode(), action.reason.encode()])
+            elif isinstance(action, pc.SendAbortAck):
+                self.side.send(action.decode, [b"ABORT_ACK", str(action.room).encode(),
+                                               str(action.generation).encode()])
+            elif isinstance(action, pc.StatusChanged):
+                self._record(action.room, action.status, action.reason)
+            elif isinstance(action, pc.Log):
+                getattr(log, action.level if action.level != "debug" else "debug")(action.message)
+
+    def _start_write(self, w: pc.StartWrite) -> None:
+        room = self.prefill.rooms.get(w.room)
+        generation = room.generation if room else 0
+        if w.aux:
+            payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind == pattern.AUX)
+        else:
+            payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind != pattern.AUX)
+        self.side.send(w.decode, [b"WRITE", str(w.room).encode(), str(generation).encode(), str(w.write_id).encode(),
+                                  b"1" if w.aux else b"0", _csv(w.dst), payload])
+
+    def _prefill_frames(self, frames: list[bytes]) -> None:
+        tag, f = parse(frames)
+        if tag == "REGISTER":
+            self._prefill_event(pc.DecodeRegistered(int(f[0]), f[1].decode("ascii"), _ints(f[3]), int(f[4]), int(f[2])))
+        elif tag == "ABORT":
+            self._prefill_event(pc.AbortReceived(int(f[0]), f[1].decode("ascii"), int(f[2])))
+        elif tag == "WRITE_DONE":
+            self._prefill_event(pc.WriteDone(int(f[0]), int(f[1]), f[2] == b"1", f[3].decode("utf-8", "replace")))
+        else:
+            raise MalformedFrame(f"{tag} is not a message a prefill receives")
+
+    def open_sender(self, room: int, bootstrap_addr: str) -> None:
+        self.rooms_seen.append(room)
+        self.status.setdefault(room, BOOTSTRAPPING)
+        self.side.inbox.put(lambda: self._prefill_event(pc.OpenSender(room, time.monotonic())))
+
+    def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
+        self.side.inbox.put(lambda: self._prefill_event(pc.InitSender(room, num_pages, aux_slot)))
+
+    def send_chunk(self, room: int, pages: list[int]) -> None:
+        def send() -> None:
+            r = self.prefill.rooms.get(room)
+            last = r is not None and r.num_pages is not None and r.sent + len(pages) >= r.num_pages
+            self._prefill_event(pc.SendChunk(room, tuple(pages), last))
+
+        self.side.inbox.put(send)
+
+    # ---- decode ------------------------------------------------------------------
+    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
+        self.layout = Layout(**layout)
+        self._pools(pattern.DECODE, self.layout)
+        self.decode = dc.DecodeCore(waiting_timeout_s=300.0, heartbeat_interval_s=2.0, heartbeat_max_failures=2)
+        self.side = _Side("decode", self._decode_frames, lambda now: self._decode_event(dc.Tick(now)))
+        self.probes: queue.Queue = queue.Queue()
+        probe_thread = threading.Thread(target=self._probe_loop, name="reference-heartbeat", daemon=True)
+        probe_thread.start()
+        self.side.thread.start()
+        self.threads = [self.side.thread, probe_thread]
+        return {"mode": "decode", "engine": self.engine(), "rank_port": self.side.port}
+
+    def _probe_loop(self) -> None:
+        while True:
+            prefill = self.probes.get()
+            try:
+                with urllib.request.urlopen(f"http://{prefill}/health", timeout=HEALTH_TIMEOUT_S) as reply:
+                    ok = reply.status == 200
+            except OSError:
+                ok = False
+            now = time.monotonic()
+            self.side.inbox.put(lambda p=prefill, ok=ok, now=now: self._decode_event(dc.HeartbeatResult(p, ok, now)))
+
+    def _decode_event(self, event) -> None:
+        for action in self.decode.handle(event):
+            if isinstance(action, dc.SendRegistration):
+                self.side.send(self.peer[action.room], [
+                    b"REGISTER", str(action.room).encode(), self.side.endpoint.encode(),
+                    str(action.generation).encode(), _csv(action.dst_pages), str(action.aux_slot).encode()])
+            elif isinstance(action, dc.SendAbort):
+                self.side.send(self.peer[action.room], [b"ABORT", str(action.room).encode(),
+                                                        self.side.endpoint.encode(), str(action.generation).encode()])
+            elif isinstance(action, dc.ProbeHealth):
+                self.probes.put(action.prefill)
+            elif isinstance(action, dc.StatusChanged):
+                self._record(action.room, action.status, action.reason)
+
+    def _decode_frames(self, frames: list[bytes]) -> None:
+        tag, f = parse(frames)
+        if tag == "WRITE":
+            room, write_id, aux, dst, payload = int(f[0]), int(f[2]), f[3] == b"1", _ints(f[4]), f[5]
+            ok, reason = self._apply_write(room, aux, dst, payload)
+            prefill = self.peer.get(room)
+            if prefill is not None:
+                self.side.send(prefill, [b"WRITE_DONE", str(room).encode(), str(write_id).encode(),
+                                         b"1" if ok else b"0", reason.encode()])
+        elif tag == "STATUS":
+            room = int(f[0])
+            prefill = self.decode.rooms[room].prefill if room in self.decode.rooms else ""
+            self._decode_event(dc.StatusReceived(room, prefill, int(f[2]), f[3].decode("utf-8", "replace"), int(f[1])))
+        elif tag == "ABORT_ACK":
+            self._decode_event(dc.AbortAckReceived(int(f[0]), int(f[1])))
+        else:
+            raise MalformedFrame(f"{tag} is not a message a decode receives")
+
+    def _apply_write(self, room: int, aux: bool, dst: tuple[int, ...], payload: bytes) -> tuple[bool, str]:
+        """Land a WRITE in the pools, buffer by buffer following the room's plan."""
+        import torch
+
+        targets = [(s, t) for s, t in self.buffers if (s.kind == pattern.AUX) == aux]
+        if not aux and room in self.plans:
+            order = [p.dst for p in self.plans[room].pairs]
+            kv = [b for b in self.buffers if b[0].kind != pattern.AUX]
+            targets = [kv[i] for i in order]
+        row = targets[0][1].shape[1] if targets else 0
+        if len(payload) != row * len(dst) * len(targets):
+            return False, f"payload of {len(payload)} bytes does not fit {len(dst)} pages x {len(targets)} buffers"
+        if any(not 0 <= d < t.shape[0] for d in dst for _, t in targets):
+            return False, f"destination {dst} outside the pool"
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(len(targets), len(dst), row)
+        for i, (_, tensor) in enumerate(targets):
+            tensor[list(dst)] = data[i]
+        return True, ""
+
+    def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
+        self.rooms_seen.append(room)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{bootstrap_addr}/bootstrap", timeout=HEALTH_TIMEOUT_S) as reply:
+                    info = json.loads(reply.read())
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"prefill bootstrap at {bootstrap_addr} did not answer within {timeout_s:.0f} s")
+                time.sleep(0.05)
+        self.peer[room] = info["endpoint"]
+        result = plan(self._spec(Layout(**info["layout"])))
+        self.status.setdefault(room, BOOTSTRAPPING)
+
+        def open_room() -> None:
+            self._decode_event(dc.OpenReceiver(room, bootstrap_addr, time.monotonic()))
+            if isinstance(result, Plan):
+                self.plans[room] = result
+            else:  # R-LAYOUT-2: rejected at bootstrap, visibly
+                log.error("room %s: layout rejected: %s", room, result.reason)
+                self.decode.rooms[room].status = FAILED
+                self._record(room, FAILED, f"layout rejected: {result.reason}")
+
+        self.side.inbox.put(open_room)
+
+    def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
+        self.side.inbox.put(lambda: self._decode_event(dc.RequestKV(room, tuple(pages), aux_slot, time.monotonic())))
+
+    def verify(self, kv_moves: list, aux_moves: list) -> dict:
+        done = threading.Event()
+        result: dict = {}
+
+        def check() -> None:  # on the control thread: no write lands while we read
+            result.update(pattern.verify_pools(self.buffers, [tuple(m) for m in kv_moves],
+                                               [tuple(m) for m in aux_moves]).to_dict())
+            done.set()
+
+        self.side.inbox.put(check)
+        if not done.wait(10):
+            raise TimeoutError("the decode control thread did not run the verification within 10 s")
+        return result
+
+    # ---- either side -----------------------------------------------------------
+    def _sync(self, fn, timeout_s: float = 10.0):
+        done = threading.Event()
+        box: list = []
+        self.side.inbox.put(lambda: (box.append(fn()), done.set()))
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"the {self.role} control thread did not answer within {timeout_s:.0f} s")
+        return box[0]
+
+    def poll(self, room: int) -> int:
+        if room not in self.status:
+            raise KeyError(f"room {room} is not open on this {self.role}")
+        return self._sync(lambda: self.status[room])
+
+    def failure_reason(self, room: int) -> str | None:
+        return self._sync(lambda: self.reasons.get(room))
+
+    def clear(self, room: int) -> None:
+        event = pc.Clear(room) if self.role == "prefill" else dc.Clear(room)
+        handler = self._prefill_event if self.role == "prefill" else self._decode_event
+
+        def clear() -> None:
+            handler(event)
+            self.status.pop(room, None)
+            self.reasons.pop(room, None)
+            self.plans.pop(room, None)
+            if self.role == "decode":
+                self.peer.pop(room, None)
+
+        self._sync(lambda: clear())
+
+    def abort(self, room: int) -> None:
+        event = pc.LocalAbort(room) if self.role == "prefill" else dc.Abort(room)
+        handler = self._prefill_event if self.role == "prefill" else self._decode_event
+        self._sync(lambda: handler(event))
+
+    def observe(self) -> dict:
+        logs, dead = self.recorder.snapshot()
+        loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(self.threads)}
+        core = self.prefill or self.decode
+        residue = self._sync(core.residue) if core else {}
+        rooms: dict[int, list[str]] = {}
+        for attr, held in residue.items():
+            for room in held:
+                if isinstance(room, int):
+                    rooms.setdefault(room, []).append(attr)
+        return Observation(role=self.role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms).to_dict()
+
+    def teardown(self) -> None:
+        if self.http is not None:
+            self.http.shutdown()
+        if self.side is not None:
+            self.side.close()

@@ -1,0 +1,84 @@
+"""The reference's real driver, in one process: a room over ZMQ with byte checks,
+malformed frames survived (R-LIVE-1), a rejected layout failing visibly (R-LAYOUT-2)."""
+
+import time
+
+import pytest
+import zmq
+
+from backends.reference.adapter import MalformedFrame, ReferenceRole, parse
+from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT, Layout, RoleRecorder
+from harness.runner import free_port_block
+
+LAYOUT = Layout(num_layers=2, num_pages=8, page_bytes=64, aux_slots=2, aux_bytes=32)
+
+
+@pytest.fixture
+def pair():
+    recorder = RoleRecorder().install()
+    prefill, decode = ReferenceRole("prefill", recorder), ReferenceRole("decode", recorder)
+    port = free_port_block(1)
+    addr = prefill.start_prefill(LAYOUT.to_dict(), port)["bootstrap_addr"]
+    decode.start_decode(LAYOUT.to_dict(), port)
+    yield prefill, decode, addr
+    prefill.teardown()
+    decode.teardown()
+
+
+def wait(role, room, statuses, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while role.poll(room) not in statuses and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return role.poll(room)
+
+
+def transfer(prefill, decode, addr, room, src, dst):
+    prefill.open_sender(room, addr)
+    decode.open_receiver(room, addr, 5)
+    decode.request_kv(room, dst, 1)
+    assert wait(prefill, room, (WAITING_FOR_INPUT,)) == WAITING_FOR_INPUT  # as sglang's scheduler waits
+    prefill.init_sender(room, len(src), 0)
+    prefill.send_chunk(room, src[:1])
+    prefill.send_chunk(room, src[1:])
+    return wait(prefill, room, (SUCCESS, FAILED)), wait(decode, room, (SUCCESS, FAILED))
+
+
+def test_room_transfers_exact_bytes(pair):
+    prefill, decode, addr = pair
+    assert transfer(prefill, decode, addr, 11, [1, 4, 6], [7, 0, 2]) == (SUCCESS, SUCCESS)
+    report = decode.verify([(1, 7), (4, 0), (6, 2)], [(0, 1)])
+    assert report["ok"], report["mismatches"]
+    assert report["bytes_verified"] == 3 * 64 * 4 + 32
+
+
+def test_malformed_frames_are_dropped_and_the_loop_lives(pair):
+    prefill, decode, addr = pair
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(prefill.side.endpoint)
+    for frames in ([b"BOGUS"], [b"REGISTER", b"1"], [b"ABORT", b"\xff\xfe", b"x", b"1"],
+                   [b"WRITE_DONE", b"abc", b"1", b"1", b""], [b""], [b"STATUS", b"1", b"1", b"4", b""]):
+        sock.send_multipart(frames)
+    sock.close()
+    ctx.term()
+    assert transfer(prefill, decode, addr, 12, [0, 1], [3, 4]) == (SUCCESS, SUCCESS)
+    observed = prefill.observe()
+    assert all(observed["loops"].values()) and not observed["dead_threads"]
+    assert sum("malformed control frame" in r["message"] for r in observed["log_records"]) == 6
+
+
+def test_rejected_layout_fails_the_room_with_the_reason(pair):
+    prefill, decode, addr = pair
+    decode.layout = Layout(num_layers=1, num_pages=8, page_bytes=64)  # decode holds fewer layers
+    prefill.open_sender(13, addr)
+    decode.open_receiver(13, addr, 5)
+    assert wait(decode, 13, (FAILED,)) == FAILED
+    assert "layout rejected" in decode.failure_reason(13) and "does not hold prefill layers 1..1" in decode.failure_reason(13)
+
+
+def test_parse_refuses_wrong_arity_and_unknown_tags():
+    with pytest.raises(MalformedFrame, match="REGISTER with 1 fields"):
+        parse([b"REGISTER", b"1"])
+    with pytest.raises(MalformedFrame, match="empty message"):
+        parse([])
