@@ -54,8 +54,7 @@ class ReferenceMachine(RuleBasedStateMachine):
             self.generation_of.setdefault(event.room, event.generation)
         for a in self.prefill.handle(event):
             if isinstance(a, pc.StartWrite):
-                room = self.prefill.rooms.get(a.room)
-                self.writes[a.write_id] = (a.room, room.generation if room else -1)
+                self.writes[a.write_id] = (a.room, a.generation)
             elif isinstance(a, pc.SendStatus):
                 self.net.append(("D", dc.StatusReceived(a.room, P, a.status, a.reason, a.generation)))
             elif isinstance(a, pc.SendAbortAck):

@@ -218,8 +218,7 @@ class ReferenceRole(RoleAdapter):
                 getattr(log, action.level if action.level != "debug" else "debug")(action.message)
 
     def _start_write(self, w: pc.StartWrite) -> None:
-        room = self.prefill.rooms.get(w.room)
-        generation = room.generation if room else 0
+        generation = w.generation
         if w.aux:
             payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind == pattern.AUX)
         else:

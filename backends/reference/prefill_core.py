@@ -5,7 +5,7 @@ in as ``now`` (seconds) on events; drivers (a real one with ZMQ and threads, a
 deterministic simulator) turn actions into I/O and feed results back as events.
 
 Requirements implemented (docs/protocol.md): R-XFER-1, R-TERM-1, R-TIMEOUT-1,
-R-STALE-1, R-ABORT-1, R-ABORT-2, R-REUSE-1, R-RESIDUE-1.
+R-STALE-1, R-ABORT-1, R-ABORT-2, R-REUSE-1, R-RESIDUE-1, R-FANOUT-1.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITIN
 
 @dataclass(frozen=True)
 class OpenSender:
-    """The scheduler created a sender for ``room`` at time ``now`` (s)."""
+    """The scheduler created a sender for ``room`` at time ``now`` (s); the room has
+    ``destinations`` decode ranks (more than one when the decode's attention TP is
+    wider than the prefill's)."""
     room: int
     now: float
+    destinations: int = 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class StartWrite:
     src: tuple[int, ...]
     dst: tuple[int, ...]
     aux: bool = False
+    generation: int = 0  # the destination's room lifecycle
 
 
 @dataclass(frozen=True)
@@ -137,13 +141,19 @@ PrefillAction = Union[StartWrite, SendStatus, SendAbortAck, StatusChanged, Log]
 # ---- state ------------------------------------------------------------------------
 
 @dataclass
+class _Dest:
+    """One decode rank of a room: where its pages go, and its lifecycle."""
+    dst_pages: tuple[int, ...]
+    dst_aux: int
+    generation: int
+
+
+@dataclass
 class _Room:
     opened_at: float
+    destinations: int = 1
     status: int = BOOTSTRAPPING
-    decode: str | None = None
-    generation: int = 0
-    dst_pages: tuple[int, ...] = ()
-    dst_aux: int | None = None
+    dests: dict[str, _Dest] = field(default_factory=dict)
     num_pages: int | None = None
     src_aux: int | None = None
     sent: int = 0  # pages handed to the engine so far
@@ -151,12 +161,17 @@ class _Room:
     outstanding: set[int] = field(default_factory=set)
     reason: str = ""
 
+    @property
+    def dst_pages(self) -> tuple[int, ...]:
+        """The shortest destination page list (every destination gets every chunk)."""
+        return min((d.dst_pages for d in self.dests.values()), key=len, default=())
+
 
 @dataclass
 class _Drain:
     """What is left of a room that was cleared or failed with writes still in flight."""
     outstanding: set[int]
-    ack_to: tuple[str, int] | None = None  # (decode, generation) owed an ABORT_ACK
+    ack_to: list[tuple[str, int]] = field(default_factory=list)  # (decode, generation) owed an ABORT_ACK
 
 
 class PrefillCore:
@@ -183,11 +198,11 @@ class PrefillCore:
         # Registrations that arrived before the sender, and ABORTed generations of rooms
         # not held yet (a late registration of one must not start a transfer into pages
         # the decode already reused).  Both expire after the bootstrap timeout.
-        self.registrations: dict[int, tuple[DecodeRegistered, float]] = {}
-        self.tombstones: dict[tuple[int, int], float] = {}
+        self.registrations: dict[int, dict[str, tuple[DecodeRegistered, float]]] = {}
+        self.tombstones: dict[tuple[int, str, int], float] = {}
         self.clock = 0.0  # latest time seen on an event
         self.draining: dict[int, _Drain] = {}
-        self.acked: set[tuple[int, int]] = set()  # (room, generation) answered, until clear
+        self.acked: set[tuple[int, str, int]] = set()  # (room, decode, generation) answered, until clear
         self._next_write = 0
 
     # -- helpers -------------------------------------------------------------------
@@ -197,14 +212,15 @@ class PrefillCore:
         r.status = status
         r.reason = reason if status == FAILED else r.reason
         actions: list[PrefillAction] = [StatusChanged(room, status, reason)]
-        if status in (SUCCESS, FAILED) and r.decode is not None:
-            actions.append(SendStatus(room, r.decode, status, reason, r.generation))
+        if status in (SUCCESS, FAILED):  # every destination hears it (R-FANOUT-1)
+            actions += [SendStatus(room, decode, status, reason, d.generation) for decode, d in r.dests.items()]
         return actions
 
-    def _write(self, room: int, r: _Room, src: tuple[int, ...], dst: tuple[int, ...], aux: bool) -> StartWrite:
+    def _write(self, room: int, r: _Room, decode: str, src: tuple[int, ...], dst: tuple[int, ...],
+               aux: bool) -> StartWrite:
         self._next_write += 1
         r.outstanding.add(self._next_write)
-        return StartWrite(room, self._next_write, r.decode or "", src, dst, aux)
+        return StartWrite(room, self._next_write, decode, src, dst, aux, r.dests[decode].generation)
 
     def _maybe_success(self, room: int, r: _Room) -> list[PrefillAction]:
         if r.status == TRANSFERRING and r.last_sent and not r.outstanding:
@@ -212,7 +228,9 @@ class PrefillCore:
         return []
 
     def _bind(self, room: int, r: _Room, reg: DecodeRegistered) -> list[PrefillAction]:
-        r.decode, r.dst_pages, r.dst_aux, r.generation = reg.decode, reg.dst_pages, reg.aux_slot, reg.generation
+        r.dests[reg.decode] = _Dest(reg.dst_pages, reg.aux_slot, reg.generation)
+        if len(r.dests) < r.destinations:
+            return []
         return self._set(room, r, WAITING_FOR_INPUT)
 
     # -- events --------------------------------------------------------------------
@@ -223,19 +241,18 @@ class PrefillCore:
         if e.room in self.rooms:
             return [Log("warning", f"room {e.room} opened twice; keeping the first sender")]
         self.clock = max(self.clock, e.now)
-        r = self.rooms[e.room] = _Room(opened_at=e.now)
+        r = self.rooms[e.room] = _Room(opened_at=e.now, destinations=max(1, e.destinations))
         actions: list[PrefillAction] = [StatusChanged(e.room, BOOTSTRAPPING)]
-        pending = self.registrations.pop(e.room, None)
-        if pending is not None:
-            actions += self._bind(e.room, r, pending[0])
+        for reg, _ in self.registrations.pop(e.room, {}).values():
+            actions += self._bind(e.room, r, reg)
         return actions
 
     def _on_DecodeRegistered(self, e: DecodeRegistered) -> list[PrefillAction]:
-        if (e.room, e.generation) in self.tombstones:
+        if (e.room, e.decode, e.generation) in self.tombstones:
             return [Log("info", f"room {e.room}: registration of aborted generation {e.generation} dropped")]
         r = self.rooms.get(e.room)
-        if r is None:
-            self.registrations[e.room] = (e, self.clock)  # the decode may be faster than the scheduler
+        if r is None:  # the decode may be faster than the scheduler
+            self.registrations.setdefault(e.room, {})[e.decode] = (e, self.clock)
             return []
         if r.status != BOOTSTRAPPING:
             return [Log("warning", f"room {e.room}: registration while {r.status}; dropped")]
@@ -256,17 +273,18 @@ class PrefillCore:
         if r.status == BOOTSTRAPPING or r.num_pages is None:
             return self._set(e.room, r, FAILED, "chunk sent before the decode registered or init")
         end = r.sent + len(e.pages)
-        if end > len(r.dst_pages) or (r.num_pages is not None and end > r.num_pages):
+        if end > len(r.dst_pages) or end > r.num_pages:
             return self._set(e.room, r, FAILED,
                              f"chunk ends at page {end}, past the decode's {len(r.dst_pages)} destination pages")
         actions = self._set(e.room, r, TRANSFERRING)
-        if e.pages:
-            actions.append(self._write(e.room, r, e.pages, r.dst_pages[r.sent:end], aux=False))
+        for decode, d in r.dests.items():
+            if e.pages:
+                actions.append(self._write(e.room, r, decode, e.pages, d.dst_pages[r.sent:end], aux=False))
+            if e.last and r.src_aux is not None:
+                actions.append(self._write(e.room, r, decode, (r.src_aux,), (d.dst_aux,), aux=True))
         r.sent = end
         if e.last:
             r.last_sent = True
-            if r.src_aux is not None and r.dst_aux is not None:
-                actions.append(self._write(e.room, r, (r.src_aux,), (r.dst_aux,), aux=True))
             actions += self._maybe_success(e.room, r)
         return actions
 
@@ -279,7 +297,7 @@ class PrefillCore:
         if r is None or e.write_id not in r.outstanding:
             return [Log("debug", f"room {e.room}: completion of unknown write {e.write_id} dropped")]
         r.outstanding.discard(e.write_id)
-        if not e.ok:
+        if not e.ok:  # every destination is told at once (R-FANOUT-1)
             return self._set(e.room, r, FAILED, f"write {e.write_id} failed: {e.reason}")
         return self._maybe_success(e.room, r)
 
@@ -287,32 +305,39 @@ class PrefillCore:
         if drain.outstanding:
             return []
         del self.draining[room]
-        return self._ack(room, *drain.ack_to) if drain.ack_to else []
+        actions: list[PrefillAction] = []
+        for decode, generation in drain.ack_to:
+            actions += self._ack(room, decode, generation)
+        return actions
 
     def _ack(self, room: int, decode: str, generation: int) -> list[PrefillAction]:
-        if not self.deferred_release or (room, generation) in self.acked or (room, generation) in self.tombstones:
+        key = (room, decode, generation)
+        if not self.deferred_release or key in self.acked or key in self.tombstones:
             return []  # answered already (a tombstone records an ACK sent for a room not held)
         if room in self.rooms:  # remember within the room's lifecycle; clear forgets (R-REUSE-1)
-            self.acked.add((room, generation))
+            self.acked.add(key)
         return [SendAbortAck(room, decode, generation)]
 
     def _on_AbortReceived(self, e: AbortReceived) -> list[PrefillAction]:
         r = self.rooms.get(e.room)
-        actions = self._set(e.room, r, FAILED, "aborted by the decode") if r else []  # R-ABORT-1
+        actions = self._set(e.room, r, FAILED, f"aborted by decode {e.decode}") if r else []  # R-ABORT-1
         if r is not None and r.outstanding and self.planted_bug != "ack-before-drain":  # drain first
             self.draining.setdefault(e.room, _Drain(set())).outstanding |= r.outstanding
             r.outstanding.clear()
         drain = self.draining.get(e.room)
         if drain is not None:  # ACK once the writes drain (R-ABORT-2)
-            drain.ack_to = drain.ack_to or (e.decode, e.generation)
+            if (e.decode, e.generation) not in drain.ack_to:
+                drain.ack_to.append((e.decode, e.generation))
             return actions
         if r is None:
-            pending = self.registrations.get(e.room)
-            if pending is not None and pending[0].generation == e.generation:
-                del self.registrations[e.room]
+            pending = self.registrations.get(e.room, {})
+            if e.decode in pending and pending[e.decode][0].generation == e.generation:
+                del pending[e.decode]
+                if not pending:
+                    del self.registrations[e.room]
             actions.append(Log("info", f"ABORT for room {e.room} not held: nothing was written"))
             actions += self._ack(e.room, e.decode, e.generation)
-            self.tombstones.setdefault((e.room, e.generation), self.clock + self.bootstrap_timeout_s)
+            self.tombstones.setdefault((e.room, e.decode, e.generation), self.clock + self.bootstrap_timeout_s)
             return actions
         return actions + self._ack(e.room, e.decode, e.generation)
 
@@ -336,8 +361,11 @@ class PrefillCore:
         for key, expiry in list(self.tombstones.items()):
             if e.now >= expiry:
                 del self.tombstones[key]
-        for room, (_, arrived) in list(self.registrations.items()):
-            if e.now - arrived >= self.bootstrap_timeout_s:
+        for room, pending in list(self.registrations.items()):
+            for decode, (_, arrived) in list(pending.items()):
+                if e.now - arrived >= self.bootstrap_timeout_s:
+                    del pending[decode]
+            if not pending:
                 del self.registrations[room]
         actions: list[PrefillAction] = []
         for room, r in list(self.rooms.items()):
@@ -354,6 +382,6 @@ class PrefillCore:
     def residue(self) -> dict[str, list[int]]:
         """Per-room state held anywhere (empty after clear and quiescence, R-RESIDUE-1)."""
         found = {"rooms": sorted(self.rooms), "registrations": sorted(self.registrations),
-                 "draining": sorted(self.draining), "acked": sorted({room for room, _ in self.acked}),
-                 "tombstones": sorted({room for room, _ in self.tombstones})}
+                 "draining": sorted(self.draining), "acked": sorted({key[0] for key in self.acked}),
+                 "tombstones": sorted({key[0] for key in self.tombstones})}
         return {k: v for k, v in found.items() if v}
