@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from harness import gpu_import_shims, pattern, role_context
+from harness.pools import pattern_pools
 from harness.adapter import Layout, Observation, RoleAdapter, RoleRecorder
 
 
@@ -122,18 +123,6 @@ class SglangCommonRole(RoleAdapter):
         """Set KVArgs fields only this backend reads."""
 
     # ---- lifecycle -------------------------------------------------------
-    def _build_pools(self, side: int, layout: Layout):
-        import torch
-
-        specs = [pattern.BufferSpec(pattern.K, layer) for layer in range(layout.num_layers)]
-        if not layout.mla:
-            specs += [pattern.BufferSpec(pattern.V, layer) for layer in range(layout.num_layers)]
-        kv = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes)) for s in specs]
-        aux_spec = pattern.BufferSpec(pattern.AUX, 0)
-        aux = (aux_spec, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes))
-        assert all(t.dtype == torch.uint8 and t.is_contiguous() for _, t in kv + [aux])
-        return kv, aux
-
     def _kv_args(self, layout: Layout, kv: list, aux: tuple):
         from sglang.srt.disaggregation.base.conn import KVArgs
 
@@ -190,7 +179,7 @@ class SglangCommonRole(RoleAdapter):
             wait_for_tcp_port(self.host, bootstrap_port, timeout_s=15)
             facts["bootstrap_addr"] = f"{self.host}:{bootstrap_port}"
         side = pattern.PREFILL if mode == "prefill" else pattern.DECODE
-        kv, aux = self._build_pools(side, layout)
+        kv, aux = pattern_pools(side, layout)
         self.buffers = kv + [aux]
         dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
         manager_cls = getattr(self.conn, self.manager_class)

@@ -43,6 +43,7 @@ from backends.reference import prefill_core as pc
 from backends.reference.planner import LayoutSpec, Plan, SideLayout, plan
 from harness import pattern
 from harness.adapter import BOOTSTRAPPING, FAILED, Layout, Observation, RoleAdapter, RoleRecorder
+from harness.pools import pattern_pools
 
 log = logging.getLogger("pdconform.reference")
 HOST = "127.0.0.1"
@@ -157,12 +158,8 @@ class ReferenceRole(RoleAdapter):
 
     # ---- pools -------------------------------------------------------------------
     def _pools(self, side: int, layout: Layout) -> None:
-        specs = [pattern.BufferSpec(pattern.K, layer) for layer in range(layout.num_layers)]
-        if not layout.mla:
-            specs += [pattern.BufferSpec(pattern.V, layer) for layer in range(layout.num_layers)]
-        self.buffers = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes)) for s in specs]
-        aux = pattern.BufferSpec(pattern.AUX, 0)
-        self.buffers.append((aux, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes)))
+        kv, aux = pattern_pools(side, layout)
+        self.buffers = kv + [aux]
 
     def _spec(self, prefill_layout: Layout) -> LayoutSpec:
         mine = self.layout
