@@ -3,7 +3,7 @@
 One seed reproduces one run.  A run drives one :class:`PrefillCore` and one
 :class:`DecodeCore` through a workload of rooms (open, request, chunks, some
 ABORTs, clear) over a simulated network that delays, drops, duplicates and
-reorders messages, an engine that delays and fails writes, and an optional
+reorders messages and can be partitioned for a while, an engine that delays and fails writes, and an optional
 crash of the prefill.  It checks the protocol's invariants while it runs and
 at the end (docs/protocol.md):
 
@@ -43,6 +43,8 @@ class SimConfig:
     write_fail_p: float = 0.05
     abort_p: float = 0.3
     crash_p: float = 0.15
+    partition_p: float = 0.2  # chance of one partition (every message both ways lost) ...
+    partition_s: tuple[float, float] = (0.2, 3.0)  # ... lasting this long, inside the fault window
     fault_window_s: float = 5.0  # faults (drops, crash) happen before this time
     bootstrap_timeout_s: float = 8.0
     waiting_timeout_s: float = 10.0
@@ -94,6 +96,7 @@ class Simulation:
         self.acks: set[tuple[int, int]] = set()
         self.outcome: dict[int, int] = {}
         self.writes_in_flight: dict[int, int] = {}  # write id -> room
+        self.partition: tuple[float, float] = (0.0, 0.0)
 
     # ---- scheduling ----------------------------------------------------------
     def at(self, time: float, target: str, event: object) -> None:
@@ -103,6 +106,9 @@ class Simulation:
     def send(self, target: str, event: object) -> None:
         """Network: seeded delay (so reordering), drop and duplication inside the fault window."""
         faulty = self.now < self.cfg.fault_window_s
+        if self.partition[0] <= self.now < self.partition[1]:
+            self.trace.append(f"t={self.now:.3f} net partition {target}<-{event}")
+            return
         if faulty and self.rng.random() < self.cfg.drop_p:
             self.trace.append(f"t={self.now:.3f} net drop {target}<-{event}")
             return
@@ -124,6 +130,10 @@ class Simulation:
             self.at(t + 0.4, "X", ("send", room, pages))
             if self.rng.random() < self.cfg.abort_p:
                 self.at(t + self.rng.uniform(0.1, 3), "D", dc.Abort(room))
+        if self.rng.random() < self.cfg.partition_p:
+            start = self.rng.uniform(0, self.cfg.fault_window_s)
+            self.partition = (start, start + self.rng.uniform(*self.cfg.partition_s))
+            self.trace.append(f"partition from t={self.partition[0]:.3f} to t={self.partition[1]:.3f}")
         if self.rng.random() < self.cfg.crash_p:
             self.at(self.rng.uniform(0.5, self.cfg.fault_window_s), "X", ("crash",))
         tick = 0.0
