@@ -70,13 +70,38 @@ def test_malformed_frames_are_dropped_and_the_loop_lives(pair):
     assert sum("malformed control frame" in r["message"] for r in observed["log_records"]) == 7, observed
 
 
-def test_rejected_layout_fails_the_room_with_the_reason(pair):
+@pytest.mark.parametrize("change", [{"num_layers": 1}, {"mla": True}, {"page_bytes": 128}, {"aux_bytes": 64},
+                                    {"kv_heads": 2}, {"page_size": 8}])
+def test_layout_mismatch_fails_the_room_at_bootstrap(pair, change):
+    """R-LAYOUT-2: rejected before any byte moves, with the reason."""
+    prefill, _, addr = pair
+    recorder = RoleRecorder()
+    decode = ReferenceRole("decode", recorder)
+    decode.start_decode({**LAYOUT.to_dict(), **change}, 0)
+    try:
+        prefill.open_sender(13, addr)
+        decode.open_receiver(13, addr, 5)
+        assert wait(decode, 13, (FAILED,)) == FAILED
+        reason = decode.failure_reason(13)
+        field = next(iter(change))
+        assert reason.startswith("layout rejected: ") and f"prefill {field}=" in reason, reason
+    finally:
+        decode.teardown()
+
+
+def test_abort_with_a_bad_endpoint_cannot_kill_the_loop(pair):
     prefill, decode, addr = pair
-    decode.layout = Layout(num_layers=1, num_pages=8, page_bytes=64)  # decode holds fewer layers
-    prefill.open_sender(13, addr)
-    decode.open_receiver(13, addr, 5)
-    assert wait(decode, 13, (FAILED,)) == FAILED
-    assert "layout rejected" in decode.failure_reason(13) and "does not hold prefill layers 1..1" in decode.failure_reason(13)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(prefill.side.endpoint)
+    sock.send_multipart([b"ABORT", b"5", b"not-an-endpoint", b"1"])
+    sock.send_multipart([b"REGISTER", b"5", b"tcp://[::1", b"1", b"1", b"0"])
+    sock.close()
+    ctx.term()
+    assert transfer(prefill, decode, addr, 14, [0], [1]) == (SUCCESS, SUCCESS)
+    observed = prefill.observe()
+    assert all(observed["loops"].values()) and not observed["dead_threads"]
 
 
 def test_parse_refuses_wrong_arity_and_unknown_tags():

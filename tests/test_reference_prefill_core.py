@@ -56,19 +56,23 @@ def test_stale_chunk_after_clear_is_dropped_without_a_write():
     core = opened(pc.PrefillCore())
     core.handle(pc.Clear(7))
     actions = core.handle(pc.SendChunk(7, (0,), last=True))
-    assert writes(actions) == [] and core.residue() == {}
+    assert writes(actions) == [] and core.residue() == {"retired": [7]}
+    core.handle(pc.Tick(core.bootstrap_timeout_s + 1))  # the retired generation expires
+    assert core.residue() == {}
 
 
 def test_abort_mid_transfer_acks_once_after_drain():
     core = opened(pc.PrefillCore())
     (w,) = writes(core.handle(pc.SendChunk(7, (0,), last=False)))
-    actions = core.handle(pc.AbortReceived(7, D, generation=4))
+    actions = core.handle(pc.AbortReceived(7, D, generation=0))
     assert core.status(7) == FAILED and not any(isinstance(a, pc.SendAbortAck) for a in actions)
-    assert core.handle(pc.AbortReceived(7, D, generation=4)) == []  # duplicate ABORT: still waiting
+    assert core.handle(pc.AbortReceived(7, D, generation=0)) == []  # duplicate ABORT: still waiting
     assert writes(core.handle(pc.SendChunk(7, (1,), last=True))) == []  # no write after Failed
-    assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == [pc.SendAbortAck(7, D, 4)]
-    assert core.handle(pc.AbortReceived(7, D, generation=4)) == []  # exactly once
+    assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == [pc.SendAbortAck(7, D, 0)]
+    assert core.handle(pc.AbortReceived(7, D, generation=0)) == []  # exactly once
     core.handle(pc.Clear(7))
+    assert pc.SendAbortAck(7, D, 0) not in core.handle(pc.AbortReceived(7, D, generation=0))  # even after clear
+    core.handle(pc.Tick(core.bootstrap_timeout_s + 1))
     assert core.residue() == {}
 
 
@@ -78,6 +82,7 @@ def test_clear_then_abort_acks_after_the_writes_drain():
     core.handle(pc.Clear(7))
     assert core.handle(pc.AbortReceived(7, D, generation=1)) == []
     assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == [pc.SendAbortAck(7, D, 1)]
+    core.handle(pc.Tick(core.bootstrap_timeout_s + 1))
     assert core.residue() == {}
 
 
@@ -85,14 +90,16 @@ def test_abort_for_an_unknown_room_is_harmless():
     core = pc.PrefillCore()
     actions = core.handle(pc.AbortReceived(99, D, generation=0))
     assert pc.SendAbortAck(99, D, 0) in actions
-    assert core.handle(pc.AbortReceived(99, D, generation=0)) == [pc.Log("info", "ABORT for room 99 not held: nothing was written")]
+    assert not any(isinstance(a, pc.SendAbortAck) for a in core.handle(pc.AbortReceived(99, D, generation=0)))
     # A registration of the aborted generation that arrives late must not start a transfer.
     core.handle(pc.DecodeRegistered(99, D, (1,), 0, generation=0))
     core.handle(pc.OpenSender(99, now=0.0))
     assert core.status(99) == BOOTSTRAPPING
     core.handle(pc.Clear(99))
     assert core.residue() == {"tombstones": [99]}
-    core.handle(pc.Tick(now=core.bootstrap_timeout_s + 1))
+    core.handle(pc.Tick(now=100.0))  # no time was known when it was made: it starts counting now
+    assert core.residue() == {"tombstones": [99]}
+    core.handle(pc.Tick(now=100.0 + core.bootstrap_timeout_s))
     assert core.residue() == {}
 
 
@@ -143,7 +150,7 @@ class PrefillMachine(RuleBasedStateMachine):
 
     @rule(room=ROOMS, n=st.integers(1, 4))
     def register(self, room, n):
-        self.apply(pc.DecodeRegistered(room, D, tuple(range(n)), 0))
+        self.apply(pc.DecodeRegistered(room, D, tuple(range(n)), 0, self.generation[room]))
         self.apply(pc.InitSender(room, n, 0))
 
     @rule(room=ROOMS, pages=st.lists(st.integers(0, 9), max_size=2), last=st.booleans())
@@ -179,7 +186,7 @@ class PrefillMachine(RuleBasedStateMachine):
     @invariant()
     def no_residue_once_all_cleared_and_drained(self):
         if not self.core.rooms and not self.inflight:
-            assert not set(self.core.residue()) - {"registrations", "tombstones"}, self.core.residue()
+            assert not set(self.core.residue()) - {"registrations", "tombstones", "retired"}, self.core.residue()
 
 
 TestPrefillMachine = PrefillMachine.TestCase  # example counts come from the hypothesis profile (conftest.py)
@@ -233,3 +240,32 @@ def test_abort_from_one_destination_fails_the_room_for_all():
     told = {a.decode for a in actions if isinstance(a, pc.SendStatus) and a.status == FAILED}
     assert told == {"rank-0", "rank-1"}
     assert pc.SendAbortAck(8, "rank-1", 1) in actions
+
+
+def test_registration_before_any_clock_survives_the_first_tick():
+    """A driver's clock may start anywhere (time.monotonic): early state must not expire at once."""
+    core = pc.PrefillCore(bootstrap_timeout_s=30)
+    core.handle(pc.DecodeRegistered(6, D, (1,), 0, generation=1))
+    core.handle(pc.Tick(5000.0))
+    core.handle(pc.OpenSender(6, now=5000.1))
+    assert core.status(6) == WAITING_FOR_INPUT
+
+
+def test_late_abort_of_an_old_generation_leaves_the_reused_room_alone():
+    core = opened(pc.PrefillCore(), room=7)  # generation 0 bound
+    core.handle(pc.Clear(7))
+    core.handle(pc.OpenSender(7, now=1.0))
+    core.handle(pc.DecodeRegistered(7, D, (3,), 0, generation=2))
+    actions = core.handle(pc.AbortReceived(7, D, generation=0))
+    assert core.status(7) == WAITING_FOR_INPUT
+    assert not any(isinstance(a, pc.SendAbortAck) for a in actions)  # R-REUSE-1
+
+
+def test_late_registration_of_a_cleared_generation_is_refused():
+    core = opened(pc.PrefillCore(), room=7)  # generation 0 bound and cleared
+    core.handle(pc.Clear(7))
+    core.handle(pc.DecodeRegistered(7, D, (5, 6, 7), 2, generation=0))  # duplicate arriving late
+    core.handle(pc.OpenSender(7, now=1.0))
+    assert core.status(7) == BOOTSTRAPPING  # waits for the new generation's registration
+    core.handle(pc.DecodeRegistered(7, D, (1,), 0, generation=1))
+    assert core.status(7) == WAITING_FOR_INPUT

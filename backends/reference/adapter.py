@@ -16,13 +16,16 @@ Wire frames (ASCII fields, like the Common protocol's)::
 
     D->P  REGISTER   room decode_endpoint generation dst_pages(csv) aux_slot
     D->P  ABORT      room decode_endpoint generation
-    P->D  WRITE      room generation write_id aux(0|1) dst(csv) payload
+    P->D  WRITE      room generation write_id aux(0|1) dst(csv) payload prefill_endpoint
     D->P  WRITE_DONE room write_id ok(0|1) reason
     P->D  STATUS     room generation status reason
     P->D  ABORT_ACK  room generation
 
-A frame that does not parse is dropped with a warning (R-LIVE-1).  All core
-calls happen on the side's control thread; API calls post events to it.
+A frame that does not parse, or whose handling fails, is dropped with a warning
+(R-LIVE-1): nothing a peer sends can stop a control thread.  The decode answers
+every WRITE with WRITE_DONE to the endpoint in the frame, whatever the room's
+state, as an RDMA completion would.  All core calls happen on the side's
+control thread; API calls post work to it and wait for the answer.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 import time
 import urllib.request
@@ -40,7 +44,7 @@ import zmq
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
-from backends.reference.planner import LayoutSpec, Plan, SideLayout, plan
+from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
 from harness import pattern
 from harness.adapter import BOOTSTRAPPING, FAILED, Layout, Observation, RoleAdapter, RoleRecorder
 from harness.pools import pattern_pools
@@ -55,6 +59,17 @@ class MalformedFrame(ValueError):
     """A control frame that does not parse."""
 
 
+ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:\d{1,5}$")
+
+
+def endpoint(frame: bytes) -> str:
+    """A ``tcp://host:port`` endpoint field; MalformedFrame otherwise."""
+    text = frame.decode("ascii")
+    if not ENDPOINT.match(text):
+        raise MalformedFrame(f"bad endpoint {text[:64]!r}")
+    return text
+
+
 def _csv(values) -> bytes:
     return ",".join(str(int(v)) for v in values).encode("ascii")
 
@@ -67,7 +82,7 @@ def _ints(frame: bytes) -> tuple[int, ...]:
 def parse(frames: list[bytes]) -> tuple[str, list[bytes]]:
     """Split a multipart message into its tag and fields; MalformedFrame when the
     tag is unknown or the field count is wrong."""
-    arity = {b"REGISTER": 5, b"ABORT": 3, b"WRITE": 6, b"WRITE_DONE": 4, b"STATUS": 4, b"ABORT_ACK": 2}
+    arity = {b"REGISTER": 5, b"ABORT": 3, b"WRITE": 7, b"WRITE_DONE": 4, b"STATUS": 4, b"ABORT_ACK": 2}
     if not frames or frames[0] not in arity:
         raise MalformedFrame(f"unknown tag {frames[0][:32]!r}" if frames else "empty message")
     if len(frames) - 1 != arity[frames[0]]:
@@ -94,14 +109,22 @@ class _Side:
     def send(self, endpoint: str, frames: list[bytes]) -> None:
         sock = self.push.get(endpoint)
         if sock is None:
-            sock = self.push[endpoint] = self.ctx.socket(zmq.PUSH)
+            sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 10000)
-            sock.connect(endpoint)
+            try:
+                sock.connect(endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(0)
+                log.warning("cannot connect to %s: %s", endpoint, exc)
+                return
+            self.push[endpoint] = sock
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
             log.warning("dropped a %s frame to %s: send queue full", frames[0][:16], endpoint)
+        except zmq.ZMQError as exc:
+            log.warning("could not send a %s frame to %s: %s", frames[0][:16], endpoint, exc)
 
     def _loop(self) -> None:
         next_tick = time.monotonic()
@@ -112,12 +135,17 @@ class _Side:
                     self.handle_frames(frames)
                 except (MalformedFrame, UnicodeDecodeError, ValueError) as exc:
                     log.warning("dropped a malformed control frame: %s", exc)  # R-LIVE-1
+                except Exception as exc:  # handling failed: still never fatal (R-LIVE-1)
+                    log.warning("dropped a control frame it could not handle: %r", exc)
             while True:
                 try:
                     fn = self.inbox.get_nowait()
                 except queue.Empty:
                     break
-                fn()
+                try:
+                    fn()
+                except Exception as exc:  # an API call's own error goes back to its caller via _sync
+                    log.error("control work failed: %r", exc)
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_S
                 self.on_tick(time.monotonic())
@@ -161,11 +189,19 @@ class ReferenceRole(RoleAdapter):
         kv, aux = pattern_pools(side, layout)
         self.buffers = kv + [aux]
 
-    def _spec(self, prefill_layout: Layout) -> LayoutSpec:
+    def _layout_plan(self, prefill: Layout) -> Plan | Rejection:
+        """Plan the room's buffer pairs, or reject a layout this pair cannot serve (R-LAYOUT-2).
+
+        Both sides hold every layer (PP = 1, no draft KV in the role layout), so any
+        difference in attention kind, layer count, page geometry or heads is a rejection.
+        """
         mine = self.layout
-        return LayoutSpec("MLA" if mine.mla else "MHA", max(mine.num_layers, prefill_layout.num_layers),
-                          SideLayout(0, prefill_layout.num_layers), SideLayout(0, mine.num_layers),
-                          mine.page_size, mine.kv_heads)
+        for field_name in ("mla", "num_layers", "page_size", "page_bytes", "aux_bytes", "kv_heads"):
+            theirs, ours = getattr(prefill, field_name), getattr(mine, field_name)
+            if theirs != ours:
+                return Rejection(f"prefill {field_name}={theirs} but decode {field_name}={ours}")
+        return plan(LayoutSpec("MLA" if mine.mla else "MHA", mine.num_layers, SideLayout(0, prefill.num_layers),
+                               SideLayout(0, mine.num_layers), mine.page_size, mine.kv_heads))
 
     def _record(self, room: int, status: int, reason: str) -> None:
         self.status[room] = status
@@ -221,14 +257,14 @@ class ReferenceRole(RoleAdapter):
         else:
             payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind != pattern.AUX)
         self.side.send(w.decode, [b"WRITE", str(w.room).encode(), str(generation).encode(), str(w.write_id).encode(),
-                                  b"1" if w.aux else b"0", _csv(w.dst), payload])
+                                  b"1" if w.aux else b"0", _csv(w.dst), payload, self.side.endpoint.encode()])
 
     def _prefill_frames(self, frames: list[bytes]) -> None:
         tag, f = parse(frames)
         if tag == "REGISTER":
-            self._prefill_event(pc.DecodeRegistered(int(f[0]), f[1].decode("ascii"), _ints(f[3]), int(f[4]), int(f[2])))
+            self._prefill_event(pc.DecodeRegistered(int(f[0]), endpoint(f[1]), _ints(f[3]), int(f[4]), int(f[2])))
         elif tag == "ABORT":
-            self._prefill_event(pc.AbortReceived(int(f[0]), f[1].decode("ascii"), int(f[2])))
+            self._prefill_event(pc.AbortReceived(int(f[0]), endpoint(f[1]), int(f[2])))
         elif tag == "WRITE_DONE":
             self._prefill_event(pc.WriteDone(int(f[0]), int(f[1]), f[2] == b"1", f[3].decode("utf-8", "replace")))
         else:
@@ -292,11 +328,10 @@ class ReferenceRole(RoleAdapter):
         tag, f = parse(frames)
         if tag == "WRITE":
             room, write_id, aux, dst, payload = int(f[0]), int(f[2]), f[3] == b"1", _ints(f[4]), f[5]
+            reply_to = endpoint(f[6])
             ok, reason = self._apply_write(room, aux, dst, payload)
-            prefill = self.peer.get(room)
-            if prefill is not None:
-                self.side.send(prefill, [b"WRITE_DONE", str(room).encode(), str(write_id).encode(),
-                                         b"1" if ok else b"0", reason.encode()])
+            self.side.send(reply_to, [b"WRITE_DONE", str(room).encode(), str(write_id).encode(),
+                                      b"1" if ok else b"0", reason.encode()])
         elif tag == "STATUS":
             room = int(f[0])
             prefill = self.decode.rooms[room].prefill if room in self.decode.rooms else ""
@@ -338,7 +373,7 @@ class ReferenceRole(RoleAdapter):
                     raise TimeoutError(f"prefill bootstrap at {bootstrap_addr} did not answer within {timeout_s:.0f} s")
                 time.sleep(0.05)
         self.peer[room] = info["endpoint"]
-        result = plan(self._spec(Layout(**info["layout"])))
+        result = self._layout_plan(Layout(**info["layout"]))
         self.status.setdefault(room, BOOTSTRAPPING)
 
         def open_room() -> None:
@@ -356,27 +391,30 @@ class ReferenceRole(RoleAdapter):
         self.side.inbox.put(lambda: self._decode_event(dc.RequestKV(room, tuple(pages), aux_slot, time.monotonic())))
 
     def verify(self, kv_moves: list, aux_moves: list) -> dict:
-        done = threading.Event()
-        result: dict = {}
-
-        def check() -> None:  # on the control thread: no write lands while we read
-            result.update(pattern.verify_pools(self.buffers, [tuple(m) for m in kv_moves],
-                                               [tuple(m) for m in aux_moves]).to_dict())
-            done.set()
-
-        self.side.inbox.put(check)
-        if not done.wait(10):
-            raise TimeoutError("the decode control thread did not run the verification within 10 s")
-        return result
+        # on the control thread: no write lands while the pools are read
+        return self._sync(lambda: pattern.verify_pools(self.buffers, [tuple(m) for m in kv_moves],
+                                                       [tuple(m) for m in aux_moves]).to_dict())
 
     # ---- either side -----------------------------------------------------------
     def _sync(self, fn, timeout_s: float = 10.0):
+        """Run ``fn`` on the control thread and return its result (or raise its error)."""
         done = threading.Event()
-        box: list = []
-        self.side.inbox.put(lambda: (box.append(fn()), done.set()))
+        box: dict = {}
+
+        def work() -> None:
+            try:
+                box["value"] = fn()
+            except Exception as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+
+        self.side.inbox.put(work)
         if not done.wait(timeout_s):
             raise TimeoutError(f"the {self.role} control thread did not answer within {timeout_s:.0f} s")
-        return box[0]
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def poll(self, room: int) -> int:
         if room not in self.status:

@@ -198,9 +198,12 @@ class PrefillCore:
         # Registrations that arrived before the sender, and ABORTed generations of rooms
         # not held yet (a late registration of one must not start a transfer into pages
         # the decode already reused).  Both expire after the bootstrap timeout.
-        self.registrations: dict[int, dict[str, tuple[DecodeRegistered, float]]] = {}
-        self.tombstones: dict[tuple[int, str, int], float] = {}
-        self.clock = 0.0  # latest time seen on an event
+        # Times are None until the first event that carries one (drivers use any clock).
+        self.registrations: dict[int, dict[str, tuple[DecodeRegistered, float | None]]] = {}
+        self.tombstones: dict[tuple[int, str, int], float | None] = {}  # ABORTed and answered
+        # Generations of cleared rooms: a late duplicate registration of one is refused.
+        self.retired: dict[tuple[int, str, int], float | None] = {}
+        self.clock: float | None = None  # latest time seen on an event
         self.draining: dict[int, _Drain] = {}
         self.acked: set[tuple[int, str, int]] = set()  # (room, decode, generation) answered, until clear
         self._next_write = 0
@@ -222,6 +225,12 @@ class PrefillCore:
         r.outstanding.add(self._next_write)
         return StartWrite(room, self._next_write, decode, src, dst, aux, r.dests[decode].generation)
 
+    def _expiry(self) -> float | None:
+        return None if self.clock is None else self.clock + self.bootstrap_timeout_s
+
+    def _see(self, now: float) -> None:
+        self.clock = now if self.clock is None else max(self.clock, now)
+
     def _maybe_success(self, room: int, r: _Room) -> list[PrefillAction]:
         if r.status == TRANSFERRING and r.last_sent and not r.outstanding:
             return self._set(room, r, SUCCESS)
@@ -240,7 +249,7 @@ class PrefillCore:
     def _on_OpenSender(self, e: OpenSender) -> list[PrefillAction]:
         if e.room in self.rooms:
             return [Log("warning", f"room {e.room} opened twice; keeping the first sender")]
-        self.clock = max(self.clock, e.now)
+        self._see(e.now)
         r = self.rooms[e.room] = _Room(opened_at=e.now, destinations=max(1, e.destinations))
         actions: list[PrefillAction] = [StatusChanged(e.room, BOOTSTRAPPING)]
         for reg, _ in self.registrations.pop(e.room, {}).values():
@@ -248,8 +257,9 @@ class PrefillCore:
         return actions
 
     def _on_DecodeRegistered(self, e: DecodeRegistered) -> list[PrefillAction]:
-        if (e.room, e.decode, e.generation) in self.tombstones:
-            return [Log("info", f"room {e.room}: registration of aborted generation {e.generation} dropped")]
+        key = (e.room, e.decode, e.generation)
+        if key in self.tombstones or key in self.retired:  # R-REUSE-1, R-ABORT-2
+            return [Log("info", f"room {e.room}: registration of ended generation {e.generation} from {e.decode} dropped")]
         r = self.rooms.get(e.room)
         if r is None:  # the decode may be faster than the scheduler
             self.registrations.setdefault(e.room, {})[e.decode] = (e, self.clock)
@@ -319,9 +329,17 @@ class PrefillCore:
         return [SendAbortAck(room, decode, generation)]
 
     def _on_AbortReceived(self, e: AbortReceived) -> list[PrefillAction]:
+        """An ABORT ends the lifecycle it names (R-ABORT-1): the room if this decode's
+        registration of that generation is bound to it; otherwise the generation is
+        tombstoned so its registration can never start a transfer, and the room (a
+        newer lifecycle, or one that has not heard from this decode) is left alone."""
         r = self.rooms.get(e.room)
-        actions = self._set(e.room, r, FAILED, f"aborted by decode {e.decode}") if r else []  # R-ABORT-1
-        if r is not None and r.outstanding and self.planted_bug != "ack-before-drain":  # drain first
+        bound = r.dests.get(e.decode) if r is not None else None
+        if bound is not None and bound.generation != e.generation:
+            return [Log("info", f"room {e.room}: ABORT of old generation {e.generation} from {e.decode} ignored")]
+        held = bound is not None
+        actions = self._set(e.room, r, FAILED, f"aborted by decode {e.decode}") if held else []
+        if held and r.outstanding and self.planted_bug != "ack-before-drain":  # drain first
             self.draining.setdefault(e.room, _Drain(set())).outstanding |= r.outstanding
             r.outstanding.clear()
         drain = self.draining.get(e.room)
@@ -329,15 +347,17 @@ class PrefillCore:
             if (e.decode, e.generation) not in drain.ack_to:
                 drain.ack_to.append((e.decode, e.generation))
             return actions
-        if r is None:
+        if not held:
             pending = self.registrations.get(e.room, {})
             if e.decode in pending and pending[e.decode][0].generation == e.generation:
                 del pending[e.decode]
                 if not pending:
                     del self.registrations[e.room]
-            actions.append(Log("info", f"ABORT for room {e.room} not held: nothing was written"))
+            actions.append(Log("info", f"ABORT for room {e.room} generation {e.generation} not bound here: "
+                                       "nothing of it was written"))
             actions += self._ack(e.room, e.decode, e.generation)
-            self.tombstones.setdefault((e.room, e.decode, e.generation), self.clock + self.bootstrap_timeout_s)
+            self.retired.pop((e.room, e.decode, e.generation), None)
+            self.tombstones.setdefault((e.room, e.decode, e.generation), self._expiry())
             return actions
         return actions + self._ack(e.room, e.decode, e.generation)
 
@@ -350,6 +370,10 @@ class PrefillCore:
     def _on_Clear(self, e: Clear) -> list[PrefillAction]:
         r = self.rooms.pop(e.room, None)
         self.registrations.pop(e.room, None)
+        for decode, d in (r.dests.items() if r is not None else ()):
+            key = (e.room, decode, d.generation)
+            # an answered ABORT stays answered; any other ended generation is only retired
+            (self.tombstones if key in self.acked else self.retired).setdefault(key, self._expiry())
         self.acked = {key for key in self.acked if key[0] != e.room}
         if r is not None and r.outstanding:
             drain = self.draining.setdefault(e.room, _Drain(set()))
@@ -357,13 +381,18 @@ class PrefillCore:
         return []
 
     def _on_Tick(self, e: Tick) -> list[PrefillAction]:
-        self.clock = max(self.clock, e.now)
-        for key, expiry in list(self.tombstones.items()):
-            if e.now >= expiry:
-                del self.tombstones[key]
+        self._see(e.now)
+        for memory in (self.tombstones, self.retired):
+            for key, expiry in list(memory.items()):
+                if expiry is None:  # created before any time was known
+                    memory[key] = e.now + self.bootstrap_timeout_s
+                elif e.now >= expiry:
+                    del memory[key]
         for room, pending in list(self.registrations.items()):
-            for decode, (_, arrived) in list(pending.items()):
-                if e.now - arrived >= self.bootstrap_timeout_s:
+            for decode, (reg, arrived) in list(pending.items()):
+                if arrived is None:
+                    pending[decode] = (reg, e.now)
+                elif e.now - arrived >= self.bootstrap_timeout_s:
                     del pending[decode]
             if not pending:
                 del self.registrations[room]
@@ -383,5 +412,6 @@ class PrefillCore:
         """Per-room state held anywhere (empty after clear and quiescence, R-RESIDUE-1)."""
         found = {"rooms": sorted(self.rooms), "registrations": sorted(self.registrations),
                  "draining": sorted(self.draining), "acked": sorted({key[0] for key in self.acked}),
-                 "tombstones": sorted({key[0] for key in self.tombstones})}
+                 "tombstones": sorted({key[0] for key in self.tombstones}),
+                 "retired": sorted({key[0] for key in self.retired})}
         return {k: v for k, v in found.items() if v}
