@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
-from harness.adapter import FAILED, SUCCESS
+from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
 
 P, D = "prefill-0", "decode-0"
 
@@ -207,18 +207,32 @@ class Simulation:
             _, room, pages = event
             dst = tuple(self.rng.sample(range(64), pages))
             self._to_decode(dc.RequestKV(room, dst, 0, self.now))
-        elif kind == "send":
+        elif kind == "send":  # like sglang's scheduler: only once the sender is WaitingForInput
             _, room, pages = event
-            self._to_prefill(pc.InitSender(room, pages, 0))
-            split = self.rng.randint(0, pages)
-            self._to_prefill(pc.SendChunk(room, tuple(range(split)), last=False))
-            self._to_prefill(pc.SendChunk(room, tuple(range(split, pages)), last=True))
+            status = self.prefill.status(room) if self.prefill_alive else None
+            if status == WAITING_FOR_INPUT:
+                self._to_prefill(pc.InitSender(room, pages, 0))
+                split = self.rng.randint(0, pages)
+                self._to_prefill(pc.SendChunk(room, tuple(range(split)), last=False))
+                self._to_prefill(pc.SendChunk(room, tuple(range(split, pages)), last=True))
+            elif status not in (None, SUCCESS, FAILED):
+                self.at(self.now + self.cfg.tick_s, "X", event)  # try again later
         elif kind == "crash":
             self.prefill_alive = False
+            deadline = self.cfg.heartbeat_interval_s * (self.cfg.heartbeat_max_failures + 1) + self.cfg.tick_s + 1
+            self.at(self.now + deadline, "X", ("heartbeat-deadline",))
+        elif kind == "heartbeat-deadline":  # R-HB-1: the dead prefill's rooms are Failed by now
+            for room, r in self.decode.rooms.items():
+                if r.status not in (SUCCESS, FAILED):
+                    self.violate(f"decode room {room} still {r.status} after the dead prefill's heartbeat window")
         elif kind == "clear-all":
             self._clear_all()
 
     def _clear_all(self) -> None:
+        faultless = (self.cfg.drop_p == 0 and self.partition == (0.0, 0.0) and self.prefill_alive)
+        for room, r in list(self.decode.rooms.items()):
+            if faultless and r.awaiting_ack:  # ABORT_ACK liveness when no message was lost
+                self.violate(f"decode room {room} never got its ABORT_ACK")
         for room in list(self.decode.rooms):
             if self.decode.status(room) not in (SUCCESS, FAILED):
                 self.violate(f"decode room {room} still {self.decode.status(room)} after every timeout passed")
