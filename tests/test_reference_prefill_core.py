@@ -269,3 +269,9 @@ def test_late_registration_of_a_cleared_generation_is_refused():
     assert core.status(7) == BOOTSTRAPPING  # waits for the new generation's registration
     core.handle(pc.DecodeRegistered(7, D, (1,), 0, generation=1))
     assert core.status(7) == WAITING_FOR_INPUT
+
+
+def test_last_chunk_short_of_the_request_fails_instead_of_succeeding():
+    core = opened(pc.PrefillCore())  # 3 pages announced
+    actions = core.handle(pc.SendChunk(7, (0,), last=True))
+    assert core.status(7) == FAILED and "last chunk ends at page 1 of 3" in actions[0].reason

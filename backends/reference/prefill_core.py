@@ -286,6 +286,8 @@ class PrefillCore:
         if end > len(r.dst_pages) or end > r.num_pages:
             return self._set(e.room, r, FAILED,
                              f"chunk ends at page {end}, past the decode's {len(r.dst_pages)} destination pages")
+        if e.last and end != r.num_pages:
+            return self._set(e.room, r, FAILED, f"last chunk ends at page {end} of {r.num_pages}")
         actions = self._set(e.room, r, TRANSFERRING)
         for decode, d in r.dests.items():
             if e.pages:
