@@ -44,6 +44,7 @@ import zmq
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
+from backends.reference.shared_events import Clear
 from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
 from harness import pattern
 from harness.adapter import BOOTSTRAPPING, FAILED, Layout, Observation, RoleAdapter, RoleRecorder
@@ -425,7 +426,7 @@ class ReferenceRole(RoleAdapter):
         return self._sync(lambda: self.reasons.get(room))
 
     def clear(self, room: int) -> None:
-        event = pc.Clear(room) if self.role == "prefill" else dc.Clear(room)
+        event = Clear(room)
         handler = self._prefill_event if self.role == "prefill" else self._decode_event
 
         def clear() -> None:

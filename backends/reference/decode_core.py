@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from backends.reference.shared_events import Clear, StatusChanged, Tick
 from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
 
 
@@ -62,16 +63,6 @@ class AbortAckReceived:
     generation: int
 
 
-@dataclass(frozen=True)
-class Clear:
-    room: int
-
-
-@dataclass(frozen=True)
-class Tick:
-    now: float
-
-
 DecodeEvent = Union[OpenReceiver, RequestKV, StatusReceived, HeartbeatResult, Abort, AbortAckReceived, Clear, Tick]
 
 
@@ -96,13 +87,6 @@ class SendAbort:
 @dataclass(frozen=True)
 class ProbeHealth:
     prefill: str
-
-
-@dataclass(frozen=True)
-class StatusChanged:
-    room: int
-    status: int
-    reason: str = ""
 
 
 @dataclass(frozen=True)

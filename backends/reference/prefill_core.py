@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+from backends.reference.shared_events import Clear, Log, StatusChanged, Tick
 from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
 
 
@@ -76,16 +77,6 @@ class LocalAbort:
     room: int
 
 
-@dataclass(frozen=True)
-class Clear:
-    room: int
-
-
-@dataclass(frozen=True)
-class Tick:
-    now: float
-
-
 PrefillEvent = Union[OpenSender, DecodeRegistered, InitSender, SendChunk, WriteDone, AbortReceived, LocalAbort,
                      Clear, Tick]
 
@@ -120,19 +111,6 @@ class SendAbortAck:
     room: int
     decode: str
     generation: int
-
-
-@dataclass(frozen=True)
-class StatusChanged:
-    room: int
-    status: int
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Log:
-    level: str
-    message: str
 
 
 PrefillAction = Union[StartWrite, SendStatus, SendAbortAck, StatusChanged, Log]
