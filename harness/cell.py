@@ -53,6 +53,7 @@ class CellDriver:
         self.handles: dict[str, RoleHandle] = {}
         self.clients: dict[str, RoleClient] = {}
         self.bootstrap_addr: dict[str, str] = {}
+        self.control_endpoint: dict[str, str] = {}  # role -> its manager's control socket
         self.engine: str | None = None
         self.base_port = base_port
         self.step_index: int | None = None
@@ -98,12 +99,18 @@ class CellDriver:
             if facts is None:
                 raise CellAborted(f"prefill {name} failed to start: {self._last_error(name)}")
             self.bootstrap_addr[name] = facts["bootstrap_addr"]
+            self._note_control_endpoint(name, facts)
             self.engine = facts.get("engine", self.engine)
         for name in step.decodes:
             facts = self.call(name, "start_decode", deadline_s=60, layout=layout, bootstrap_port=self.base_port)
             if facts is None:
                 raise CellAborted(f"decode {name} failed to start: {self._last_error(name)}")
+            self._note_control_endpoint(name, facts)
             self.engine = facts.get("engine", self.engine)
+
+    def _note_control_endpoint(self, name: str, facts: dict) -> None:
+        if facts.get("rank_port"):
+            self.control_endpoint[name] = f"tcp://127.0.0.1:{facts['rank_port']}"
 
     def _last_error(self, role: str) -> str:
         for event in reversed(self.history.events):
@@ -152,6 +159,34 @@ class CellDriver:
     def _do_VerifyPools(self, step: s.VerifyPools) -> None:
         self.call(step.decode, "verify", kv_moves=[list(m) for m in step.kv_moves],
                   aux_moves=[list(m) for m in step.aux_moves])
+
+    # ---- nemesis (faults are recorded on their own channel: type "nemesis") --------
+    def _signal(self, role: str, signum: int, what: str) -> None:
+        self.handles[role].signal(signum)
+        self.history.record("nemesis", what, role, self.step_index, args={"signal": signal.Signals(signum).name})
+
+    def _do_KillRole(self, step: s.KillRole) -> None:
+        self._signal(step.role, signal.SIGKILL, "kill")
+
+    def _do_FreezeRole(self, step: s.FreezeRole) -> None:
+        self._signal(step.role, signal.SIGSTOP, "freeze")
+
+    def _do_ThawRole(self, step: s.ThawRole) -> None:
+        self._signal(step.role, signal.SIGCONT, "thaw")
+
+    def _do_InjectFrames(self, step: s.InjectFrames) -> None:
+        endpoint = self.control_endpoint.get(step.role)
+        if endpoint is None:
+            raise CellAborted(f"{step.role} published no control socket to inject frames into", unsupported=True)
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 2000)  # every frame is delivered before the socket goes
+        sock.connect(endpoint)
+        for frames in step.frames:
+            sock.send_multipart(list(frames))
+        sock.close()
+        self.history.record("nemesis", "inject", step.role, self.step_index,
+                            args={"endpoint": endpoint, "messages": len(step.frames),
+                                  "sample": [[f[:40].hex() for f in m] for m in step.frames[:5]]})
 
     def _do_Sleep(self, step: s.Sleep) -> None:
         time.sleep(step.seconds)

@@ -4,10 +4,11 @@ The history is the single source of truth for checkers (pure functions of it)
 and for the behaviour diff.  Each event is a dict::
 
     {"seq": 3, "t": 1.234, "step": 2, "op": "poll", "role": "decode",
-     "type": "invoke" | "ok" | "fail" | "info", "args": {...},
+     "type": "invoke" | "ok" | "fail" | "info" | "nemesis", "args": {...},
      "value": ..., "error": "...", "unsupported": False}
 
-``t`` is seconds since the cell started.  ``fail`` means the call raised or
+``t`` is seconds since the cell started.  ``nemesis`` records an injected fault
+(kill, freeze, thaw, inject) on its own channel.  ``fail`` means the call raised or
 timed out (Jepsen's indeterminate completion), never a crash of the run.
 Events are appended to a JSON-lines file as they happen, so a killed cell
 still leaves its history behind.

@@ -90,10 +90,41 @@ class VerifyPools:
 
 
 @dataclass(frozen=True)
+class KillRole:
+    """Nemesis: SIGKILL the role's process (a real death: no cleanup runs)."""
+
+    role: str
+
+
+@dataclass(frozen=True)
+class FreezeRole:
+    """Nemesis: SIGSTOP the role's process (its sockets stay open, nothing answers)."""
+
+    role: str
+
+
+@dataclass(frozen=True)
+class ThawRole:
+    """Nemesis: SIGCONT a frozen role."""
+
+    role: str
+
+
+@dataclass(frozen=True)
+class InjectFrames:
+    """Nemesis: push multipart ``frames`` (each a tuple of bytes) to the role's control
+    socket (the manager's ``rank_port``), as any peer could."""
+
+    role: str
+    frames: tuple[tuple[bytes, ...], ...]
+
+
+@dataclass(frozen=True)
 class Sleep:
     """Wait in the driver (seconds).  Also how tests build a cell that hangs."""
 
     seconds: float
 
 
-Step = StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | Sleep
+Step = (StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | KillRole
+        | FreezeRole | ThawRole | InjectFrames | Sleep)

@@ -92,3 +92,74 @@ register(
         test_only=True,
     )
 )
+
+
+# ---- fault mechanisms, exercised on the reference (tests/test_faults.py) --------------
+
+KILL_ROOM, INJECT_ROOM = 4242, 4343
+
+
+def _kill_steps(seed: int):
+    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.steps import AwaitStatus, KillRole, OpenRoom, RequestKV, StartRoles
+
+    return [StartRoles(ready_timeout_s=60), OpenRoom(KILL_ROOM), RequestKV(KILL_ROOM, (1, 2), 0),
+            AwaitStatus(KILL_ROOM, "prefill", (WAITING_FOR_INPUT,)), KillRole("prefill"),
+            AwaitStatus(KILL_ROOM, "decode", (FAILED, SUCCESS), timeout_s=20)]
+
+
+def _reason_names_the_dead_prefill(events):
+    addr = next(e["args"]["bootstrap_addr"] for e in events if e["op"] == "open_sender")
+    waits = [e for e in events if e["op"] == "await_status" and e["role"] == "decode" and e["type"] == "ok"]
+    reason = (waits[-1]["value"] or {}).get("failure_reason") or "" if waits else ""
+    return addr in reason, f"decode failure reason: {reason!r} (dead prefill {addr})"
+
+
+register(
+    Scenario(
+        id="selftest-kill-detected",
+        title="The prefill process is killed: the decode room fails naming it (fault self-test)",
+        requirements=("R-HB-1",),
+        steps=_kill_steps,
+        checks=lambda seed: [
+            c.Check("decode-failed", "R-HB-1", "MUST", c.reached_status(KILL_ROOM, "decode", 0)),
+            c.Check("reason-names-prefill", "R-HB-1", "MUST", _reason_names_the_dead_prefill),
+        ],
+        timeout_s=90.0,
+        test_only=True,
+    )
+)
+
+
+INJECTED = ((b"BOGUS",), (b"REGISTER", b"1"), (b"ABORT", b"\xff", b"x", b"1"), (b"",))
+
+
+def _inject_steps(seed: int):
+    from scenarios import happy_path
+    from harness.steps import InjectFrames
+
+    steps = happy_path.steps(seed)
+    return [steps[0], InjectFrames("prefill", INJECTED)] + steps[1:]
+
+
+def _injected_frames_were_delivered(events):
+    obs = [e for e in events if e["op"] == "observe" and e["role"] == "prefill" and e["type"] == "ok"]
+    logged = sum("malformed" in r["message"] for r in obs[-1]["value"]["log_records"]) if obs else 0
+    return logged == len(INJECTED), f"{logged} of {len(INJECTED)} injected frames logged as malformed"
+
+
+register(
+    Scenario(
+        id="selftest-inject-frames",
+        title="Malformed frames are injected into the prefill's control socket before a room (fault self-test)",
+        requirements=("R-LIVE-1",),
+        steps=_inject_steps,
+        checks=lambda seed: [
+            c.Check("delivered", "R-LIVE-1", "MUST", _injected_frames_were_delivered),
+            c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+            c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        ],
+        timeout_s=90.0,
+        test_only=True,
+    )
+)

@@ -1,0 +1,17 @@
+"""Fault mechanisms, on the reference: a kill is detected, injected frames are delivered."""
+
+from harness.runner import run_cell_isolated
+from harness.scenario import get_scenario
+
+
+def test_killed_prefill_is_detected_by_the_decode(tmp_path):
+    cell = run_cell_isolated("reference", get_scenario("selftest-kill-detected"), seed=0, workdir=tmp_path)
+    assert cell.verdict == "PASS", (cell.reason, cell.checks)
+    history = (tmp_path / "history.jsonl").read_text()
+    assert '"type": "nemesis"' in history and '"SIGKILL"' in history
+
+
+def test_injected_frames_reach_the_control_socket(tmp_path):
+    cell = run_cell_isolated("reference", get_scenario("selftest-inject-frames"), seed=0, workdir=tmp_path)
+    assert cell.verdict == "PASS", (cell.reason, cell.checks)
+    assert cell.bytes_verified > 0
