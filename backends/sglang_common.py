@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from harness import gpu_import_shims, pattern, role_context
 from harness.pools import pattern_pools
-from harness.adapter import Layout, Observation, RoleAdapter, RoleRecorder
+from harness.adapter import Layout, RoleAdapter, RoleRecorder
 
 
 def wait_for_tcp_port(host: str, port: int, timeout_s: float) -> None:
@@ -273,7 +273,5 @@ class SglangCommonRole(RoleAdapter):
         self._room_object(room).abort()
 
     def observe(self) -> dict:
-        logs, dead = self.recorder.snapshot()
-        loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(self._threads)}
         rooms = room_residue(self.manager, self.rooms_seen) if self.manager is not None else {}
-        return Observation(role=self.role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms).to_dict()
+        return self.recorder.observation(self.role, self._threads, rooms)

@@ -229,3 +229,11 @@ class RoleRecorder:
     def snapshot(self) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
         with self._lock:
             return list(self.log_records), list(self.dead_threads)
+
+    def observation(self, role: str, threads: list[threading.Thread],
+                    rooms: dict[int, list[str]] | None = None) -> dict:
+        """The :class:`Observation` an adapter's ``observe`` returns: its ``threads``
+        by name and liveness, the recorded logs and dead threads, and ``rooms``."""
+        logs, dead = self.snapshot()
+        loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(threads)}
+        return Observation(role=role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms or {}).to_dict()

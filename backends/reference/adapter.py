@@ -47,7 +47,7 @@ from backends.reference import prefill_core as pc
 from backends.reference.shared_events import Clear
 from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
 from harness import pattern
-from harness.adapter import BOOTSTRAPPING, FAILED, Layout, Observation, RoleAdapter, RoleRecorder
+from harness.adapter import BOOTSTRAPPING, FAILED, Layout, RoleAdapter, RoleRecorder
 from harness.pools import pattern_pools
 
 log = logging.getLogger("pdconform.reference")
@@ -445,8 +445,6 @@ class ReferenceRole(RoleAdapter):
         self._sync(lambda: handler(event))
 
     def observe(self) -> dict:
-        logs, dead = self.recorder.snapshot()
-        loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(self.threads)}
         core = self.prefill or self.decode
         residue = self._sync(core.residue) if core else {}
         rooms: dict[int, list[str]] = {}
@@ -454,7 +452,7 @@ class ReferenceRole(RoleAdapter):
             for room in held:
                 if isinstance(room, int):
                     rooms.setdefault(room, []).append(attr)
-        return Observation(role=self.role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms).to_dict()
+        return self.recorder.observation(self.role, self.threads, rooms)
 
     def teardown(self) -> None:
         if self.http is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from harness.adapter import SUCCESS, WAITING_FOR_INPUT, Observation, RoleAdapter, RoleRecorder
+from harness.adapter import SUCCESS, WAITING_FOR_INPUT, RoleAdapter, RoleRecorder
 
 HANG_ROOM = 1001
 DIE_ROOM = 1002
@@ -73,5 +73,4 @@ class SelftestRole(RoleAdapter):
         pass
 
     def observe(self) -> dict:
-        logs, dead = self.recorder.snapshot()
-        return Observation(role=self.role, log_records=logs, dead_threads=dead).to_dict()
+        return self.recorder.observation(self.role, [])

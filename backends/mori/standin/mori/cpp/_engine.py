@@ -28,7 +28,6 @@ import ctypes
 import dataclasses
 import itertools
 import json
-import operator
 import os
 import queue
 import socket
