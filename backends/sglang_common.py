@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from harness import gpu_import_shims, pattern, role_context
+from harness.adapter import Layout, RoleAdapter, RoleRecorder, Unsupported
+from harness.faults import EngineFaultCounter, EngineFaultPlan
 from harness.pools import pattern_pools
-from harness.adapter import Layout, RoleAdapter, RoleRecorder
 
 
 def wait_for_tcp_port(host: str, port: int, timeout_s: float) -> None:
@@ -95,7 +96,24 @@ class SglangCommonRole(RoleAdapter):
     sender_class: ClassVar[str]
     receiver_class: ClassVar[str]
     bootstrap_class: ClassVar[str]
+    #: the manager methods that start the prefill's and the decode's control thread
+    prefill_control_method: ClassVar[str]
+    decode_control_method: ClassVar[str]
     host: ClassVar[str] = role_context.LOOPBACK
+    WORKER_POINT = "worker-take-chunk"
+
+    @classmethod
+    def points_for(cls) -> dict[str, str]:
+        """The interleaving points every Common-based backend offers, named after the
+        sglang code they wrap."""
+        return {
+            "prefill-control-started": f"{cls.manager_class}.{cls.prefill_control_method}() has returned: "
+                                       "the prefill constructor, right after its control thread started",
+            "decode-control-started": f"{cls.manager_class}.{cls.decode_control_method}() has returned: "
+                                      "the decode constructor, right after its control thread started",
+            cls.WORKER_POINT: "transfer worker: FastQueue.get() (common/utils.py) has handed it a chunk "
+                              "it has not looked at yet",
+        }
 
     def __init__(self, role: str, recorder: RoleRecorder):
         self.role = role
@@ -111,6 +129,8 @@ class SglangCommonRole(RoleAdapter):
         self.receivers: dict[int, Any] = {}
         self.rooms_seen: list[int] = []
         self._threads: list[threading.Thread] = []
+        self._fault_counter: EngineFaultCounter | None = None
+        self.POINTS = self.points_for()
 
     # ---- hooks -----------------------------------------------------------
     def prepare_imports(self) -> None:
@@ -172,6 +192,7 @@ class SglangCommonRole(RoleAdapter):
             )
         )
         before = set(threading.enumerate())
+        self._install_point_hooks()
         self.init_engine()
         facts: dict[str, Any] = {"mode": mode}
         if mode == "prefill":
@@ -188,6 +209,55 @@ class SglangCommonRole(RoleAdapter):
         facts["rank_port"] = getattr(self.manager, "rank_port", None)
         facts["engine"] = self.engine()
         return facts
+
+    def _install_point_hooks(self) -> None:
+        """Wrap the sglang methods behind :attr:`POINTS` (in this role process only).
+        An unarmed point costs one lock round trip per call."""
+        from sglang.srt.disaggregation.common.utils import FastQueue
+
+        points, host = self.points, self.host
+        manager_cls = getattr(self.conn, self.manager_class)
+        for point, name in (("prefill-control-started", self.prefill_control_method),
+                            ("decode-control-started", self.decode_control_method)):
+            original = getattr(manager_cls, name)
+            if getattr(original, "__pdconform_point__", False):
+                continue
+
+            def started(mgr, *args, _original=original, _point=point, _name=name, **kwargs):
+                result = _original(mgr, *args, **kwargs)
+                points.hit(_point, endpoint=f"tcp://{host}:{mgr.rank_port}", method=_name)
+                return result
+
+            started.__pdconform_point__ = True
+            setattr(manager_cls, name, started)
+        if not getattr(FastQueue.get, "__pdconform_point__", False):
+            original_get = FastQueue.get
+
+            def get(queue):
+                item = original_get(queue)
+                room = getattr(item, "room", None)
+                if room is not None:
+                    points.hit(self.WORKER_POINT, room=room)
+                return item
+
+            get.__pdconform_point__ = True
+            FastQueue.get = get
+
+    def set_engine_faults(self, **plan) -> dict:
+        """Wrap this manager's engine so it injects ``plan`` (an :class:`EngineFaultPlan`'s
+        fields); the wrapper passes everything else through to the real engine."""
+        if self.manager is None:
+            raise RuntimeError("start the manager before setting engine faults")
+        self._fault_counter = EngineFaultCounter(EngineFaultPlan(**plan))
+        self.wrap_engine(self._fault_counter)
+        return self._fault_counter.plan.to_dict()
+
+    def wrap_engine(self, counter: EngineFaultCounter) -> None:
+        """Put a fault-injecting wrapper around the manager's engine (per backend)."""
+        raise Unsupported(f"{self.impl} has no engine fault wrapper")
+
+    def fault_log(self) -> list[dict]:
+        return self._fault_counter.snapshot() if self._fault_counter else []
 
     def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
         return self._start("prefill", layout, bootstrap_port)

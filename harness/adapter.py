@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from harness.faults import Points
+
 # KVPoll values (sglang.srt.disaggregation.base.conn.KVPoll), spelled out so
 # that the driver side never imports sglang.
 FAILED, BOOTSTRAPPING, WAITING_FOR_INPUT, TRANSFERRING, SUCCESS = 0, 1, 2, 3, 4
@@ -171,6 +173,41 @@ class RoleAdapter(ABC):
     @abstractmethod
     def observe(self) -> dict:
         """:class:`Observation` as a dict."""
+
+    # ---- fault injection (harness.faults) --------------------------------
+    #: interleaving points this adapter can reach: name -> the code it wraps
+    POINTS: ClassVar[dict[str, str]] = {}
+
+    @property
+    def points(self) -> Points:
+        if "_points" not in self.__dict__:
+            self.__dict__["_points"] = Points(self.POINTS)
+        return self.__dict__["_points"]
+
+    def arm_point(self, point: str, action: str, frames: list | None = None, hold_s: float = 20.0) -> None:
+        """Arm an interleaving point for its next hit (:meth:`harness.faults.Points.arm`).
+        Unsupported when this adapter cannot reach ``point``."""
+        if point not in self.POINTS:
+            reachable = ", ".join(sorted(self.POINTS)) or "none"
+            raise Unsupported(f"{self.impl} cannot reach interleaving point {point!r} (reachable: {reachable})")
+        self.points.arm(point, action, frames, hold_s)
+
+    def point_hits(self) -> dict:
+        """Points a thread is paused at now and every finished hit."""
+        return self.points.hits()
+
+    def release_point(self, point: str) -> bool:
+        """Let the thread paused at ``point`` continue; False when none waits there."""
+        return self.points.release(point)
+
+    def set_engine_faults(self, **plan) -> dict:
+        """Install an :class:`harness.faults.EngineFaultPlan` on this role's transfer
+        engine; returns what was installed.  Unsupported by default."""
+        raise Unsupported(f"{self.impl} has no engine fault injection")
+
+    def fault_log(self) -> list[dict]:
+        """Every engine fault injected so far (``transfer``, ``fault``, ``what``)."""
+        return []
 
 
 class RoleRecorder:

@@ -92,6 +92,8 @@ class CellDriver:
                 raise CellAborted(f"role {name} did not start: {exc}") from exc
             self.history.record("ok", "launch", name, self.step_index, args={}, value={"endpoint": endpoint})
             self.clients[name] = RoleClient(self.ctx, name, endpoint, handle=self.handles[name])
+        for arm in step.arm:
+            self._do_ArmPoint(arm)
         layout = step.layout.to_dict()
         for i, name in enumerate(step.prefills):
             port = self.base_port + i
@@ -191,6 +193,70 @@ class CellDriver:
     def _do_Sleep(self, step: s.Sleep) -> None:
         time.sleep(step.seconds)
 
+    def _do_Clear(self, step: s.Clear) -> None:
+        self.call(step.role, "clear", room=step.room)
+
+    def _do_Abort(self, step: s.Abort) -> None:
+        self.call(step.role, "abort", room=step.room)
+
+    def _nemesis_call(self, role: str, op: str, what: str, **kwargs: Any) -> Any:
+        """A fault-injection call: recorded on the nemesis channel; an unsupported
+        one ends the cell UNSUPPORTED, any other failure a run error."""
+        try:
+            value = self.clients[role].call(op, CALL_TIMEOUT_S, **kwargs)
+        except RoleError as exc:
+            self.history.record("fail", what, role, self.step_index, args=kwargs, error=str(exc),
+                                unsupported=exc.unsupported)
+            raise CellAborted(f"{role}.{op}: {exc}", unsupported=exc.unsupported) from exc
+        self.history.record("nemesis", what, role, self.step_index, args=kwargs, value=value)
+        return value
+
+    def _do_ArmPoint(self, step: s.ArmPoint) -> None:
+        frames = [list(m) for m in step.frames]
+        self._nemesis_call(step.role, "arm_point", "arm-point", point=step.point, action=step.action,
+                           frames=frames, hold_s=step.hold_s)
+
+    def _do_AwaitPoint(self, step: s.AwaitPoint) -> None:
+        args = {"point": step.point, "timeout_s": step.timeout_s}
+        start = time.monotonic()
+        while True:
+            try:
+                hits = self.clients[step.role].call("point_hits", CALL_TIMEOUT_S)
+            except RoleError as exc:
+                self.history.record("fail", "await_point", step.role, self.step_index, args=args, error=str(exc))
+                return
+            reached = step.point in hits["paused"] or any(h["point"] == step.point for h in hits["log"])
+            if reached or time.monotonic() - start > step.timeout_s:
+                break
+            time.sleep(POLL_INTERVAL_S)
+        value = {"reached": reached, "waited_s": round(time.monotonic() - start, 3)}
+        if reached:
+            self.history.record("ok", "await_point", step.role, self.step_index, args=args, value=value)
+        else:
+            self.history.record("fail", "await_point", step.role, self.step_index, args=args,
+                                error=f"no thread reached {step.point} within {step.timeout_s} s")
+
+    def _do_ReleasePoint(self, step: s.ReleasePoint) -> None:
+        self._nemesis_call(step.role, "release_point", "release-point", point=step.point)
+
+    def _do_EngineFaults(self, step: s.EngineFaults) -> None:
+        self._nemesis_call(step.role, "set_engine_faults", "engine-faults", fail_nth=step.fail_nth,
+                           delay_s=step.delay_s, never_complete=step.never_complete, fail_group=step.fail_group)
+
+    def record_injected(self) -> None:
+        """Copy every fault that fired inside the roles (engine faults, point hits)
+        into the history as nemesis events."""
+        for name, client in self.clients.items():
+            if not self.handles[name].alive() or client.broken:
+                continue
+            for op, what in (("fault_log", "engine-fault"), ("point_hits", "point-hit")):
+                try:
+                    value = client.call(op, 10)
+                except RoleError:
+                    continue
+                for record in (value["log"] if op == "point_hits" else value):
+                    self.history.record("nemesis", what, name, None, args={}, value=record)
+
     # ---- end of cell -------------------------------------------------------
     def observe_all(self) -> None:
         """Observe every launched role; a role that cannot be observed gets a ``fail``
@@ -227,6 +293,7 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
     try:
         driver.run(scenario.steps(seed))
         driver.observe_all()
+        driver.record_injected()
     except CellAborted as exc:
         if exc.unsupported:
             unsupported = str(exc)

@@ -14,18 +14,68 @@ from harness.adapter import Layout
 
 
 @dataclass(frozen=True)
+class ArmPoint:
+    """Nemesis: arm interleaving ``point`` in ``role`` (see :mod:`harness.faults`).
+
+    ``action`` ``"pause"`` holds the thread that reaches the point until
+    :class:`ReleasePoint` (at most ``hold_s`` seconds); ``"inject"`` pushes ``frames``
+    into the role's own control socket there and holds the thread ``hold_s``
+    seconds.  A point the adapter cannot reach makes the cell UNSUPPORTED.
+    """
+
+    role: str
+    point: str
+    action: str = "pause"
+    frames: tuple[tuple[bytes, ...], ...] = ()
+    hold_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class AwaitPoint:
+    """Wait until a thread of ``role`` is paused at ``point`` (or ``timeout_s`` passes)."""
+
+    role: str
+    point: str
+    timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class ReleasePoint:
+    """Let the thread paused at ``point`` in ``role`` go on."""
+
+    role: str
+    point: str
+
+
+@dataclass(frozen=True)
+class EngineFaults:
+    """Nemesis: from now on ``role``'s transfer engine fails its ``fail_nth`` transfer,
+    delays each by ``delay_s`` seconds, never completes any (``never_complete``), or
+    fails every transfer of its ``fail_group``-th batch (:class:`harness.faults.EngineFaultPlan`)."""
+
+    role: str
+    fail_nth: int | None = None
+    delay_s: float = 0.0
+    never_complete: bool = False
+    fail_group: int | None = None
+
+
+@dataclass(frozen=True)
 class StartRoles:
     """Launch one process per role (concurrently), then start each role's manager.
 
     ``prefills`` get a bootstrap server each; ``decodes`` a decode manager.
     Every role uses ``layout``.  Seconds: ``ready_timeout_s`` for a process to
-    import sglang and serve commands.
+    import sglang and serve commands.  ``arm``: interleaving points armed in a
+    role after its process is up and before its manager starts (for points in
+    the manager's constructor).
     """
 
     prefills: tuple[str, ...] = ("prefill",)
     decodes: tuple[str, ...] = ("decode",)
     layout: Layout = field(default_factory=Layout)
     ready_timeout_s: float = 90.0
+    arm: tuple[ArmPoint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,5 +176,22 @@ class Sleep:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Clear:
+    """Clear ``room`` on ``role`` (the scheduler releasing the request)."""
+
+    room: int
+    role: str
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Abort ``room`` on ``role`` (the scheduler's AbortReq)."""
+
+    room: int
+    role: str
+
+
 Step = (StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | KillRole
-        | FreezeRole | ThawRole | InjectFrames | Sleep)
+        | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
+        | Clear | Abort)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from harness import checks as c
 from harness.scenario import Scenario, register
-from harness.steps import Sleep, VerifyPools
+from harness.steps import ArmPoint, Sleep, VerifyPools
 
 register(
     Scenario(
@@ -158,6 +158,111 @@ register(
             c.Check("delivered", "R-LIVE-1", "MUST", _injected_frames_were_delivered),
             c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
             c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        ],
+        timeout_s=90.0,
+        test_only=True,
+    )
+)
+
+
+def _happy_parts(seed: int):
+    from scenarios import happy_path
+
+    return happy_path, happy_path._plan(seed)
+
+
+def _point_steps(seed: int):
+    """happy-path with the prefill's transfer worker paused on the first chunk: the
+    room cannot finish while it waits, and finishes once it is released."""
+    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.steps import (AwaitPoint, AwaitStatus, InitSender, OpenRoom, ReleasePoint, RequestKV,
+                               SendChunk, StartRoles, VerifyPools)
+
+    hp, (room, src, dst, aux_src, aux_dst, chunks) = _happy_parts(seed)
+    arm = ArmPoint("prefill", "worker-take-chunk", action="pause", hold_s=30.0)
+    return [
+        StartRoles(layout=hp.LAYOUT, arm=(arm,)),
+        OpenRoom(room), RequestKV(room, tuple(dst), aux_dst),
+        AwaitStatus(room, "prefill", (WAITING_FOR_INPUT, FAILED)),
+        InitSender(room, hp.NUM_PAGES, aux_src),
+        *[SendChunk(room, tuple(chunk)) for chunk in chunks],
+        AwaitPoint("prefill", "worker-take-chunk"),
+        AwaitStatus(room, "decode", (SUCCESS, FAILED), timeout_s=1.0),  # must not be reached: paused
+        ReleasePoint("prefill", "worker-take-chunk"),
+        AwaitStatus(room, "prefill", (SUCCESS, FAILED)),
+        AwaitStatus(room, "decode", (SUCCESS, FAILED)),
+        VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),)),
+    ]
+
+
+def _paused_then_released(events):
+    room = _happy_parts(0)[1][0]
+    waits = [e for e in events if e["op"] == "await_status" and e["role"] == "decode" and e["type"] == "ok"
+             and e["args"]["room"] == room]
+    hits = [e["value"] for e in events if e["type"] == "nemesis" and e["op"] == "point-hit"]
+    if len(waits) < 2 or not hits:
+        return False, f"{len(waits)} decode polls, {len(hits)} point hits recorded"
+    held, done = waits[0]["value"]["status_name"], waits[-1]["value"]["status_name"]
+    ok = held != "Success" and done == "Success" and hits[0]["released"] is True
+    return ok, f"while paused the decode saw {held}; after release {done}; hit {hits[0]}"
+
+
+register(
+    Scenario(
+        id="selftest-point-pause",
+        title="The prefill transfer worker pauses at worker-take-chunk and resumes (fault self-test)",
+        requirements=("R-XFER-1",),
+        steps=_point_steps,
+        checks=lambda seed: [
+            c.Check("paused-then-released", "R-XFER-1", "MUST", _paused_then_released),
+            c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        ],
+        timeout_s=90.0,
+        test_only=True,
+    )
+)
+
+FAIL_NTH = 2
+
+
+def _engine_fault_steps(seed: int):
+    """happy-path whose second transfer (the second chunk's KV write) fails in the engine."""
+    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles
+
+    hp, (room, src, dst, aux_src, aux_dst, chunks) = _happy_parts(seed)
+    first = len(chunks[0])
+    return [
+        StartRoles(layout=hp.LAYOUT),
+        OpenRoom(room), RequestKV(room, tuple(dst), aux_dst),
+        AwaitStatus(room, "prefill", (WAITING_FOR_INPUT, FAILED)),
+        EngineFaults("prefill", fail_nth=FAIL_NTH),
+        InitSender(room, hp.NUM_PAGES, aux_src),
+        SendChunk(room, tuple(chunks[0])),
+        Sleep(0.5),  # the first chunk's write is the first transfer
+        SendChunk(room, tuple(chunks[1])),
+        AwaitStatus(room, "prefill", (SUCCESS, FAILED)),
+        Sleep(0.5),
+        VerifyPools(tuple(zip(src[:first], dst[:first])), ((aux_src, aux_dst),)),
+    ]
+
+
+def _exactly_the_nth_failed(events):
+    faults = [e["value"] for e in events if e["type"] == "nemesis" and e["op"] == "engine-fault"]
+    failed = [f["transfer"] for f in faults if f["fault"] == "fail"]
+    return failed == [FAIL_NTH], f"injected engine faults: {faults}"
+
+
+register(
+    Scenario(
+        id="selftest-engine-fault",
+        title="The engine fails exactly the 2nd transfer: the room fails, the 1st chunk and aux landed (fault self-test)",
+        requirements=("R-XFER-1",),
+        steps=_engine_fault_steps,
+        checks=lambda seed: [
+            c.Check("only-nth-failed", "R-XFER-1", "MUST", _exactly_the_nth_failed),
+            c.Check("prefill-failed", "R-XFER-1", "MUST", c.reached_status(_happy_parts(seed)[1][0], "prefill", 0)),
+            c.Check("other-transfers-landed", "R-LAYOUT-1", "MUST", c.pools_exact()),
         ],
         timeout_s=90.0,
         test_only=True,

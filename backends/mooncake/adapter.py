@@ -9,7 +9,41 @@ parallelism); this adapter creates it for loopback with the TCP protocol
 
 from __future__ import annotations
 
+import threading
+
 from backends.sglang_common import SglangCommonRole
+from harness.faults import FAIL, NEVER, NEVER_BLOCK_S, EngineFaultCounter
+
+
+class FaultyMooncakeEngine:
+    """Pass-through wrapper around sglang's ``MooncakeTransferEngine``
+    (``distributed/device_communicators/mooncake_transfer_engine.py``) that injects
+    engine faults into ``batch_transfer_sync``, the call every KV, aux and state
+    write of ``MooncakeKVManager`` goes through.
+
+    One call is one transfer and one group (Mooncake reports one result per batch):
+    a failed call returns -1 like a real failed batch and moves no bytes; a call that
+    never completes blocks its worker (bounded by ``NEVER_BLOCK_S``) and returns -1.
+    """
+
+    def __init__(self, real, counter: EngineFaultCounter):
+        self._real = real
+        self._counter = counter
+        self._never = threading.Event()
+
+    def batch_transfer_sync(self, session_id, buffers, peer_buffer_addresses, lengths) -> int:
+        group_fails = self._counter.next_group()
+        what = f"batch_transfer_sync of {len(buffers)} block(s), {sum(lengths)} bytes, to {session_id}"
+        verdict = self._counter.next_transfer(what, group_fails)
+        if verdict == FAIL:
+            return -1
+        if verdict == NEVER:
+            self._never.wait(NEVER_BLOCK_S)
+            return -1
+        return self._real.batch_transfer_sync(session_id, buffers, peer_buffer_addresses, lengths)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
 
 
 class MooncakeRole(SglangCommonRole):
@@ -20,6 +54,8 @@ class MooncakeRole(SglangCommonRole):
     sender_class = "MooncakeKVSender"
     receiver_class = "MooncakeKVReceiver"
     bootstrap_class = "MooncakeKVBootstrapServer"
+    prefill_control_method = "start_prefill_thread"
+    decode_control_method = "start_decode_thread"
 
     def engine(self) -> str:
         return "real"
@@ -30,3 +66,6 @@ class MooncakeRole(SglangCommonRole):
         )
 
         init_mooncake_transfer_engine(hostname=self.host, gpu_id=None, ib_device=None)
+
+    def wrap_engine(self, counter: EngineFaultCounter) -> None:
+        self.manager.engine = FaultyMooncakeEngine(self.manager.engine, counter)

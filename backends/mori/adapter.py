@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from backends.sglang_common import SglangCommonRole
+from harness.adapter import Unsupported
+from harness.faults import EngineFaultPlan
 
 STANDIN_PATH = Path(__file__).resolve().parent / "standin"
 
@@ -38,6 +40,8 @@ class MoriRole(SglangCommonRole):
     sender_class = "MoriKVSender"
     receiver_class = "MoriKVReceiver"
     bootstrap_class = "MoriKVBootstrapServer"
+    prefill_control_method = "_start_bootstrap_thread"
+    decode_control_method = "_start_decode_thread"
 
     def prepare_imports(self) -> None:
         self.real_error = real_mori_error()
@@ -48,3 +52,20 @@ class MoriRole(SglangCommonRole):
         import mori
 
         return "standin" if getattr(mori, "__pdconform_standin__", False) else "real"
+
+    def set_engine_faults(self, **plan) -> dict:
+        """The stand-in engine's own fault knobs (``mori.io.set_standin_faults``); the
+        real amd-mori has none, so on ROCm this is Unsupported."""
+        import mori.io
+
+        if not hasattr(mori.io, "set_standin_faults"):
+            raise Unsupported("real amd-mori runs here and has no fault injection")
+        checked = EngineFaultPlan(**plan)
+        mori.io.set_standin_faults(fail_nth_transfer=checked.fail_nth, delay_s=float(checked.delay_s),
+                                   never_complete=checked.never_complete, fail_group=checked.fail_group)
+        return checked.to_dict()
+
+    def fault_log(self) -> list[dict]:
+        import mori.io
+
+        return list(mori.io.standin_fault_log()) if hasattr(mori.io, "standin_fault_log") else []

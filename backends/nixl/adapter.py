@@ -10,7 +10,47 @@ from __future__ import annotations
 
 from typing import Any
 
+import threading
+
 from backends.sglang_common import SglangCommonRole
+from harness.faults import FAIL, NEVER, EngineFaultCounter
+
+
+class FaultyNixlAgent:
+    """Pass-through wrapper around the manager's ``nixl_agent`` that injects engine
+    faults into ``transfer(handle)`` (``NixlKVManager`` posts every write with it and
+    then polls ``check_xfer_state``).
+
+    A failed transfer is not posted and reports ``"ERR"``; one that never completes
+    is not posted and reports ``"PROC"`` on every later ``check_xfer_state``.  One
+    ``transfer`` call is one transfer and one group.
+    """
+
+    def __init__(self, real, counter: EngineFaultCounter):
+        self._real = real
+        self._counter = counter
+        self._lock = threading.Lock()
+        self._never: set[int] = set()
+
+    def transfer(self, handle, *args, **kwargs):
+        group_fails = self._counter.next_group()
+        verdict = self._counter.next_transfer(f"transfer of handle {handle}", group_fails)
+        if verdict == FAIL:
+            return "ERR"
+        if verdict == NEVER:
+            with self._lock:
+                self._never.add(id(handle))
+            return "PROC"
+        return self._real.transfer(handle, *args, **kwargs)
+
+    def check_xfer_state(self, handle, *args, **kwargs):
+        with self._lock:
+            if id(handle) in self._never:
+                return "PROC"
+        return self._real.check_xfer_state(handle, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
 
 
 class NixlRole(SglangCommonRole):
@@ -21,9 +61,14 @@ class NixlRole(SglangCommonRole):
     sender_class = "NixlKVSender"
     receiver_class = "NixlKVReceiver"
     bootstrap_class = "NixlKVBootstrapServer"
+    prefill_control_method = "_start_bootstrap_thread"
+    decode_control_method = "_start_decode_listener_thread"
 
     def engine(self) -> str:
         return "real"
 
     def fill_backend_kv_args(self, kv_args: Any) -> None:
         kv_args.kv_data_mem_kinds = ["DRAM"] * len(kv_args.kv_data_ptrs)
+
+    def wrap_engine(self, counter: EngineFaultCounter) -> None:
+        self.manager.agent = FaultyNixlAgent(self.manager.agent, counter)

@@ -48,6 +48,7 @@ from backends.reference.shared_events import Clear
 from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
 from harness import pattern
 from harness.adapter import BOOTSTRAPPING, FAILED, Layout, RoleAdapter, RoleRecorder
+from harness.faults import FAIL, EngineFaultCounter, EngineFaultPlan
 from harness.pools import pattern_pools
 
 log = logging.getLogger("pdconform.reference")
@@ -161,9 +162,22 @@ class _Side:
 
 
 class ReferenceRole(RoleAdapter):
-    """The reference implementation's role adapter (engine: ``reference``)."""
+    """The reference implementation's role adapter (engine: ``reference``).
+
+    Chunks go through a transfer worker thread (``reference-prefill-transfer``)
+    before they reach the core, as the backends' chunks go through their transfer
+    queues; the worker is where the ``worker-take-chunk`` point pauses.  The
+    reference's "engine" is its WRITE frames: each KV or aux write is one transfer
+    for :meth:`set_engine_faults`.
+    """
 
     impl = "reference"
+    POINTS = {
+        "prefill-control-started": "ReferenceRole.start_prefill: the prefill control thread has just started",
+        "decode-control-started": "ReferenceRole.start_decode: the decode control thread has just started",
+        "worker-take-chunk": "the prefill transfer worker has taken a chunk from its queue and not yet handed it "
+                             "to the core",
+    }
 
     def __init__(self, role: str, recorder: RoleRecorder):
         self.role = role
@@ -181,6 +195,9 @@ class ReferenceRole(RoleAdapter):
         self.decode: dc.DecodeCore | None = None
         self.peer: dict[int, str] = {}  # decode: room -> prefill control endpoint
         self.plans: dict[int, Plan] = {}
+        self.chunks: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.fault_counter: EngineFaultCounter | None = None
 
     def engine(self) -> str:
         return "reference"
@@ -231,8 +248,11 @@ class ReferenceRole(RoleAdapter):
         self.http = ThreadingHTTPServer((HOST, bootstrap_port), Handler)
         http_thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
         http_thread.start()
+        worker = threading.Thread(target=self._transfer_worker, name="reference-prefill-transfer", daemon=True)
+        worker.start()
         self.side.thread.start()
-        self.threads = [self.side.thread, http_thread]
+        self.points.hit("prefill-control-started", endpoint=self.side.endpoint)
+        self.threads = [self.side.thread, http_thread, worker]
         return {"mode": "prefill", "bootstrap_addr": f"{HOST}:{bootstrap_port}", "engine": self.engine(),
                 "rank_port": self.side.port}
 
@@ -251,7 +271,47 @@ class ReferenceRole(RoleAdapter):
             elif isinstance(action, pc.Log):
                 getattr(log, action.level if action.level != "debug" else "debug")(action.message)
 
+    def _transfer_worker(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                room, pages = self.chunks.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self.points.hit("worker-take-chunk", room=room)
+            self.side.inbox.put(lambda room=room, pages=pages: self._send_chunk_now(room, pages))
+
+    def _send_chunk_now(self, room: int, pages: list[int]) -> None:
+        r = self.prefill.rooms.get(room)
+        last = r is not None and r.num_pages is not None and r.sent + len(pages) >= r.num_pages
+        self._prefill_event(pc.SendChunk(room, tuple(pages), last))
+
+    def set_engine_faults(self, **plan) -> dict:
+        """Faults on the reference's writes (each KV or aux WRITE is one transfer and
+        one group): a failed write is not sent and completes with ok=0; a delayed one
+        is sent ``delay_s`` later; one that never completes is never sent."""
+        self.fault_counter = EngineFaultCounter(EngineFaultPlan(**plan))
+        return self.fault_counter.plan.to_dict()
+
+    def fault_log(self) -> list[dict]:
+        return self.fault_counter.snapshot() if self.fault_counter else []
+
     def _start_write(self, w: pc.StartWrite) -> None:
+        if self.fault_counter is None:
+            self._send_write(w)
+            return
+        counter = self.fault_counter
+        what = f"{'aux' if w.aux else 'KV'} write {w.write_id} of room {w.room}"
+        nth = counter.transfers + 1
+        verdict = counter.next_transfer(what, counter.next_group(), sleep=False)  # numbered in issue order
+        if verdict == FAIL:
+            done = pc.WriteDone(w.room, w.write_id, False, f"engine fault injected on transfer {nth}")
+            self.side.inbox.put(lambda: self._prefill_event(done))
+        elif verdict is None and counter.plan.delay_s:
+            threading.Timer(counter.plan.delay_s, lambda: self.side.inbox.put(lambda: self._send_write(w))).start()
+        elif verdict is None:
+            self._send_write(w)
+
+    def _send_write(self, w: pc.StartWrite) -> None:
         generation = w.generation
         if w.aux:
             payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind == pattern.AUX)
@@ -280,12 +340,7 @@ class ReferenceRole(RoleAdapter):
         self.side.inbox.put(lambda: self._prefill_event(pc.InitSender(room, num_pages, aux_slot)))
 
     def send_chunk(self, room: int, pages: list[int]) -> None:
-        def send() -> None:
-            r = self.prefill.rooms.get(room)
-            last = r is not None and r.num_pages is not None and r.sent + len(pages) >= r.num_pages
-            self._prefill_event(pc.SendChunk(room, tuple(pages), last))
-
-        self.side.inbox.put(send)
+        self.chunks.put((room, list(pages)))
 
     # ---- decode ------------------------------------------------------------------
     def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
@@ -297,6 +352,7 @@ class ReferenceRole(RoleAdapter):
         probe_thread = threading.Thread(target=self._probe_loop, name="reference-heartbeat", daemon=True)
         probe_thread.start()
         self.side.thread.start()
+        self.points.hit("decode-control-started", endpoint=self.side.endpoint)
         self.threads = [self.side.thread, probe_thread]
         return {"mode": "decode", "engine": self.engine(), "rank_port": self.side.port}
 
@@ -455,6 +511,7 @@ class ReferenceRole(RoleAdapter):
         return self.recorder.observation(self.role, self.threads, rooms)
 
     def teardown(self) -> None:
+        self.stopping.set()
         if self.http is not None:
             self.http.shutdown()
         if self.side is not None:

@@ -53,6 +53,7 @@ _lock = threading.Lock()
 _active = StandinFaults()
 _transfers = 0
 _groups = 0
+_log: list = []
 
 
 def set_standin_faults(faults: Optional[StandinFaults] = None, **fields) -> StandinFaults:
@@ -76,7 +77,16 @@ def set_standin_faults(faults: Optional[StandinFaults] = None, **fields) -> Stan
         raise TypeError(f"set_standin_faults: expected StandinFaults, got {type(faults).__name__}")
     with _lock:
         _active, _transfers, _groups = faults, 0, 0
+        _log.clear()
     return faults
+
+
+def standin_fault_log() -> list:
+    """Every fault injected since the last ``set_standin_faults``: dicts with
+    ``transfer`` (1-based count), ``fault`` (fail, never-complete, delay) and
+    ``what``.  STAND-IN ONLY."""
+    with _lock:
+        return list(_log)
 
 
 def get_standin_faults() -> StandinFaults:
@@ -98,8 +108,11 @@ def next_transfer(faults: StandinFaults, group_fails: bool) -> Optional[str]:
     with _lock:
         _transfers += 1
         nth = _transfers
-    if group_fails or faults.fail_nth_transfer == nth:
-        return FAIL
-    if faults.never_complete:
-        return NEVER
-    return None
+    verdict = FAIL if group_fails or faults.fail_nth_transfer == nth else NEVER if faults.never_complete else None
+    with _lock:
+        if faults.delay_s:
+            _log.append({"transfer": nth, "fault": "delay", "what": "stand-in transfer", "delay_s": faults.delay_s})
+        if verdict is not None:
+            _log.append({"transfer": nth, "fault": "fail" if verdict == FAIL else "never-complete",
+                         "what": "stand-in transfer" + (f" (group {_groups})" if group_fails else "")})
+    return verdict

@@ -8,7 +8,7 @@ FabricBackendConfig, fabric_alloc, fabric_free, set_log_level).  The real
 module's GPU fabric allocator helpers (fabric_torch_allocator, ...) are absent.
 
 STAND-IN ONLY additions: ``StandinFaults``, ``set_standin_faults``,
-``get_standin_faults`` (fault injection, see ``mori.cpp._faults``).
+``get_standin_faults``, ``standin_fault_log`` (fault injection, see ``mori.cpp._faults``).
 """
 
 from .engine import *  # noqa: F401,F403  (IOEngine, IOEngineSession, TORCH_DEVICE_TYPE_MAP)
@@ -32,4 +32,4 @@ from mori.cpp import (  # noqa: F401
 )
 
 # ---- STAND-IN ONLY: not part of amd-mori -----------------------------------
-from mori.cpp._faults import StandinFaults, get_standin_faults, set_standin_faults  # noqa: F401
+from mori.cpp._faults import StandinFaults, get_standin_faults, set_standin_faults, standin_fault_log  # noqa: F401

@@ -1,0 +1,210 @@
+"""Fault injection inside a role process: interleaving points and engine faults.
+
+Both live in the role process next to the adapter (the cell driver reaches them
+through adapter methods, see :class:`harness.adapter.RoleAdapter`).  Every fault
+that fires is appended to a log that the adapter returns from ``observe`` and the
+cell driver copies into the history as ``nemesis`` events.
+
+Interleaving points
+    A *point* is a named place in an implementation's code (for example
+    ``prefill-control-started``: the prefill manager's constructor, right after it
+    started its control thread).  The adapter maps each name to the exact method it
+    wraps and calls :meth:`Points.hit` there.  An armed point either **pauses** the
+    thread that reached it until :meth:`Points.release` (bounded by ``hold_s``), or
+    **injects** multipart frames into the role's own control socket and then holds
+    the thread ``hold_s`` seconds so the control thread handles them first.
+
+Engine faults
+    :class:`EngineFaultPlan` says which transfer fails, how long each waits, and
+    whether transfers never complete; :class:`EngineFaultCounter` applies the plan
+    to the transfers an engine wrapper counts.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import zmq
+
+PAUSE, INJECT = "pause", "inject"
+MAX_HOLD_S = 60.0  # no point holds a thread longer, whatever the scenario asks
+
+
+class PointError(ValueError):
+    """An arm request the adapter cannot honour (unknown point, bad action)."""
+
+
+@dataclass
+class _Armed:
+    action: str
+    frames: list[list[bytes]]
+    hold_s: float
+    reached: threading.Event
+    released: threading.Event
+    once: bool = True
+
+
+class Points:
+    """Named interleaving points of one role process.
+
+    ``known`` maps each point name the adapter supports to what it means (the
+    sglang method it wraps).  Thread-safe: hooks run on the implementation's
+    threads, ``arm``/``release``/``hits`` on the role host's thread.
+    """
+
+    def __init__(self, known: dict[str, str]):
+        self.known = dict(known)
+        self._lock = threading.Lock()
+        self._armed: dict[str, _Armed] = {}
+        self._log: list[dict] = []
+        self._paused: dict[str, _Armed] = {}
+
+    def arm(self, point: str, action: str, frames: list[list[bytes]] | None = None, hold_s: float = 20.0) -> None:
+        """Arm ``point`` for its next hit.  PointError for an unknown point or action,
+        or a hold that is not a finite number of seconds in (0, 60]."""
+        if point not in self.known:
+            raise PointError(f"unknown interleaving point {point!r} (known: {', '.join(sorted(self.known))})")
+        if action not in (PAUSE, INJECT):
+            raise PointError(f"unknown point action {action!r} (pause or inject)")
+        if not (isinstance(hold_s, (int, float)) and math.isfinite(hold_s) and 0 < hold_s <= MAX_HOLD_S):
+            raise PointError(f"hold_s must be in (0, {MAX_HOLD_S:.0f}] seconds, got {hold_s!r}")
+        with self._lock:
+            self._armed[point] = _Armed(action, [list(f) for f in frames or []], float(hold_s),
+                                        threading.Event(), threading.Event())
+
+    def hit(self, point: str, endpoint: str | None = None, **facts) -> None:
+        """Called by an adapter hook when a thread reaches ``point``; returns when the
+        thread may go on.  ``endpoint``: the role's control socket, for INJECT."""
+        with self._lock:
+            armed = self._armed.pop(point, None)
+        if armed is None:
+            return
+        record = {"point": point, "action": armed.action, "thread": threading.current_thread().name,
+                  "facts": {k: str(v) for k, v in facts.items()}}
+        start = time.monotonic()
+        if armed.action == INJECT:
+            record["frames"] = len(armed.frames)
+            record["delivered"] = _push(endpoint, armed.frames) if endpoint else "no control endpoint"
+            armed.reached.set()
+            time.sleep(armed.hold_s)
+        else:
+            with self._lock:
+                self._paused[point] = armed
+            armed.reached.set()
+            record["released"] = armed.released.wait(armed.hold_s)
+        record["held_s"] = round(time.monotonic() - start, 3)
+        with self._lock:
+            self._log.append(record)
+            self._paused.pop(point, None)
+
+    def hits(self) -> dict:
+        """``{"paused": [points a thread waits at now], "log": [every finished hit]}``."""
+        with self._lock:
+            return {"paused": sorted(self._paused), "log": list(self._log)}
+
+    def release(self, point: str) -> bool:
+        """Let the thread paused at ``point`` go on; False when none waits there."""
+        with self._lock:
+            armed = self._paused.get(point)
+        if armed is None:
+            return False
+        armed.released.set()
+        return True
+
+
+def _push(endpoint: str, frames: list[list[bytes]]) -> str:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    try:
+        sock.connect(endpoint)
+        for message in frames:
+            sock.send_multipart(message)
+    finally:
+        sock.close()
+    return f"{len(frames)} message(s) to {endpoint}"
+
+
+@dataclass(frozen=True)
+class EngineFaultPlan:
+    """Which faults a transfer engine injects, counted from when the plan is set.
+
+    * ``fail_nth``: the n-th transfer (1-based) fails and moves no bytes;
+    * ``delay_s``: seconds every transfer waits before it runs;
+    * ``never_complete``: transfers are accepted and never complete (no bytes, no
+      completion; a synchronous call blocks for :data:`NEVER_BLOCK_S`);
+    * ``fail_group``: every transfer of the n-th group (one batch call) fails.
+
+    ValueError for counts below 1 or a delay that is negative or not finite.
+    """
+
+    fail_nth: int | None = None
+    delay_s: float = 0.0
+    never_complete: bool = False
+    fail_group: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("fail_nth", "fail_group"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
+        if not (isinstance(self.delay_s, (int, float)) and math.isfinite(self.delay_s) and self.delay_s >= 0):
+            raise ValueError(f"delay_s must be a finite number >= 0, got {self.delay_s!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+NEVER_BLOCK_S = 600.0
+FAIL, NEVER = "fail", "never"
+
+
+class EngineFaultCounter:
+    """Applies an :class:`EngineFaultPlan` to the transfers an engine wrapper counts.
+
+    ``next_transfer(what)`` counts one transfer, sleeps the plan's delay, logs any
+    fault it injects and returns ``"fail"``, ``"never"`` or None (run it).
+    ``next_group()`` counts one batch and says whether all of it must fail.
+    """
+
+    def __init__(self, plan: EngineFaultPlan):
+        self.plan = plan
+        self._lock = threading.Lock()
+        self.transfers = 0
+        self.groups = 0
+        self.log: list[dict] = []
+
+    def next_group(self) -> bool:
+        with self._lock:
+            self.groups += 1
+            return self.plan.fail_group == self.groups
+
+    def next_transfer(self, what: str, group_fails: bool = False, sleep: bool = True) -> str | None:
+        """Count one transfer and decide its fate; ``sleep=False`` leaves the plan's
+        delay to the caller (which must then wait ``plan.delay_s`` itself)."""
+        with self._lock:
+            self.transfers += 1
+            nth = self.transfers
+        if self.plan.delay_s:
+            self._note(nth, "delay", what, delay_s=self.plan.delay_s)
+            if sleep:
+                time.sleep(self.plan.delay_s)
+        if group_fails or self.plan.fail_nth == nth:
+            self._note(nth, "fail", what, group=self.groups if group_fails else None)
+            return FAIL
+        if self.plan.never_complete:
+            self._note(nth, "never-complete", what)
+            return NEVER
+        return None
+
+    def _note(self, nth: int, fault: str, what: str, **extra) -> None:
+        with self._lock:
+            self.log.append({"transfer": nth, "fault": fault, "what": what,
+                             **{k: v for k, v in extra.items() if v is not None}})
+
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return list(self.log)

@@ -1,0 +1,60 @@
+"""Unit tests of harness.faults: points and the engine fault counter, without roles."""
+
+import threading
+
+import pytest
+
+from harness.faults import FAIL, NEVER, EngineFaultCounter, EngineFaultPlan, PointError, Points
+
+
+def test_pause_point_holds_the_thread_until_released():
+    points = Points({"p": "test point"})
+    points.arm("p", "pause", hold_s=5)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (points.hit("p", room=7), done.set()))
+    worker.start()
+    for _ in range(200):
+        if points.hits()["paused"] == ["p"]:
+            break
+        threading.Event().wait(0.01)
+    assert points.hits()["paused"] == ["p"] and not done.is_set()
+    assert points.release("p") is True
+    worker.join(2)
+    assert done.is_set()
+    (hit,) = points.hits()["log"]
+    assert hit["released"] is True and hit["facts"] == {"room": "7"}
+
+
+def test_unarmed_point_costs_nothing_and_fires_once():
+    points = Points({"p": "test point"})
+    points.hit("p")  # not armed: returns at once
+    points.arm("p", "pause", hold_s=0.05)
+    points.hit("p")  # times out: released False
+    points.hit("p")  # armed once only
+    assert [h["released"] for h in points.hits()["log"]] == [False]
+
+
+@pytest.mark.parametrize("point,action,hold", [("q", "pause", 1), ("p", "explode", 1), ("p", "pause", 0),
+                                               ("p", "pause", float("inf"))])
+def test_bad_arm_requests_are_refused(point, action, hold):
+    with pytest.raises(PointError):
+        Points({"p": "test point"}).arm(point, action, hold_s=hold)
+
+
+def test_counter_fails_only_the_nth_and_logs_it():
+    counter = EngineFaultCounter(EngineFaultPlan(fail_nth=3))
+    assert [counter.next_transfer(f"t{i}") for i in range(5)] == [None, None, FAIL, None, None]
+    assert counter.snapshot() == [{"transfer": 3, "fault": "fail", "what": "t2"}]
+
+
+def test_counter_never_complete_and_group():
+    counter = EngineFaultCounter(EngineFaultPlan(never_complete=True, fail_group=2))
+    first = counter.next_transfer("a", counter.next_group())
+    second = counter.next_transfer("b", counter.next_group())
+    assert (first, second) == (NEVER, FAIL)
+
+
+@pytest.mark.parametrize("fields", [{"fail_nth": 0}, {"fail_group": True}, {"delay_s": -1}, {"delay_s": float("nan")}])
+def test_plan_rejects_bad_values(fields):
+    with pytest.raises(ValueError):
+        EngineFaultPlan(**fields)
