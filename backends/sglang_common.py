@@ -208,6 +208,8 @@ class SglangCommonRole(RoleAdapter):
         self._threads = [t for t in threading.enumerate() if t not in before]
         facts["rank_port"] = getattr(self.manager, "rank_port", None)
         facts["engine"] = self.engine()
+        if mode == "decode":
+            facts["heartbeat_window_s"] = float(self.manager.heartbeat_interval) * int(self.manager.max_failures)
         return facts
 
     def _install_point_hooks(self) -> None:
@@ -311,10 +313,10 @@ class SglangCommonRole(RoleAdapter):
         receiver.init(0)
         receiver.send_metadata(np.asarray(pages, dtype=np.int32), aux_slot, None)
 
-    def verify(self, kv_moves: list, aux_moves: list) -> dict:
+    def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = ()) -> dict:
         kv_moves = [tuple(m) for m in kv_moves]
         aux_moves = [tuple(m) for m in aux_moves]
-        return pattern.verify_pools(self.buffers, kv_moves, aux_moves).to_dict()
+        return pattern.verify_pools(self.buffers, kv_moves, aux_moves, unchecked_kv, unchecked_aux).to_dict()
 
     # ---- either side -----------------------------------------------------
     def poll(self, room: int) -> int:

@@ -149,8 +149,10 @@ class RoleAdapter(ABC):
         """Initialise the receiver and send its destination pages and aux slot."""
 
     @abstractmethod
-    def verify(self, kv_moves: list[tuple[int, int]], aux_moves: list[tuple[int, int]]) -> dict:
-        """Check this side's pools against (source, destination) page/slot pairs;
+    def verify(self, kv_moves: list[tuple[int, int]], aux_moves: list[tuple[int, int]],
+               unchecked_kv: list[int] = (), unchecked_aux: list[int] = ()) -> dict:
+        """Check this side's pools against (source, destination) page/slot pairs,
+        leaving ``unchecked_kv`` pages and ``unchecked_aux`` slots unjudged;
         returns :meth:`harness.pattern.PoolReport.to_dict`."""
 
     # ---- either side -----------------------------------------------------

@@ -160,7 +160,8 @@ class CellDriver:
 
     def _do_VerifyPools(self, step: s.VerifyPools) -> None:
         self.call(step.decode, "verify", kv_moves=[list(m) for m in step.kv_moves],
-                  aux_moves=[list(m) for m in step.aux_moves])
+                  aux_moves=[list(m) for m in step.aux_moves], unchecked_kv=list(step.unchecked_kv),
+                  unchecked_aux=list(step.unchecked_aux))
 
     # ---- nemesis (faults are recorded on their own channel: type "nemesis") --------
     def _signal(self, role: str, signum: int, what: str) -> None:
@@ -192,6 +193,22 @@ class CellDriver:
 
     def _do_Sleep(self, step: s.Sleep) -> None:
         time.sleep(step.seconds)
+
+    def _do_Observe(self, step: s.Observe) -> None:
+        time.sleep(step.settle_s)
+        for role in step.roles:
+            handle, client = self.handles[role], self.clients[role]
+            if not handle.alive() or client.broken:
+                self.history.record("fail", "observe-mid", role, self.step_index, args={"label": step.label},
+                                    error=f"{role} cannot be observed: its process ended ({handle.exit_description()})")
+                continue
+            try:
+                value = client.call("observe", 10)
+            except RoleError as exc:
+                self.history.record("fail", "observe-mid", role, self.step_index, args={"label": step.label},
+                                    error=str(exc))
+                continue
+            self.history.record("ok", "observe-mid", role, self.step_index, args={"label": step.label}, value=value)
 
     def _do_Clear(self, step: s.Clear) -> None:
         self.call(step.role, "clear", room=step.room)

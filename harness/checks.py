@@ -127,16 +127,25 @@ def steps_completed() -> Callable[[list[dict]], tuple[bool, str]]:
     return fn
 
 
-def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:
+def killed_roles(events: list[dict]) -> set[str]:
+    """Roles the nemesis killed (their absence at the end is the scenario's doing)."""
+    return {e["role"] for e in events if e["type"] == "nemesis" and e["op"] == "kill"}
+
+
+def observations(events: list[dict], skip_killed: bool = True) -> tuple[dict[str, dict], list[str]]:
     """The last observation of every launched role, and why any role has none.
 
     A role that was launched but not observed (dead, frozen, not answering)
-    is a problem, never silence that passes.
+    is a problem, never silence that passes; roles the nemesis killed are left
+    out unless ``skip_killed`` is False.
     """
-    launched = [e["role"] for e in completions(events, op="launch") if e["type"] == "ok"]
+    killed = killed_roles(events) if skip_killed else set()
+    launched = [e["role"] for e in completions(events, op="launch") if e["type"] == "ok" and e["role"] not in killed]
     observed: dict[str, dict] = {}
     problems: dict[str, str] = {}
     for obs in completions(events, op="observe"):
+        if obs["role"] in killed:
+            continue
         if obs["type"] == "ok":
             observed[obs["role"]] = obs["value"]
             problems.pop(obs["role"], None)
@@ -174,6 +183,64 @@ def loops_alive() -> Callable[[list[dict]], tuple[bool, str]]:
             return False, "stopped: " + ", ".join(stopped)
         seen = sum(len(value["loops"]) for value in observed.values())
         return True, f"{len(observed)} role(s) and {seen} control/worker threads alive"
+
+    return fn
+
+
+def nth_status(room: int, role: str, n: int, expected: tuple[int, ...]) -> Callable[[list[dict]], tuple[bool, str]]:
+    """The ``n``-th AwaitStatus (0-based; -1 the last) of ``room`` on ``role`` saw one of ``expected``."""
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        waits = [e for e in completions(events, op="await_status", role=role, room=room)]
+        if not -len(waits) <= n < len(waits):
+            return False, f"{role} room {room} was polled {len(waits)} time(s)"
+        wait = waits[n]
+        if wait["type"] != "ok":
+            return False, f"{role} room {room}: polling failed: {wait.get('error')}"
+        seen = wait["value"]["status"]
+        names = "/".join(kvpoll_name(x) for x in expected)
+        return seen in expected, f"{role} room {room} was {kvpoll_name(seen)} at step {wait['step']} (expected {names})"
+
+    return fn
+
+
+def role_fact(events: list[dict], role: str, key: str):
+    """A fact a role reported when its manager started (``start_prefill``/``start_decode``)."""
+    for e in events:
+        if e["role"] == role and e["op"] in ("start_prefill", "start_decode") and e["type"] == "ok":
+            return (e.get("value") or {}).get(key)
+    return None
+
+
+def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Callable[[list[dict]], tuple[bool, str]]:
+    """``room`` on ``decode`` became Failed within the decode's heartbeat window plus
+    ``slack_s`` seconds of ``dead``'s kill, with a reason naming ``dead``'s bootstrap address."""
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        kill = next((e for e in events if e["type"] == "nemesis" and e["op"] == "kill" and e["role"] == dead), None)
+        if kill is None:
+            return False, f"{dead} was never killed"
+        window = role_fact(events, decode, "heartbeat_window_s")
+        addr = role_fact(events, dead, "bootstrap_addr")
+        waits = [e for e in completions(events, op="await_status", role=decode, room=room)
+                 if e["type"] == "ok" and e["seq"] > kill["seq"]]
+        failed = next((e for e in waits if e["value"]["status"] == FAILED), None)
+        if failed is None:
+            last = kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
+            return False, f"{decode} room {room} did not become Failed after {dead} was killed (last: {last})"
+        latency = failed["t"] - kill["t"]
+        reason = failed["value"].get("failure_reason") or ""
+        bound = (window or 0) + slack_s
+        problems = []
+        if window is None:
+            problems.append(f"{decode} reported no heartbeat window")
+        elif latency > bound:
+            problems.append(f"took {latency:.1f} s, more than heartbeat window {window:.1f} s + {slack_s:.0f} s")
+        if not addr or addr not in reason:
+            problems.append(f"reason {reason!r} does not name {dead} ({addr})")
+        if problems:
+            return False, f"{decode} room {room}: " + "; ".join(problems)
+        return True, f"{decode} room {room} Failed {latency:.1f} s after the kill (window {window:.1f} s): {reason!r}"
 
     return fn
 

@@ -168,10 +168,13 @@ def verify_buffer(
     moves: Sequence[tuple[int, int]],
     report: PoolReport,
     max_listed: int = 20,
+    unchecked: Sequence[int] = (),
 ) -> None:
     """Compare one destination buffer with the plan; add results to ``report``.
 
-    ``actual`` is the ``[num_pages, page_bytes]`` uint8 destination tensor.
+    ``actual`` is the ``[num_pages, page_bytes]`` uint8 destination tensor;
+    ``unchecked`` pages are not judged (a transfer a fault cut short may or may
+    not have written them).
     """
     num_pages, page_bytes = actual.shape
     expected = expected_destination(spec, num_pages, page_bytes, moves)
@@ -180,7 +183,10 @@ def verify_buffer(
     bad = got_words != exp_words
     received = {d for _, d in moves}
     bad_pages = bad.any(dim=1)
+    skip = set(unchecked)
     for page in range(num_pages):
+        if page in skip:
+            continue
         if not bool(bad_pages[page]):
             if page in received:
                 report.bytes_verified += page_bytes
@@ -211,10 +217,15 @@ def verify_pools(
     buffers: Iterable[tuple[BufferSpec, torch.Tensor]],
     kv_moves: Sequence[tuple[int, int]],
     aux_moves: Sequence[tuple[int, int]],
+    unchecked_kv: Sequence[int] = (),
+    unchecked_aux: Sequence[int] = (),
 ) -> PoolReport:
     """Check every decode buffer: K/V buffers against ``kv_moves`` (page pairs,
-    the same for every layer), aux buffers against ``aux_moves`` (slot pairs)."""
+    the same for every layer), aux buffers against ``aux_moves`` (slot pairs).
+    ``unchecked_kv`` pages and ``unchecked_aux`` slots are not judged."""
     report = PoolReport()
     for spec, tensor in buffers:
-        verify_buffer(spec, tensor, aux_moves if spec.kind == AUX else kv_moves, report)
+        aux = spec.kind == AUX
+        verify_buffer(spec, tensor, aux_moves if aux else kv_moves, report,
+                      unchecked=unchecked_aux if aux else unchecked_kv)
     return report

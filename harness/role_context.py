@@ -34,6 +34,10 @@ ROLE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # The decode's heartbeat: sglang's minimum interval (2 s) and 2 misses, the same
+    # window as the reference's decode, so dead-prefill cells take seconds, not tens.
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
 }
 
 

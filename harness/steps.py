@@ -137,6 +137,8 @@ class VerifyPools:
     kv_moves: tuple[tuple[int, int], ...]
     aux_moves: tuple[tuple[int, int], ...]
     decode: str = "decode"
+    unchecked_kv: tuple[int, ...] = ()  # destination pages a cut-short transfer may have written
+    unchecked_aux: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,16 @@ class Sleep:
 
 
 @dataclass(frozen=True)
+class Observe:
+    """Wait ``settle_s`` seconds, then record an observation of each of ``roles``
+    (loops, dead threads, logs) mid-cell, e.g. after a batch of injected frames."""
+
+    roles: tuple[str, ...]
+    settle_s: float = 0.2
+    label: str = ""
+
+
+@dataclass(frozen=True)
 class Clear:
     """Clear ``room`` on ``role`` (the scheduler releasing the request)."""
 
@@ -194,4 +206,4 @@ class Abort:
 
 Step = (StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | KillRole
         | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
-        | Clear | Abort)
+        | Clear | Abort | Observe)

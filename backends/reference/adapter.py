@@ -354,7 +354,8 @@ class ReferenceRole(RoleAdapter):
         self.side.thread.start()
         self.points.hit("decode-control-started", endpoint=self.side.endpoint)
         self.threads = [self.side.thread, probe_thread]
-        return {"mode": "decode", "engine": self.engine(), "rank_port": self.side.port}
+        return {"mode": "decode", "engine": self.engine(), "rank_port": self.side.port,
+                "heartbeat_window_s": self.decode.heartbeat_interval_s * self.decode.heartbeat_max_failures}
 
     def _probe_loop(self) -> None:
         while True:
@@ -447,10 +448,11 @@ class ReferenceRole(RoleAdapter):
     def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
         self.side.inbox.put(lambda: self._decode_event(dc.RequestKV(room, tuple(pages), aux_slot, time.monotonic())))
 
-    def verify(self, kv_moves: list, aux_moves: list) -> dict:
+    def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = ()) -> dict:
         # on the control thread: no write lands while the pools are read
         return self._sync(lambda: pattern.verify_pools(self.buffers, [tuple(m) for m in kv_moves],
-                                                       [tuple(m) for m in aux_moves]).to_dict())
+                                                       [tuple(m) for m in aux_moves],
+                                                       unchecked_kv, unchecked_aux).to_dict())
 
     # ---- either side -----------------------------------------------------------
     def _sync(self, fn, timeout_s: float = 10.0):

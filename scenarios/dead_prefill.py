@@ -1,0 +1,76 @@
+"""dead-prefill: one of two prefills dies; only its rooms fail, promptly, naming it.
+
+The decode holds two rooms bound to prefill A (one WaitingForInput, one
+Transferring: its first chunk was sent) and one bound to prefill B.  A's process
+is killed (SIGKILL: no goodbye).  A's rooms must become Failed within the
+decode's heartbeat window plus 5 s, with a reason naming A (R-HB-1, R-REASON-1);
+B's room is untouched and completes, and a new room to B succeeds (R-HB-1).
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.scenario import Scenario, register
+from harness.steps import AwaitStatus, InitSender, KillRole, SendChunk, Sleep, StartRoles
+from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, send_all, verify
+
+A, B = "prefill-a", "prefill-b"
+SLACK_S = 5.0
+WAIT_S = 40.0  # polling bound; the check judges the latency against the window
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return (planner.room(prefill=A), planner.room(prefill=A, chunks=2), planner.room(prefill=B),
+            planner.room(prefill=B))
+
+
+def steps(seed: int):
+    a_waiting, a_transferring, b_held, b_new = _plan(seed)
+    return [
+        StartRoles(prefills=(A, B), layout=LAYOUT),
+        *open_and_request(a_waiting),
+        *open_and_request(a_transferring),
+        InitSender(a_transferring.room, len(a_transferring.src), a_transferring.aux_src, prefill=A),
+        SendChunk(a_transferring.room, a_transferring.chunks[0], prefill=A),
+        AwaitStatus(a_transferring.room, A, (TRANSFERRING, SUCCESS, FAILED), timeout_s=2.0),
+        *open_and_request(b_held),
+        AwaitStatus(b_held.room, "decode", (WAITING_FOR_INPUT,), timeout_s=5.0),
+        Sleep(0.3),  # the first chunk's write lands before the kill
+        KillRole(A),
+        AwaitStatus(a_waiting.room, "decode", (FAILED, SUCCESS), timeout_s=WAIT_S),
+        AwaitStatus(a_transferring.room, "decode", (FAILED, SUCCESS), timeout_s=WAIT_S),
+        AwaitStatus(b_held.room, "decode", (WAITING_FOR_INPUT,), timeout_s=0.0),
+        *send_all(b_held), *await_done(b_held),
+        *full_room(b_new),
+        verify([b_held, b_new], unchecked_kv=a_transferring.dst),
+    ]
+
+
+def checks(seed: int):
+    a_waiting, a_transferring, b_held, b_new = _plan(seed)
+    return [
+        c.Check("waiting-room-failed", "R-HB-1", "MUST", c.failed_after_kill(a_waiting.room, "decode", A, SLACK_S)),
+        c.Check("transferring-room-failed", "R-HB-1", "MUST",
+                c.failed_after_kill(a_transferring.room, "decode", A, SLACK_S)),
+        c.Check("other-prefill-room-untouched", "R-HB-1", "MUST",
+                c.nth_status(b_held.room, "decode", 1, (WAITING_FOR_INPUT,))),
+        c.Check("other-prefill-room-completes", "R-HB-1", "MUST", c.reached_status(b_held.room, "decode", SUCCESS)),
+        c.Check("new-room-to-live-prefill", "R-HB-1", "MUST", c.reached_status(b_new.room, "decode", SUCCESS)),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("survivors-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="dead-prefill",
+        title="Prefill A is killed: its WaitingForInput and Transferring rooms fail naming A, prefill B's rooms go on",
+        requirements=("R-HB-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=180.0,
+    )
+)
