@@ -84,7 +84,10 @@ class Observation:
     * ``dead_threads``: threads that died with an exception (``thread``,
       ``exception``, ``message``, ``traceback``);
     * ``rooms``: per-room state left in the manager: room -> list of
-      ``"attribute[key]"`` paths that still mention the room.
+      ``"attribute[key]"`` paths that still mention the room;
+    * ``remembered``: per-room memory of *ended* generations that the spec allows
+      for a bounded time (R-REUSE-1: tombstones, retired generations), kept apart
+      from ``rooms`` so that a check for leftover state does not count it.
     """
 
     role: str
@@ -92,6 +95,7 @@ class Observation:
     log_records: list[dict[str, str]] = field(default_factory=list)
     dead_threads: list[dict[str, str]] = field(default_factory=list)
     rooms: dict[int, list[str]] = field(default_factory=dict)
+    remembered: dict[int, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -270,9 +274,12 @@ class RoleRecorder:
             return list(self.log_records), list(self.dead_threads)
 
     def observation(self, role: str, threads: list[threading.Thread],
-                    rooms: dict[int, list[str]] | None = None) -> dict:
+                    rooms: dict[int, list[str]] | None = None,
+                    remembered: dict[int, list[str]] | None = None) -> dict:
         """The :class:`Observation` an adapter's ``observe`` returns: its ``threads``
-        by name and liveness, the recorded logs and dead threads, and ``rooms``."""
+        by name and liveness, the recorded logs and dead threads, ``rooms`` and
+        ``remembered``."""
         logs, dead = self.snapshot()
         loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(threads)}
-        return Observation(role=role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms or {}).to_dict()
+        return Observation(role=role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms or {},
+                           remembered=remembered or {}).to_dict()

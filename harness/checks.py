@@ -187,6 +187,31 @@ def loops_alive() -> Callable[[list[dict]], tuple[bool, str]]:
     return fn
 
 
+def loops_alive_at(label: str, roles: tuple[str, ...]) -> Callable[[list[dict]], tuple[bool, str]]:
+    """At the mid-cell observation ``label`` (an Observe step), every control/worker
+    thread of ``roles`` was alive and none had died."""
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        seen = {e["role"]: e for e in events if e["op"] == "observe-mid" and (e.get("args") or {}).get("label") == label}
+        problems = []
+        for role in roles:
+            event = seen.get(role)
+            if event is None:
+                problems.append(f"{role} was not observed {label}")
+                continue
+            if event["type"] != "ok":
+                problems.append(event.get("error") or f"{role} could not be observed")
+                continue
+            value = event["value"]
+            stopped = [name for name, alive in value["loops"].items() if not alive]
+            dead = [f"{d['thread']} died: {d['exception']}: {d['message'][:120]}" for d in value["dead_threads"]]
+            if stopped or dead:
+                problems.append(f"{role} {label}: " + "; ".join(dead or [f"stopped: {', '.join(stopped)}"]))
+        return (not problems), ("; ".join(problems) if problems else f"{', '.join(roles)} loops alive {label}")
+
+    return fn
+
+
 def nth_status(room: int, role: str, n: int, expected: tuple[int, ...]) -> Callable[[list[dict]], tuple[bool, str]]:
     """The ``n``-th AwaitStatus (0-based; -1 the last) of ``room`` on ``role`` saw one of ``expected``."""
 

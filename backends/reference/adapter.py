@@ -506,11 +506,13 @@ class ReferenceRole(RoleAdapter):
         core = self.prefill or self.decode
         residue = self._sync(core.residue) if core else {}
         rooms: dict[int, list[str]] = {}
+        remembered: dict[int, list[str]] = {}
         for attr, held in residue.items():
+            into = remembered if attr in pc.ENDED_GENERATION_MEMORY else rooms
             for room in held:
                 if isinstance(room, int):
-                    rooms.setdefault(room, []).append(attr)
-        return self.recorder.observation(self.role, self.threads, rooms)
+                    into.setdefault(room, []).append(attr)
+        return self.recorder.observation(self.role, self.threads, rooms, remembered)
 
     def teardown(self) -> None:
         self.stopping.set()

@@ -17,6 +17,10 @@ from backends.reference.shared_events import Clear, Log, StatusChanged, Tick
 from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
 
 
+#: residue entries that are the bounded memory of ended generations R-REUSE-1 allows
+#: (they expire at the bootstrap timeout), not leftover state of a live room
+ENDED_GENERATION_MEMORY = frozenset({"acked", "tombstones", "retired"})
+
 # ---- events ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
