@@ -1,0 +1,104 @@
+"""malformed-frame: generated bad frames at the prefill's and the decode's control
+sockets; the loops survive, no room changes, new rooms complete.
+
+A room H is held at WaitingForInput on both sides.  Then, one kind at a time
+(harness.frames: truncated, unknown tag, non-ASCII, non-numeric, empty, oversized,
+extra frames, well-formed for rooms nobody holds, duplicated and reordered), a
+seed-fixed batch of messages goes to the prefill's and the decode's control
+sockets, and both roles are observed after each kind, so a dead loop is pinned
+to the kind of message that killed it (R-LIVE-1).  H must still be
+WaitingForInput on both sides, then complete; a new room N must complete; and
+every byte of the decode's pools must be H's, N's or untouched (a frame that
+writes into the pools breaks R-LIVE-1's "no room changes").
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness import frames as f
+from harness.adapter import WAITING_FOR_INPUT
+from harness.scenario import Scenario, register
+from harness.steps import AwaitStatus, InjectFrames, Observe, StartRoles
+from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, room_succeeds, send_all, verify
+
+PER_KIND = 6
+KINDS = {
+    "truncated": f.truncated, "unknown-tag": f.unknown_tag, "non-ascii": f.non_ascii,
+    "non-numeric": f.non_numeric, "empty": f.empty, "oversized": f.oversized, "extra-frames": f.extra_frames,
+    "well-formed-unknown-room": f.well_formed_unknown_room,
+}
+ROLES = ("prefill", "decode")
+
+
+def batches(seed: int) -> dict[str, list[tuple[bytes, ...]]]:
+    """Kind -> the messages sent for it (the same for a seed)."""
+    out = {kind: f.sample(strategy(), 1 if kind == "oversized" else PER_KIND, seed * 101 + i)
+           for i, (kind, strategy) in enumerate(KINDS.items())}
+    sequence = f.sample(f.duplicated_reordered(), 1, seed * 101 + len(KINDS))
+    out["duplicated-reordered"] = [tuple(m) for m in sequence[0]] if sequence else []
+    return out
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(), planner.room()
+
+
+def steps(seed: int):
+    held, new = _plan(seed)
+    out = [StartRoles(layout=LAYOUT), *open_and_request(held),
+           AwaitStatus(held.room, "decode", (WAITING_FOR_INPUT,), timeout_s=5.0)]
+    for kind, messages in batches(seed).items():
+        for role in ROLES:
+            out.append(InjectFrames(role, tuple(messages)))
+        out.append(Observe(ROLES, settle_s=0.2, label=f"after {kind}"))
+    out += [AwaitStatus(held.room, "prefill", (WAITING_FOR_INPUT,), timeout_s=0.0),
+            AwaitStatus(held.room, "decode", (WAITING_FOR_INPUT,), timeout_s=0.0),
+            *send_all(held), *await_done(held), *full_room(new), verify([held, new])]
+    return out
+
+
+def _loops_survived(seed: int):
+    kinds = list(batches(seed).items())
+
+    def fn(events):
+        sent = sum(e["args"]["messages"] for e in events if e["type"] == "nemesis" and e["op"] == "inject")
+        for kind, messages in kinds:
+            ok, detail = c.loops_alive_at(f"after {kind}", ROLES)(events)
+            if not ok:
+                return False, (f"{detail} -- the first loop death came with the {kind!r} batch "
+                               f"({len(messages)} message(s), first: {_show(messages[0]) if messages else '-'})")
+        return True, f"prefill and decode loops survived {sent} injected message(s) of {len(kinds)} kinds"
+
+    return fn
+
+
+def _show(message: tuple[bytes, ...]) -> str:
+    return "[" + ", ".join(repr(part[:24]) + ("..." if len(part) > 24 else "") for part in message[:6]) + "]"
+
+
+def checks(seed: int):
+    held, new = _plan(seed)
+    return [
+        c.Check("loops-survive", "R-LIVE-1", "MUST", _loops_survived(seed)),
+        c.Check("held-room-unchanged-prefill", "R-LIVE-1", "MUST",
+                c.nth_status(held.room, "prefill", 1, (WAITING_FOR_INPUT,))),
+        c.Check("held-room-unchanged-decode", "R-LIVE-1", "MUST",
+                c.nth_status(held.room, "decode", 1, (WAITING_FOR_INPUT,))),
+        c.Check("no-pool-change", "R-LIVE-1", "MUST", c.pools_exact()),
+        *room_succeeds(held, "R-LIVE-1", "held-room"),
+        *room_succeeds(new, "R-LIVE-1", "new-room"),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="malformed-frame",
+        title="Generated malformed frames at both control sockets: loops survive, no room changes, rooms complete",
+        requirements=("R-LIVE-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)
