@@ -261,6 +261,45 @@ class SglangCommonRole(RoleAdapter):
     def fault_log(self) -> list[dict]:
         return self._fault_counter.snapshot() if self._fault_counter else []
 
+    SRC_BASE, DST_BASE = 1 << 40, 2 << 40  # fake pointers: base + buffer index
+
+    def plan_layouts(self, specs: list[dict]) -> list[dict]:
+        """The backend manager's own positional planners, ``get_mha_kv_ptrs_with_pp`` and
+        ``get_mla_kv_ptrs_with_pp`` (``common/conn.py``; what sglang uses for plain MHA/MLA
+        pools, which publish no layer ids), called on a manager shell whose ``kv_args``
+        holds the prefill stage and draft entry count, with pointers that encode buffer
+        indices.  The returned pointer pairs are read back as index pairs, the way the
+        transfer pairs ``src_k[i]`` with ``dst_k[i]`` (``_send_kvcache_generic``).  An
+        exception is a visible refusal (``rejected``)."""
+        from types import SimpleNamespace
+
+        from harness.layouts import buffer_counts
+
+        manager_cls = getattr(self.conn, self.manager_class)
+        out = []
+        for spec in specs:
+            n_src, n_dst = buffer_counts(spec)
+            start, end, draft = spec["prefill"]
+            shell = object.__new__(manager_cls)
+            draft_entries = draft * (1 if spec["attention"] == "MLA" else 2)
+            shell.kv_args = SimpleNamespace(prefill_start_layer=start, prefill_end_layer=end,
+                                            num_draft_entries=draft_entries, mla_compression_ratios=None)
+            src = [self.SRC_BASE + i for i in range(n_src)]
+            dst = [self.DST_BASE + j for j in range(n_dst)]
+            try:
+                if spec["attention"] == "MLA":
+                    s_ptrs, d_ptrs, layers = shell.get_mla_kv_ptrs_with_pp(src, dst)
+                    pointer_pairs = [(s_ptrs[i], d_ptrs[i]) for i in range(layers)]
+                else:
+                    s_k, s_v, d_k, d_v, layers = shell.get_mha_kv_ptrs_with_pp(src, dst)
+                    pointer_pairs = ([(s_k[i], d_k[i]) for i in range(layers)]
+                                     + [(s_v[i], d_v[i]) for i in range(layers)])
+            except Exception as exc:  # the transfer would fail here, visibly
+                out.append({"rejected": f"{type(exc).__name__}: {exc}"})
+                continue
+            out.append({"pairs": [[s - self.SRC_BASE, d - self.DST_BASE] for s, d in pointer_pairs]})
+        return out
+
     def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
         return self._start("prefill", layout, bootstrap_port)
 

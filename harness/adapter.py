@@ -215,6 +215,13 @@ class RoleAdapter(ABC):
         """Every engine fault injected so far (``transfer``, ``fault``, ``what``)."""
         return []
 
+    # ---- layout planning (harness.layouts) -------------------------------
+    def plan_layouts(self, specs: list[dict]) -> list[dict]:
+        """Run the implementation's own KV layout planning on each spec
+        (:mod:`harness.layouts`): ``{"pairs": [[src, dst], ...]}`` or
+        ``{"rejected": reason}`` per spec.  Unsupported by default."""
+        raise Unsupported(f"{self.impl} exposes no layout planning function")
+
 
 class RoleRecorder:
     """Collects log records and dead threads inside a role process.

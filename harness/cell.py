@@ -210,6 +210,41 @@ class CellDriver:
                 continue
             self.history.record("ok", "observe-mid", role, self.step_index, args={"label": step.label}, value=value)
 
+    def _do_PlanLayouts(self, step: s.PlanLayouts) -> None:
+        from hypothesis import HealthCheck, find, settings
+        from hypothesis.errors import NoSuchExample
+
+        from harness import layouts
+        from harness.frames import sample
+
+        specs = sample(layouts.layout_specs(), step.count, step.seed)
+        results = self.call(step.role, "plan_layouts", specs=specs)
+        if results is None:
+            return
+        failures = {}
+        for spec, result in zip(specs, results):
+            problem = layouts.judge(spec, result)
+            if problem is not None:
+                failures.setdefault(layouts.kind_of(problem), (spec, problem))
+        shrunk = []
+        client = self.clients[step.role]
+        for kind, (spec, problem) in list(failures.items())[: step.max_shrinks]:
+            def still_fails(candidate, kind=kind):
+                answer = client.call("plan_layouts", CALL_TIMEOUT_S, specs=[candidate])[0]
+                found = layouts.judge(candidate, answer)
+                return found is not None and layouts.kind_of(found) == kind
+            try:
+                small = find(layouts.layout_specs(), still_fails,
+                             settings=settings(max_examples=300, database=None, deadline=None,
+                                               suppress_health_check=list(HealthCheck)))
+            except (NoSuchExample, RoleError):
+                small = spec
+            answer = client.call("plan_layouts", CALL_TIMEOUT_S, specs=[small])[0]
+            shrunk.append({"spec": small, "layout": layouts.describe(small), "problem": layouts.judge(small, answer),
+                           "first_seen": layouts.describe(spec)})
+        self.history.record("info", "layout-shrink", step.role, self.step_index, args={"count": len(specs)},
+                            value={"specs": specs, "results": results, "shrunk": shrunk})
+
     def _do_Clear(self, step: s.Clear) -> None:
         self.call(step.role, "clear", room=step.room)
 

@@ -189,6 +189,19 @@ class Observe:
 
 
 @dataclass(frozen=True)
+class PlanLayouts:
+    """Ask ``role``'s implementation to plan ``count`` generated layouts
+    (:mod:`harness.layouts`, drawn from ``seed``); every layout it plans differently
+    from the reference planner is shrunk (one per kind of difference, at most
+    ``max_shrinks``) by asking it again about smaller layouts."""
+
+    role: str = "prefill"
+    count: int = 200
+    seed: int = 0
+    max_shrinks: int = 4
+
+
+@dataclass(frozen=True)
 class Clear:
     """Clear ``room`` on ``role`` (the scheduler releasing the request)."""
 
@@ -206,4 +219,4 @@ class Abort:
 
 Step = (StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | KillRole
         | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
-        | Clear | Abort | Observe)
+        | Clear | Abort | Observe | PlanLayouts)

@@ -295,6 +295,17 @@ class ReferenceRole(RoleAdapter):
     def fault_log(self) -> list[dict]:
         return self.fault_counter.snapshot() if self.fault_counter else []
 
+    def plan_layouts(self, specs: list[dict]) -> list[dict]:
+        """The reference planner (:func:`backends.reference.planner.plan`) on each spec."""
+        from harness.layouts import to_spec
+
+        out = []
+        for spec in specs:
+            result = plan(to_spec(spec))
+            out.append({"pairs": [[p.src, p.dst] for p in result.pairs]} if isinstance(result, Plan)
+                       else {"rejected": result.reason})
+        return out
+
     def _start_write(self, w: pc.StartWrite) -> None:
         if self.fault_counter is None:
             self._send_write(w)

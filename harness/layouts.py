@@ -1,0 +1,103 @@
+"""Generated KV layouts and their judgement against the reference planner (R-LAYOUT-2).
+
+A layout *spec* is a plain dict (it crosses the role socket)::
+
+    {"attention": "MHA" | "MLA", "num_layers": L, "stages": S,
+     "prefill": [start, end, draft_layers], "decode": [start, end, draft_layers]}
+
+The prefill holds one of ``S`` pipeline stages ``[start, end)``; the decode holds
+either the whole model (one stage) or the same stage; draft KV is on the decode
+only, on both or on neither.  Buffers are numbered the way sglang's schedulers
+fill ``KVArgs.kv_data_ptrs`` (see :mod:`backends.reference.planner`).
+
+An adapter's ``plan_layouts`` returns, per spec, ``{"pairs": [[src, dst], ...]}``
+(the prefill buffer index each decode buffer index receives) or
+``{"rejected": reason}`` (the implementation refuses it, visibly).
+:func:`judge` compares that with the reference planner and names the first
+difference by buffer identity.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from backends.reference.planner import LayoutSpec, Plan, SideLayout, plan, side_buffers
+
+
+@st.composite
+def layout_specs(draw) -> dict:
+    """Any layout R-LAYOUT-2 covers: MHA/MLA, 1-8 layers in 1-4 prefill stages, the
+    decode with one stage or the same stages, draft KV on decode only, both or neither."""
+    attention = draw(st.sampled_from(["MHA", "MLA"]))
+    num_layers = draw(st.integers(1, 8))
+    stages = draw(st.integers(1, min(4, num_layers)))
+    cuts = sorted(draw(st.lists(st.integers(1, num_layers - 1), min_size=stages - 1, max_size=stages - 1,
+                                unique=True))) if stages > 1 else []
+    bounds = [0, *cuts, num_layers]
+    index = draw(st.integers(0, stages - 1))
+    start, end = bounds[index], bounds[index + 1]
+    same_stages = draw(st.booleans())
+    decode_start, decode_end = (start, end) if same_stages else (0, num_layers)
+    draft_mode = draw(st.sampled_from(["neither", "decode-only", "both"]))
+    draft = draw(st.integers(1, 2))
+    prefill_draft = draft if draft_mode == "both" else 0
+    decode_draft = 0 if draft_mode == "neither" else draft
+    return {"attention": attention, "num_layers": num_layers, "stages": stages,
+            "prefill": [start, end, prefill_draft], "decode": [decode_start, decode_end, decode_draft]}
+
+
+def to_spec(spec: dict) -> LayoutSpec:
+    p, d = spec["prefill"], spec["decode"]
+    return LayoutSpec(spec["attention"], spec["num_layers"], SideLayout(*p), SideLayout(*d))
+
+
+def buffer_counts(spec: dict) -> tuple[int, int]:
+    """(prefill, decode) numbers of KV buffers."""
+    s = to_spec(spec)
+    return len(side_buffers(s.attention, s.prefill)), len(side_buffers(s.attention, s.decode))
+
+
+def describe(spec: dict) -> str:
+    """One line a person can read: ``MHA, 6 layers, prefill stage [2, 4) of 3, decode [0, 6), draft decode-only 1``."""
+    p, d = spec["prefill"], spec["decode"]
+    draft = ("neither" if not d[2] else f"decode-only {d[2]}" if not p[2] else f"both {p[2]}")
+    decode = "the same stage" if (d[0], d[1]) == (p[0], p[1]) and spec["stages"] > 1 else f"[{d[0]}, {d[1]})"
+    return (f"{spec['attention']}, {spec['num_layers']} layers, prefill stage [{p[0]}, {p[1]}) of {spec['stages']}, "
+            f"decode {decode}, draft KV {draft}")
+
+
+def kind_of(problem: str) -> str:
+    """A difference's kind: its text with numbers and buffer names blurred, so that
+    the same planning mistake on different layers counts once."""
+    import re
+
+    return re.sub(r"(draft )?layer \d+ (KV|K|V)|\d+", "#", problem)[:80]
+
+
+def judge(spec: dict, result: dict) -> str | None:
+    """None when ``result`` agrees with the reference planner for ``spec``; otherwise
+    what differs, by buffer identity (R-LAYOUT-2)."""
+    s = to_spec(spec)
+    expected = plan(s)
+    src_ids, dst_ids = side_buffers(s.attention, s.prefill), side_buffers(s.attention, s.decode)
+
+    def name(ids, index):
+        return ids[index].describe() if 0 <= index < len(ids) else f"buffer #{index} (out of range)"
+
+    if not isinstance(expected, Plan):
+        if "pairs" in result and result["pairs"]:
+            src, dst = result["pairs"][0]
+            return (f"writes a layout the spec rejects ({expected.reason}): e.g. prefill {name(src_ids, src)} "
+                    f"-> decode {name(dst_ids, dst)}")
+        return None
+    if "pairs" not in result:
+        return f"refuses a layout the spec serves: {result.get('rejected') or result}"
+    want = {(p.src, p.dst) for p in expected.pairs}
+    got = {tuple(p) for p in result["pairs"]}
+    for src, dst in sorted(got - want):
+        right = next((p.dst for p in expected.pairs if p.src == src), None)
+        should = f"decode {name(dst_ids, right)}" if right is not None else "nowhere"
+        return f"prefill {name(src_ids, src)} -> decode {name(dst_ids, dst)} (reference: {should})"
+    for src, dst in sorted(want - got):
+        return f"prefill {name(src_ids, src)} is never sent (reference: -> decode {name(dst_ids, dst)})"
+    return None
