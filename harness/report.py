@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from harness.diff import describe as describe_divergence
 from harness.results import CellResult, RunResult
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
@@ -46,6 +47,16 @@ def matrix_table(run: RunResult) -> Table:
     return table
 
 
-def reasons(run: RunResult) -> list[str]:
-    """One line per cell that did not PASS: why."""
-    return [f"{c.scenario} x {c.impl}: {c.verdict}: {c.reason}" for c in run.cells if c.verdict != "PASS"]
+def reasons(run: RunResult, seed: int | None = None) -> list[str]:
+    """For each cell that did not PASS: why, its first divergence from the reference
+    (harness.diff) and the command that reproduces it."""
+    seed = run.seed if seed is None else seed
+    lines = []
+    for c in run.cells:
+        if c.verdict == "PASS":
+            continue
+        lines.append(f"{c.scenario} x {c.impl}: {c.verdict}: {c.reason}")
+        if c.divergence:
+            lines.append(f"    {describe_divergence(c.divergence)}")
+        lines.append(f"    reproduce: pdconform run --impl {c.impl} --scenario {c.scenario} --seed {seed}")
+    return lines

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import json
 import os
 import random
 import shutil
@@ -24,8 +25,11 @@ from pathlib import Path
 from typing import Callable
 
 from harness import history as hist
+from harness.diff import first_divergence
 from harness.results import CellResult, RunResult, SglangInfo, load_cell
 from harness.scenario import Scenario
+
+REFERENCE = "reference"
 
 PORT_BLOCK = 8
 
@@ -123,21 +127,47 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
 
 def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: Path,
                on_cell: Callable[[int, int, CellResult], None] | None = None,
-               on_start: Callable[[int, int, str, Scenario], None] | None = None) -> RunResult:
+               on_start: Callable[[int, int, str, Scenario], None] | None = None,
+               diff: bool = True) -> RunResult:
     """Run every (scenario, impl) cell in turn; return the run's result tree.
 
     ``on_start(i, total, impl, scenario)`` and ``on_cell(i, total, result)`` report progress.
+    With ``diff``, each backend cell of a non-test scenario gets its first divergence
+    from the reference's history for the same scenario and seed
+    (:mod:`harness.diff`); when the reference is not among ``impls``, its cell runs
+    anyway, under ``OUT/reference-for-diff/``, and is not reported.
     """
     started = time.monotonic()
     run = RunResult(sglang=sglang_info(), seed=seed,
                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     cells = [(scenario, impl) for scenario in scenarios for impl in impls]
+    reference_history: dict[str, list[dict]] = {}
     for i, (scenario, impl) in enumerate(cells, 1):
         if on_start:
             on_start(i, len(cells), impl, scenario)
-        result = run_cell_isolated(impl, scenario, seed, out_dir / "cells" / f"{scenario.id}--{impl}")
+        workdir = out_dir / "cells" / f"{scenario.id}--{impl}"
+        result = run_cell_isolated(impl, scenario, seed, workdir)
+        if impl == REFERENCE:
+            reference_history[scenario.id] = hist.load(workdir / "history.jsonl")
+        elif diff and not scenario.test_only:
+            if scenario.id not in reference_history:
+                ref_dir = out_dir / "reference-for-diff" / scenario.id
+                run_cell_isolated(REFERENCE, scenario, seed, ref_dir)
+                reference_history[scenario.id] = hist.load(ref_dir / "history.jsonl")
+            attach_divergence(result, reference_history[scenario.id], workdir)
         run.cells.append(result)
         if on_cell:
             on_cell(i, len(cells), result)
     run.duration_s = round(time.monotonic() - started, 3)
     return run
+
+
+def attach_divergence(result: CellResult, reference_events: list[dict], workdir: Path) -> None:
+    """Set ``result.divergence`` from its history against the reference's, and write it
+    into the cell's ``cell.json`` too.  No reference history: left None."""
+    if not reference_events:
+        return
+    result.divergence = first_divergence(reference_events, hist.load(workdir / "history.jsonl"), result.checks)
+    cell_json = workdir / "cell.json"
+    if cell_json.exists():
+        cell_json.write_text(json.dumps(result.to_dict(), indent=2))
