@@ -41,3 +41,15 @@ def test_byte_check_fails_on_a_wrong_plan_and_names_the_pages(tmp_path):
     assert "R-LAYOUT-1 bytes-exact" in cell.reason
     assert "decode layer 0 K page" in cell.reason and "expected prefill layer 0 K page" in cell.reason
     assert not _leftovers(tmp_path)
+
+
+SEED_SCENARIOS = ["dead-prefill", "stale-chunk-after-clear", "early-watermark", "malformed-frame", "draft-kv-layout"]
+
+
+@pytest.mark.parametrize("scenario", SEED_SCENARIOS)
+def test_reference_passes_the_seed_scenarios(scenario, tmp_path):
+    """The oracle conforms to its own spec under every fault the scenarios inject."""
+    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path)
+    assert cell.verdict == "PASS", (cell.reason, cell.checks)
+    assert cell.bytes_verified > 0
+    assert not _leftovers(tmp_path)
