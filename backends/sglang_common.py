@@ -153,13 +153,15 @@ class SglangCommonRole(RoleAdapter):
         args.rust_http_port = None
         args.kv_cache_dtype_str = "bfloat16"
         args.kv_layout = None
-        args.prefill_start_layer = 0
-        args.prefill_end_layer = layout.num_layers
+        args.prefill_start_layer = layout.main_layers.start
+        args.prefill_end_layer = layout.main_layers.stop
         args.kv_data_ptrs = [t.data_ptr() for _, t in kv]
         args.kv_data_lens = [t.nbytes for _, t in kv]
         args.kv_item_lens = [layout.page_bytes for _ in kv]
-        args.kv_layer_ids = [s.layer for s, _ in kv]
-        args.num_draft_entries = 0
+        # Plain MHA/MLA pools publish no layer ids (disaggregation/utils.py
+        # build_kv_layer_ids returns []), so transfers take the positional planners.
+        args.kv_layer_ids = []
+        args.num_draft_entries = sum(1 for s, _ in kv if s.layer >= pattern.DRAFT_BASE)
         args.kv_head_num = layout.kv_heads
         args.total_kv_head_num = layout.kv_heads
         args.page_size = layout.page_size
@@ -177,8 +179,8 @@ class SglangCommonRole(RoleAdapter):
         args.gpu_id = 0
         args.mla_compression_ratios = None
         args.kv_buf_groups = 1
-        args.hidden_kv_layers = layout.num_layers
-        args.draft_kv_layers = 0
+        args.hidden_kv_layers = len(layout.main_layers)
+        args.draft_kv_layers = layout.draft_layers
         self.fill_backend_kv_args(args)
         return args
 
@@ -352,10 +354,11 @@ class SglangCommonRole(RoleAdapter):
         receiver.init(0)
         receiver.send_metadata(np.asarray(pages, dtype=np.int32), aux_slot, None)
 
-    def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = ()) -> dict:
+    def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = (),
+               sent_layers: list | None = None) -> dict:
         kv_moves = [tuple(m) for m in kv_moves]
         aux_moves = [tuple(m) for m in aux_moves]
-        return pattern.verify_pools(self.buffers, kv_moves, aux_moves, unchecked_kv, unchecked_aux).to_dict()
+        return pattern.verify_pools(self.buffers, kv_moves, aux_moves, unchecked_kv, unchecked_aux, sent_layers).to_dict()
 
     # ---- either side -----------------------------------------------------
     def poll(self, room: int) -> int:

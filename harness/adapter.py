@@ -58,7 +58,10 @@ class Layout:
     ``num_pages`` pages per buffer; ``page_size`` tokens per page;
     ``page_bytes`` bytes per page per buffer (multiple of 8); ``aux_slots`` aux
     slots of ``aux_bytes`` bytes each; ``mla`` selects one KV buffer per layer
-    (MLA) instead of separate K and V buffers (MHA).
+    (MLA) instead of separate K and V buffers (MHA).  ``stage_start``/``stage_end``:
+    the pipeline stage this side holds (``stage_end`` None: to the last layer);
+    ``draft_layers``: draft-model KV layers appended after the main ones, as
+    sglang's schedulers append them to ``KVArgs.kv_data_ptrs``.
     """
 
     num_layers: int = 3
@@ -69,6 +72,14 @@ class Layout:
     aux_bytes: int = 64
     mla: bool = False
     kv_heads: int = 1
+    stage_start: int = 0
+    stage_end: int | None = None
+    draft_layers: int = 0
+
+    @property
+    def main_layers(self) -> range:
+        """The model layers of this side's stage."""
+        return range(self.stage_start, self.num_layers if self.stage_end is None else self.stage_end)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,9 +165,11 @@ class RoleAdapter(ABC):
 
     @abstractmethod
     def verify(self, kv_moves: list[tuple[int, int]], aux_moves: list[tuple[int, int]],
-               unchecked_kv: list[int] = (), unchecked_aux: list[int] = ()) -> dict:
+               unchecked_kv: list[int] = (), unchecked_aux: list[int] = (),
+               sent_layers: list[int] | None = None) -> dict:
         """Check this side's pools against (source, destination) page/slot pairs,
-        leaving ``unchecked_kv`` pages and ``unchecked_aux`` slots unjudged;
+        leaving ``unchecked_kv`` pages and ``unchecked_aux`` slots unjudged and
+        expecting K/V buffers of layers not in ``sent_layers`` (when given) untouched;
         returns :meth:`harness.pattern.PoolReport.to_dict`."""
 
     # ---- either side -----------------------------------------------------

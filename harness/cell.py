@@ -56,6 +56,7 @@ class CellDriver:
         self.control_endpoint: dict[str, str] = {}  # role -> its manager's control socket
         self.engine: str | None = None
         self.base_port = base_port
+        self.prefills_started = 0
         self.step_index: int | None = None
 
     # ---- calls with history ----------------------------------------------
@@ -95,16 +96,18 @@ class CellDriver:
         for arm in step.arm:
             self._do_ArmPoint(arm)
         layout = step.layout.to_dict()
-        for i, name in enumerate(step.prefills):
-            port = self.base_port + i
+        for name in step.prefills:
+            port = self.base_port + self.prefills_started  # each prefill's bootstrap port, unique in the cell
+            self.prefills_started += 1
             facts = self.call(name, "start_prefill", deadline_s=60, layout=layout, bootstrap_port=port)
             if facts is None:
                 raise CellAborted(f"prefill {name} failed to start: {self._last_error(name)}")
             self.bootstrap_addr[name] = facts["bootstrap_addr"]
             self._note_control_endpoint(name, facts)
             self.engine = facts.get("engine", self.engine)
+        decode_layout = (step.decode_layout or step.layout).to_dict()
         for name in step.decodes:
-            facts = self.call(name, "start_decode", deadline_s=60, layout=layout, bootstrap_port=self.base_port)
+            facts = self.call(name, "start_decode", deadline_s=60, layout=decode_layout, bootstrap_port=self.base_port)
             if facts is None:
                 raise CellAborted(f"decode {name} failed to start: {self._last_error(name)}")
             self._note_control_endpoint(name, facts)
@@ -161,7 +164,8 @@ class CellDriver:
     def _do_VerifyPools(self, step: s.VerifyPools) -> None:
         self.call(step.decode, "verify", kv_moves=[list(m) for m in step.kv_moves],
                   aux_moves=[list(m) for m in step.aux_moves], unchecked_kv=list(step.unchecked_kv),
-                  unchecked_aux=list(step.unchecked_aux))
+                  unchecked_aux=list(step.unchecked_aux),
+                  sent_layers=None if step.sent_layers is None else list(step.sent_layers))
 
     # ---- nemesis (faults are recorded on their own channel: type "nemesis") --------
     def _signal(self, role: str, signum: int, what: str) -> None:
@@ -244,6 +248,26 @@ class CellDriver:
                            "first_seen": layouts.describe(spec)})
         self.history.record("info", "layout-shrink", step.role, self.step_index, args={"count": len(specs)},
                             value={"specs": specs, "results": results, "shrunk": shrunk})
+
+    def _do_TransferLayouts(self, step: s.TransferLayouts) -> None:
+        from harness import layouts
+        from harness.frames import sample
+
+        chosen = [spec for spec in sample(layouts.single_stage_specs(), step.count, step.seed)]
+        shrunk = [e["value"]["shrunk"] for e in self.history.events if e["op"] == "layout-shrink"]
+        chosen += [entry["spec"] for entry in (shrunk[-1] if shrunk else []) if entry["spec"]["stages"] == 1]
+        for i, spec in enumerate(chosen):
+            prefill_layout, decode_layout = layouts.role_layouts(spec)
+            prefill, decode = f"prefill-L{i}", f"decode-L{i}"
+            self.history.record("info", "layout-transfer", prefill, self.step_index,
+                                args={"layout": layouts.describe(spec), "spec": spec})
+            before = len(self.clients)
+            self._do_StartRoles(s.StartRoles(prefills=(prefill,), decodes=(decode,), layout=prefill_layout,
+                                             decode_layout=decode_layout))
+            if len(self.clients) == before:
+                continue
+            for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=step.seed + i):
+                getattr(self, f"_do_{type(sub_step).__name__}")(sub_step)
 
     def _do_Clear(self, step: s.Clear) -> None:
         self.call(step.role, "clear", room=step.room)

@@ -101,3 +101,50 @@ def judge(spec: dict, result: dict) -> str | None:
     for src, dst in sorted(want - got):
         return f"prefill {name(src_ids, src)} is never sent (reference: -> decode {name(dst_ids, dst)})"
     return None
+
+
+def single_stage_specs():
+    """Layouts with one prefill stage (the ones the role processes can transfer for
+    real today: a multi-stage prefill needs one process per stage), with draft KV on
+    the decode only or on both."""
+    return layout_specs().filter(lambda s: s["stages"] == 1 and s["decode"][2] > 0)
+
+
+def role_layouts(spec: dict):
+    """(prefill Layout, decode Layout) for a spec (3-page-per-room pools, 16 pages)."""
+    from harness.adapter import Layout
+
+    def side(start_end_draft):
+        start, end, draft = start_end_draft
+        return Layout(num_layers=spec["num_layers"], mla=spec["attention"] == "MLA", stage_start=start,
+                      stage_end=end, draft_layers=draft)
+
+    return side(spec["prefill"]), side(spec["decode"])
+
+
+def sent_layers(spec: dict) -> tuple[int, ...]:
+    """Tag layers whose pages the prefill sends: its stage's layers and its draft layers."""
+    from harness.pattern import DRAFT_BASE
+
+    start, end, draft = spec["prefill"]
+    return tuple(range(start, end)) + tuple(DRAFT_BASE + d for d in range(draft))
+
+
+def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
+    """One room from creation to Success between ``prefill`` and ``decode``, then the
+    byte check for ``spec`` (R-LAYOUT-1/2)."""
+    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
+    import random
+
+    rng = random.Random(seed)
+    room = rng.randrange(1, 2**62)
+    src = tuple(sorted(rng.sample(range(16), 3)))
+    dst = tuple(rng.sample(range(16), 3))
+    aux_src, aux_dst = rng.randrange(4), rng.randrange(4)
+    done = (SUCCESS, FAILED)
+    return [OpenRoom(room, prefill=prefill, decode=decode), RequestKV(room, dst, aux_dst, decode=decode),
+            AwaitStatus(room, prefill, (WAITING_FOR_INPUT, FAILED)),
+            InitSender(room, len(src), aux_src, prefill=prefill), SendChunk(room, src, prefill=prefill),
+            AwaitStatus(room, prefill, done), AwaitStatus(room, decode, done),
+            VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),), decode=decode, sent_layers=sent_layers(spec))]

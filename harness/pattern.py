@@ -31,6 +31,14 @@ SIDE_NAMES = {PREFILL: "prefill", DECODE: "decode"}
 KIND_NAMES = {K: "K", V: "V", AUX: "aux"}
 WORD = 8
 MAX_LAYER = (1 << 12) - 1
+#: draft-model KV layer d is tagged as layer DRAFT_BASE + d (a band above any model's layers,
+#: as sglang's build_kv_layer_ids does), so a draft page can never pass for a main-layer page
+DRAFT_BASE = 2048
+
+
+def layer_name(layer: int) -> str:
+    """``layer 3`` or, for the draft band, ``draft layer 0``."""
+    return f"draft layer {layer - DRAFT_BASE}" if layer >= DRAFT_BASE else f"layer {layer}"
 MAX_PAGE = (1 << 24) - 1
 
 
@@ -80,7 +88,7 @@ class Tag:
             return "unrecognised bytes (no pattern tag)"
         if self.kind == AUX:
             return f"{side} aux buffer {self.layer} slot {self.page}"
-        return f"{side} layer {self.layer} {KIND_NAMES[self.kind]} page {self.page}"
+        return f"{side} {layer_name(self.layer)} {KIND_NAMES[self.kind]} page {self.page}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,7 @@ class BufferSpec:
     def name(self) -> str:
         if self.kind == AUX:
             return f"aux buffer {self.layer}"
-        return f"layer {self.layer} {KIND_NAMES[self.kind]}"
+        return f"{layer_name(self.layer)} {KIND_NAMES[self.kind]}"
 
 
 @dataclass(frozen=True)
@@ -219,13 +227,17 @@ def verify_pools(
     aux_moves: Sequence[tuple[int, int]],
     unchecked_kv: Sequence[int] = (),
     unchecked_aux: Sequence[int] = (),
+    sent_layers: Sequence[int] | None = None,
 ) -> PoolReport:
     """Check every decode buffer: K/V buffers against ``kv_moves`` (page pairs,
     the same for every layer), aux buffers against ``aux_moves`` (slot pairs).
-    ``unchecked_kv`` pages and ``unchecked_aux`` slots are not judged."""
+    ``unchecked_kv`` pages and ``unchecked_aux`` slots are not judged.  With
+    ``sent_layers``, K/V buffers of other layers (a decode's own draft layers, a
+    stage the prefill does not hold) must stay untouched."""
     report = PoolReport()
+    sent = None if sent_layers is None else set(sent_layers)
     for spec, tensor in buffers:
         aux = spec.kind == AUX
-        verify_buffer(spec, tensor, aux_moves if aux else kv_moves, report,
-                      unchecked=unchecked_aux if aux else unchecked_kv)
+        moves = aux_moves if aux else kv_moves if sent is None or spec.layer in sent else ()
+        verify_buffer(spec, tensor, moves, report, unchecked=unchecked_aux if aux else unchecked_kv)
     return report

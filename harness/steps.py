@@ -76,6 +76,8 @@ class StartRoles:
     layout: Layout = field(default_factory=Layout)
     ready_timeout_s: float = 90.0
     arm: tuple[ArmPoint, ...] = ()
+    decode_layout: Layout | None = None  # the decodes' layout when it differs from the prefills'
+
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ class VerifyPools:
     decode: str = "decode"
     unchecked_kv: tuple[int, ...] = ()  # destination pages a cut-short transfer may have written
     unchecked_aux: tuple[int, ...] = ()
+    sent_layers: tuple[int, ...] | None = None  # layers the prefill sends (None: every layer)
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,18 @@ class PlanLayouts:
 
 
 @dataclass(frozen=True)
+class TransferLayouts:
+    """Real transfers for single-stage layouts: ``count`` drawn from the layout
+    strategy with ``seed``, plus every layout the last :class:`PlanLayouts` shrunk
+    that has one prefill stage.  Each gets its own prefill and decode roles
+    (``prefill-L<i>``/``decode-L<i>``) with those layouts, one room, and a byte
+    check in which the decode's own draft layers must stay untouched."""
+
+    count: int = 2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class Clear:
     """Clear ``room`` on ``role`` (the scheduler releasing the request)."""
 
@@ -219,4 +234,4 @@ class Abort:
 
 Step = (StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | KillRole
         | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
-        | Clear | Abort | Observe | PlanLayouts)
+        | Clear | Abort | Observe | PlanLayouts | TransferLayouts)

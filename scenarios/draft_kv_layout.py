@@ -5,11 +5,15 @@ Layouts (harness.layouts): MHA and MLA; 1-8 layers split into 1-4 prefill
 pipeline stages; the decode with one stage or the same stages; draft KV on the
 decode only, on both, or on neither.  The adapter runs the implementation's
 planning function on each; every layout planned differently is shrunk to a
-smallest layout with the same kind of difference and printed.  Then one real
-transfer (three layers, PP 1, no draft) is run and verified byte by byte.
+smallest layout with the same kind of difference and printed.  Then real
+transfers, each between its own prefill and decode roles, verified byte by byte
+per layer (the decode's own draft layers must stay untouched): a plain one (three
+layers, no draft), two layouts drawn from the single-stage layouts with draft KV,
+and every shrunk layout that has a single prefill stage.
 
-Not yet covered: a real transfer for a sampled layout with PP stages or draft KV
-(the role pools hold PP 1 without draft buffers).
+Not covered: real transfers for layouts with several prefill stages (a
+multi-stage prefill needs one role process per stage; those layouts are judged
+at the planning function only).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 from harness import checks as c
 from harness import layouts
 from harness.scenario import Scenario, register
-from harness.steps import PlanLayouts, StartRoles
+from harness.history import completions
+from harness.steps import PlanLayouts, StartRoles, TransferLayouts
 from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify
 
 COUNT = 200
@@ -25,7 +30,8 @@ COUNT = 200
 
 def steps(seed: int):
     room = Planner(seed).room()
-    return [StartRoles(layout=LAYOUT), PlanLayouts("prefill", count=COUNT, seed=seed), *full_room(room), verify([room])]
+    return [StartRoles(layout=LAYOUT), PlanLayouts("prefill", count=COUNT, seed=seed), *full_room(room), verify([room]),
+            TransferLayouts(count=2, seed=seed)]
 
 
 def _planned_like_reference(events):
@@ -42,10 +48,38 @@ def _planned_like_reference(events):
     return False, f"{len(wrong)} of {len(value['specs'])} layouts planned wrongly; shrunk: {shown}"
 
 
+def _layout_transfers_exact(events):
+    transfers = [e for e in events if e["op"] == "layout-transfer"]
+    if not transfers:
+        return False, "no layout was transferred"
+    problems, bytes_ok = [], 0
+    for t in transfers:
+        index = t["role"].rsplit("-L", 1)[1]
+        decode = f"decode-L{index}"
+        checks = list(completions(events, op="verify", role=decode))
+        waits = [e for e in completions(events, op="await_status", role=decode) if e["type"] == "ok"]
+        if not checks or checks[-1]["type"] != "ok":
+            status = waits[-1]["value"]["status_name"] if waits else "never polled"
+            problems.append(f"[{t['args']['layout']}] not verified (decode {status})")
+            continue
+        report = checks[-1]["value"]
+        if not report["ok"]:
+            problems.append(f"[{t['args']['layout']}] {report['mismatch_pages']} page(s) wrong: "
+                            + "; ".join(report["mismatches"][:2]))
+        elif waits and waits[-1]["value"]["status_name"] != "Success":
+            problems.append(f"[{t['args']['layout']}] bytes right but decode {waits[-1]['value']['status_name']}")
+        else:
+            bytes_ok += report["bytes_verified"]
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"{len(transfers)} layout(s) transferred for real, {bytes_ok} bytes exact per layer"
+
+
 def checks(seed: int):
     room = Planner(seed).room()
     return [
         c.Check("planning-matches-reference", "R-LAYOUT-2", "MUST", _planned_like_reference),
+        c.Check("sampled-layouts-bytes-exact", "R-LAYOUT-2", "MUST", _layout_transfers_exact),
         *room_succeeds(room, "R-XFER-1", "sample-room"),
         c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
     ]

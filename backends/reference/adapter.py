@@ -208,18 +208,20 @@ class ReferenceRole(RoleAdapter):
         self.buffers = kv + [aux]
 
     def _layout_plan(self, prefill: Layout) -> Plan | Rejection:
-        """Plan the room's buffer pairs, or reject a layout this pair cannot serve (R-LAYOUT-2).
-
-        Both sides hold every layer (PP = 1, no draft KV in the role layout), so any
-        difference in attention kind, layer count, page geometry or heads is a rejection.
-        """
+        """Plan the room's buffer pairs by identity with :func:`backends.reference.planner.plan`
+        (pipeline stages and draft KV included), or reject a layout this pair cannot serve
+        (R-LAYOUT-2): a different attention kind, model, page geometry or heads."""
         mine = self.layout
         for field_name in ("mla", "num_layers", "page_size", "page_bytes", "aux_bytes", "kv_heads"):
             theirs, ours = getattr(prefill, field_name), getattr(mine, field_name)
             if theirs != ours:
                 return Rejection(f"prefill {field_name}={theirs} but decode {field_name}={ours}")
-        return plan(LayoutSpec("MLA" if mine.mla else "MHA", mine.num_layers, SideLayout(0, prefill.num_layers),
-                               SideLayout(0, mine.num_layers), mine.page_size, mine.kv_heads))
+
+        def side(layout: Layout) -> SideLayout:
+            return SideLayout(layout.main_layers.start, layout.main_layers.stop, layout.draft_layers)
+
+        return plan(LayoutSpec("MLA" if mine.mla else "MHA", mine.num_layers, side(prefill), side(mine),
+                               mine.page_size, mine.kv_heads))
 
     def _record(self, room: int, status: int, reason: str) -> None:
         self.status[room] = status
@@ -459,11 +461,12 @@ class ReferenceRole(RoleAdapter):
     def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
         self.side.inbox.put(lambda: self._decode_event(dc.RequestKV(room, tuple(pages), aux_slot, time.monotonic())))
 
-    def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = ()) -> dict:
+    def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = (),
+               sent_layers: list | None = None) -> dict:
         # on the control thread: no write lands while the pools are read
         return self._sync(lambda: pattern.verify_pools(self.buffers, [tuple(m) for m in kv_moves],
                                                        [tuple(m) for m in aux_moves],
-                                                       unchecked_kv, unchecked_aux).to_dict())
+                                                       unchecked_kv, unchecked_aux, sent_layers).to_dict())
 
     # ---- either side -----------------------------------------------------------
     def _sync(self, fn, timeout_s: float = 10.0):
