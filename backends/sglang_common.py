@@ -266,13 +266,12 @@ class SglangCommonRole(RoleAdapter):
     SRC_BASE, DST_BASE = 1 << 40, 2 << 40  # fake pointers: base + buffer index
 
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
-        """The backend manager's own positional planners, ``get_mha_kv_ptrs_with_pp`` and
-        ``get_mla_kv_ptrs_with_pp`` (``common/conn.py``; what sglang uses for plain MHA/MLA
-        pools, which publish no layer ids), called on a manager shell whose ``kv_args``
-        holds the prefill stage and draft entry count, with pointers that encode buffer
-        indices.  The returned pointer pairs are read back as index pairs, the way the
-        transfer pairs ``src_k[i]`` with ``dst_k[i]`` (``_send_kvcache_generic``).  An
-        exception is a visible refusal (``rejected``)."""
+        """The backend's own KV pairing for each spec, on a manager shell (an
+        uninitialised instance of the backend's manager class whose ``kv_args`` holds
+        the prefill stage, the draft entry count and no layer ids, as sglang's plain
+        MHA/MLA pools publish none).  :meth:`plan_one` says which sglang function
+        pairs buffers for this backend; an exception is a visible refusal
+        (``rejected``)."""
         from types import SimpleNamespace
 
         from harness.layouts import buffer_counts
@@ -282,25 +281,35 @@ class SglangCommonRole(RoleAdapter):
         for spec in specs:
             n_src, n_dst = buffer_counts(spec)
             start, end, draft = spec["prefill"]
+            mla = spec["attention"] == "MLA"
             shell = object.__new__(manager_cls)
-            draft_entries = draft * (1 if spec["attention"] == "MLA" else 2)
-            shell.kv_args = SimpleNamespace(prefill_start_layer=start, prefill_end_layer=end,
-                                            num_draft_entries=draft_entries, mla_compression_ratios=None)
-            src = [self.SRC_BASE + i for i in range(n_src)]
-            dst = [self.DST_BASE + j for j in range(n_dst)]
+            shell.kv_args = SimpleNamespace(prefill_start_layer=start, prefill_end_layer=end, kv_layer_ids=[],
+                                            num_draft_entries=draft * (1 if mla else 2), mla_compression_ratios=None,
+                                            kv_item_lens=[256] * n_src)
+            shell.pp_size = spec["stages"]
+            shell.is_mla_backend, shell.is_hybrid_mla_backend = mla, False
             try:
-                if spec["attention"] == "MLA":
-                    s_ptrs, d_ptrs, layers = shell.get_mla_kv_ptrs_with_pp(src, dst)
-                    pointer_pairs = [(s_ptrs[i], d_ptrs[i]) for i in range(layers)]
-                else:
-                    s_k, s_v, d_k, d_v, layers = shell.get_mha_kv_ptrs_with_pp(src, dst)
-                    pointer_pairs = ([(s_k[i], d_k[i]) for i in range(layers)]
-                                     + [(s_v[i], d_v[i]) for i in range(layers)])
-            except Exception as exc:  # the transfer would fail here, visibly
+                pairs = self.plan_one(shell, mla, n_src, n_dst)
+            except Exception as exc:  # the transfer (or the peer's registration) fails here, visibly
                 out.append({"rejected": f"{type(exc).__name__}: {exc}"})
                 continue
-            out.append({"pairs": [[s - self.SRC_BASE, d - self.DST_BASE] for s, d in pointer_pairs]})
+            out.append({"pairs": [list(p) for p in pairs]})
         return out
+
+    def plan_one(self, shell, mla: bool, n_src: int, n_dst: int) -> list[tuple[int, int]]:
+        """Mooncake's pairing for plain pools: ``get_mha_kv_ptrs_with_pp`` /
+        ``get_mla_kv_ptrs_with_pp`` (``common/conn.py``, called from
+        ``MooncakeKVManager._send_kvcache_generic``), fed pointers that encode buffer
+        indices; pointer pairs ``src_k[i]``/``dst_k[i]`` (and V) read back as indices."""
+        src = [self.SRC_BASE + i for i in range(n_src)]
+        dst = [self.DST_BASE + j for j in range(n_dst)]
+        if mla:
+            s_ptrs, d_ptrs, layers = shell.get_mla_kv_ptrs_with_pp(src, dst)
+            pointer_pairs = [(s_ptrs[i], d_ptrs[i]) for i in range(layers)]
+        else:
+            s_k, s_v, d_k, d_v, layers = shell.get_mha_kv_ptrs_with_pp(src, dst)
+            pointer_pairs = [(s_k[i], d_k[i]) for i in range(layers)] + [(s_v[i], d_v[i]) for i in range(layers)]
+        return [(s - self.SRC_BASE, d - self.DST_BASE) for s, d in pointer_pairs]
 
     def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
         return self._start("prefill", layout, bootstrap_port)

@@ -235,6 +235,11 @@ class RoleAdapter(ABC):
         ``{"rejected": reason}`` per spec.  Unsupported by default."""
         raise Unsupported(f"{self.impl} exposes no layout planning function")
 
+    def unsupported_layout(self, spec: dict) -> str | None:
+        """Why a real transfer for layout ``spec`` cannot run in this environment
+        (None: it can).  Such layouts are skipped and listed, never judged."""
+        return None
+
 
 class RoleRecorder:
     """Collects log records and dead threads inside a role process.

@@ -57,6 +57,7 @@ class CellDriver:
         self.engine: str | None = None
         self.base_port = base_port
         self.prefills_started = 0
+        self.retired: dict[str, RoleHandle] = {}  # roles stopped mid-cell after their last observation
         self.step_index: int | None = None
 
     # ---- calls with history ----------------------------------------------
@@ -239,7 +240,7 @@ class CellDriver:
                 return found is not None and layouts.kind_of(found) == kind
             try:
                 small = find(layouts.layout_specs(), still_fails,
-                             settings=settings(max_examples=300, database=None, deadline=None, derandomize=True,
+                             settings=settings(max_examples=100, database=None, deadline=None, derandomize=True,
                                                suppress_health_check=list(HealthCheck)))
             except (NoSuchExample, RoleError):
                 small = spec
@@ -259,15 +260,23 @@ class CellDriver:
         for i, spec in enumerate(chosen):
             prefill_layout, decode_layout = layouts.role_layouts(spec)
             prefill, decode = f"prefill-L{i}", f"decode-L{i}"
+            why_not = self.call("prefill", "unsupported_layout", spec=spec) if "prefill" in self.clients else None
             self.history.record("info", "layout-transfer", prefill, self.step_index,
-                                args={"layout": layouts.describe(spec), "spec": spec})
-            before = len(self.clients)
-            self._do_StartRoles(s.StartRoles(prefills=(prefill,), decodes=(decode,), layout=prefill_layout,
-                                             decode_layout=decode_layout))
-            if len(self.clients) == before:
+                                args={"layout": layouts.describe(spec), "spec": spec, "skipped": why_not})
+            if why_not:
                 continue
-            for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=step.seed + i):
-                getattr(self, f"_do_{type(sub_step).__name__}")(sub_step)
+            try:
+                self._do_StartRoles(s.StartRoles(prefills=(prefill,), decodes=(decode,), layout=prefill_layout,
+                                                 decode_layout=decode_layout))
+            except CellAborted as exc:  # this layout's roles did not start: its own problem, not the cell's
+                self.history.record("fail", "layout-start", prefill, self.step_index, args={}, error=str(exc))
+                self.retire([n for n in (prefill, decode) if n in self.clients])
+                continue
+            try:
+                for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=step.seed + i):
+                    getattr(self, f"_do_{type(sub_step).__name__}")(sub_step)
+            finally:
+                self.retire([prefill, decode])
 
     def _do_Clear(self, step: s.Clear) -> None:
         self.call(step.role, "clear", room=step.room)
@@ -346,15 +355,38 @@ class CellDriver:
                 continue
             self.call(name, "observe", deadline_s=10)
 
+    def _stop(self, name: str) -> None:
+        client, handle = self.clients[name], self.handles[name]
+        if handle.alive() and not client.broken:
+            try:
+                client.call("shutdown", 5)
+            except RoleError:
+                pass
+        client.close()
+        handle.stop(timeout_s=5)
+
+    def retire(self, names: list[str]) -> None:
+        """Observe these roles now (their observation is what checks see), then stop
+        them, so that a cell that starts many role pairs holds only a few at a time."""
+        saved, self.step_index = self.step_index, None
+        for name in names:
+            if name not in self.clients:
+                continue
+            handle, client = self.handles[name], self.clients[name]
+            if not handle.alive() or client.broken:
+                why = client.broken or f"its process ended ({handle.exit_description()})"
+                self.history.record("fail", "observe", name, None, args={}, error=f"{name} cannot be observed: {why}")
+            else:
+                self.call(name, "observe", deadline_s=10)
+            self._stop(name)
+            del self.clients[name]
+            self.retired[name] = self.handles.pop(name)
+        self.step_index = saved
+
     def stop_all(self) -> None:
-        for name, client in self.clients.items():
-            if self.handles[name].alive() and not client.broken:
-                try:
-                    client.call("shutdown", 5)
-                except RoleError:
-                    pass
-            client.close()
-        for handle in self.handles.values():
+        for name in list(self.clients):
+            self._stop(name)
+        for handle in self.retired.values():
             handle.stop(timeout_s=5)
         self.ctx.term()
 

@@ -1,12 +1,14 @@
-"""early-watermark: a staging WATERMARK that arrives too early, or for staging
-that is switched off, is dropped and never kills the prefill's control loop.
+"""early-watermark: a staging WATERMARK that arrives too early, or while staging
+is switched off, is dropped and never kills the prefill's control loop.
 
-(a) The WATERMARK is pushed into the prefill's control socket from inside its
-manager's constructor, right after the control thread started
-(``prefill-control-started``), while the constructor is held for 0.5 s: the
-window in which Mooncake's ``_staging_ctx`` is still unset (PR #35281 review).
-(b) After start-up, with staging disabled (sglang's default), another WATERMARK.
-After each, the prefill's loops must be alive (R-LIVE-3), and a new room must
+Two prefills, so the two cases are judged apart (R-LIVE-3):
+(a) ``prefill-init``: the WATERMARK is pushed into its control socket from inside
+its manager's constructor, right after the control thread started
+(``prefill-control-started``), while the constructor is held 0.5 s (the window in
+which Mooncake's ``_staging_ctx`` is not yet assigned, PR #35281 review);
+(b) ``prefill-later``: a WATERMARK after start-up.  Staging is off (sglang's
+default) in both, so both also test a message for a feature that is switched off.
+After each, that prefill's loops must be alive, and a new room to each must
 complete (R-LIVE-3, R-LIVE-4).
 """
 
@@ -19,19 +21,26 @@ from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify
 
 # staging_handler.py's WATERMARK: tag, round, tail, session
 WATERMARK = (b"WATERMARK", b"1", b"4096", b"pdconform-session")
-INIT, LATER = "after the init-window WATERMARK", "after the WATERMARK with staging off"
+INIT, LATER = "prefill-init", "prefill-later"
+INIT_LABEL, LATER_LABEL = "after the init-window WATERMARK", "after the WATERMARK sent after start-up"
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(prefill=INIT), planner.room(prefill=LATER)
 
 
 def steps(seed: int):
-    room = Planner(seed).room()
-    arm = ArmPoint("prefill", "prefill-control-started", action="inject", frames=(WATERMARK,), hold_s=0.5)
+    room_init, room_later = _plan(seed)
+    arm = ArmPoint(INIT, "prefill-control-started", action="inject", frames=(WATERMARK,), hold_s=0.5)
     return [
-        StartRoles(layout=LAYOUT, arm=(arm,)),
-        Observe(("prefill",), settle_s=0.3, label=INIT),
-        InjectFrames("prefill", (WATERMARK,)),
-        Observe(("prefill",), settle_s=0.3, label=LATER),
-        *full_room(room),
-        verify([room]),
+        StartRoles(prefills=(INIT, LATER), layout=LAYOUT, arm=(arm,)),
+        Observe((INIT,), settle_s=0.3, label=INIT_LABEL),
+        InjectFrames(LATER, (WATERMARK,)),
+        Observe((LATER,), settle_s=0.3, label=LATER_LABEL),
+        *full_room(room_init),
+        *full_room(room_later),
+        verify([room_init, room_later]),
     ]
 
 
@@ -44,12 +53,13 @@ def _injected_in_window(events):
 
 
 def checks(seed: int):
-    room = Planner(seed).room()
+    room_init, room_later = _plan(seed)
     return [
         c.Check("init-window-reached", "R-LIVE-3", "MUST", _injected_in_window),
-        c.Check("survives-init-window-watermark", "R-LIVE-3", "MUST", c.loops_alive_at(INIT, ("prefill",))),
-        c.Check("survives-watermark-staging-off", "R-LIVE-3", "MUST", c.loops_alive_at(LATER, ("prefill",))),
-        *room_succeeds(room, "R-LIVE-4", "new-room"),
+        c.Check("survives-init-window-watermark", "R-LIVE-3", "MUST", c.loops_alive_at(INIT_LABEL, (INIT,))),
+        c.Check("survives-watermark-staging-off", "R-LIVE-3", "MUST", c.loops_alive_at(LATER_LABEL, (LATER,))),
+        *room_succeeds(room_init, "R-LIVE-4", "room-after-init-window"),
+        *room_succeeds(room_later, "R-LIVE-3", "room-after-later-watermark"),
         c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
         c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
     ]
@@ -58,10 +68,10 @@ def checks(seed: int):
 SCENARIO = register(
     Scenario(
         id="early-watermark",
-        title="A WATERMARK in the prefill's init window and with staging off is dropped; a new room completes",
+        title="A WATERMARK in a prefill's init window, and one after start-up with staging off, is dropped",
         requirements=("R-LIVE-3", "R-LIVE-4", "R-LAYOUT-1", "R-LIVE-2"),
         steps=steps,
         checks=checks,
-        timeout_s=120.0,
+        timeout_s=150.0,
     )
 )

@@ -53,6 +53,18 @@ class MoriRole(SglangCommonRole):
 
         return "standin" if getattr(mori, "__pdconform_standin__", False) else "real"
 
+    def plan_one(self, shell, mla: bool, n_src: int, n_dst: int) -> list[tuple[int, int]]:
+        """Mori's pairing: ``MoriKVManager._get_mha_mem_desc_slices`` /
+        ``_get_mla_mem_desc_slices`` (mori/conn.py), fed descriptor stand-ins that are
+        buffer indices (the functions only slice the lists)."""
+        shell.kv_mem_descs = list(range(n_src))
+        dst = list(range(n_dst))
+        if mla:
+            src_d, dst_d, layers = shell._get_mla_mem_desc_slices(dst, [])
+            return [(src_d[i], dst_d[i]) for i in range(layers)]
+        s_k, s_v, d_k, d_v, layers = shell._get_mha_mem_desc_slices(dst, [])
+        return [(s_k[i], d_k[i]) for i in range(layers)] + [(s_v[i], d_v[i]) for i in range(layers)]
+
     def set_engine_faults(self, **plan) -> dict:
         """The stand-in engine's own fault knobs (``mori.io.set_standin_faults``); the
         real amd-mori has none, so on ROCm this is Unsupported."""

@@ -2,7 +2,9 @@
 
 Mirrors ``sglang/srt/disaggregation/nixl/conn.py``.  The manager creates its own
 NIXL agent; KV buffers are registered as host memory (``DRAM``) through the
-per-buffer ``kv_data_mem_kinds`` that sglang's decode scheduler sets.
+per-buffer ``kv_data_mem_kinds`` (sglang's schedulers register GPU KV as ``VRAM``
+and use ``DRAM`` only for host-backed HiSparse pools; on a CPU machine DRAM is
+all there is).
 ``UCX_TLS=tcp`` and ``UCX_NET_DEVICES=lo`` come from harness.role_context.
 """
 
@@ -30,7 +32,7 @@ class FaultyNixlAgent:
         self._real = real
         self._counter = counter
         self._lock = threading.Lock()
-        self._never: set[int] = set()
+        self._never: list = []  # the handles themselves: an id() could be reused after garbage collection
 
     def transfer(self, handle, *args, **kwargs):
         group_fails = self._counter.next_group()
@@ -39,13 +41,13 @@ class FaultyNixlAgent:
             return "ERR"
         if verdict == NEVER:
             with self._lock:
-                self._never.add(id(handle))
+                self._never.append(handle)
             return "PROC"
         return self._real.transfer(handle, *args, **kwargs)
 
     def check_xfer_state(self, handle, *args, **kwargs):
         with self._lock:
-            if id(handle) in self._never:
+            if any(h is handle for h in self._never):
                 return "PROC"
         return self._real.check_xfer_state(handle, *args, **kwargs)
 
@@ -69,6 +71,23 @@ class NixlRole(SglangCommonRole):
 
     def fill_backend_kv_args(self, kv_args: Any) -> None:
         kv_args.kv_data_mem_kinds = ["DRAM"] * len(kv_args.kv_data_ptrs)
+
+    def plan_one(self, shell, mla: bool, n_src: int, n_dst: int) -> list[tuple[int, int]]:
+        """NIXL's pairing: ``NixlKVManager._build_transfer_dst_indices`` (called from
+        ``_prepare_payload_xfer`` when a decode registers), one destination index per
+        source entry."""
+        from types import SimpleNamespace
+
+        peer = SimpleNamespace(dst_kv_layer_ids=[], dst_kv_item_lens=[256] * n_dst)
+        indices = shell._build_transfer_dst_indices(peer_info=peer, n_src=n_src, n_dst=n_dst)
+        return list(enumerate(indices))
+
+    def unsupported_layout(self, spec: dict) -> str | None:
+        if spec["decode"][2] > spec["prefill"][2]:
+            return ("NIXL refuses decode-only draft KV unless the decode's KV is VRAM (nixl/conn.py "
+                    "_prepare_payload_xfer: 'HiSparse combined with decode-only speculative decoding'); "
+                    "on a CPU machine the KV is registered as DRAM")
+        return None
 
     def wrap_engine(self, counter: EngineFaultCounter) -> None:
         self.manager.agent = FaultyNixlAgent(self.manager.agent, counter)
