@@ -256,7 +256,7 @@ class CellDriver:
 
         chosen = [spec for spec in sample(layouts.single_stage_specs(), step.count, step.seed)]
         shrunk = [e["value"]["shrunk"] for e in self.history.events if e["op"] == "layout-shrink"]
-        chosen += [entry["spec"] for entry in (shrunk[-1] if shrunk else []) if entry["spec"]["stages"] == 1]
+        chosen += [entry["spec"] for entry in (shrunk[-1] if shrunk else []) if entry["spec"]["stages"] == 1][:3]
         for i, spec in enumerate(chosen):
             prefill_layout, decode_layout = layouts.role_layouts(spec)
             prefill, decode = f"prefill-L{i}", f"decode-L{i}"

@@ -201,14 +201,14 @@ class PlanLayouts:
     role: str = "prefill"
     count: int = 200
     seed: int = 0
-    max_shrinks: int = 4
+    max_shrinks: int = 6
 
 
 @dataclass(frozen=True)
 class TransferLayouts:
     """Real transfers for single-stage layouts: ``count`` drawn from the layout
-    strategy with ``seed``, plus every layout the last :class:`PlanLayouts` shrunk
-    that has one prefill stage.  Each gets its own prefill and decode roles
+    strategy with ``seed``, plus up to three layouts the last :class:`PlanLayouts`
+    shrunk that have one prefill stage.  Each gets its own prefill and decode roles
     (``prefill-L<i>``/``decode-L<i>``) with those layouts, one room, and a byte
     check in which the decode's own draft layers must stay untouched."""
 

@@ -31,3 +31,9 @@ def test_kind_blurs_layer_numbers():
     a = layouts.kind_of("prefill layer 3 V -> decode draft layer 0 K (reference: decode layer 3 V)")
     b = layouts.kind_of("prefill layer 1 V -> decode draft layer 1 K (reference: decode layer 1 V)")
     assert a == b
+
+
+def test_kind_keeps_where_a_buffer_went():
+    to_draft = layouts.kind_of("prefill layer 0 V -> decode draft layer 0 K (reference: decode layer 0 V)")
+    to_other_layer = layouts.kind_of("prefill layer 3 V -> decode layer 2 V (reference: decode layer 3 V)")
+    assert to_draft != to_other_layer
