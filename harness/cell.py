@@ -25,6 +25,7 @@ import zmq
 from harness import steps as s
 from harness.adapter import FAILED, kvpoll_name
 from harness.checks import verdict_of
+from harness.faults import push_frames
 from harness.history import History
 from harness.launcher import LocalLauncher, Launcher, RoleClient, RoleError, RoleHandle, RoleSpec
 from harness.results import CellResult
@@ -57,7 +58,6 @@ class CellDriver:
         self.engine: str | None = None
         self.base_port = base_port
         self.prefills_started = 0
-        self.retired: dict[str, RoleHandle] = {}  # roles stopped mid-cell after their last observation
         self.step_index: int | None = None
 
     # ---- calls with history ----------------------------------------------
@@ -186,12 +186,7 @@ class CellDriver:
         endpoint = self.control_endpoint.get(step.role)
         if endpoint is None:
             raise CellAborted(f"{step.role} published no control socket to inject frames into", unsupported=True)
-        sock = self.ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 2000)  # every frame is delivered before the socket goes
-        sock.connect(endpoint)
-        for frames in step.frames:
-            sock.send_multipart(list(frames))
-        sock.close()
+        push_frames(endpoint, step.frames, self.ctx)
         self.history.record("nemesis", "inject", step.role, self.step_index,
                             args={"endpoint": endpoint, "messages": len(step.frames),
                                   "sample": [[f[:40].hex() for f in m] for m in step.frames[:5]]})
@@ -202,18 +197,7 @@ class CellDriver:
     def _do_Observe(self, step: s.Observe) -> None:
         time.sleep(step.settle_s)
         for role in step.roles:
-            handle, client = self.handles[role], self.clients[role]
-            if not handle.alive() or client.broken:
-                self.history.record("fail", "observe-mid", role, self.step_index, args={"label": step.label},
-                                    error=f"{role} cannot be observed: its process ended ({handle.exit_description()})")
-                continue
-            try:
-                value = client.call("observe", 10)
-            except RoleError as exc:
-                self.history.record("fail", "observe-mid", role, self.step_index, args={"label": step.label},
-                                    error=str(exc))
-                continue
-            self.history.record("ok", "observe-mid", role, self.step_index, args={"label": step.label}, value=value)
+            self._observe(role, op="observe-mid", args={"label": step.label})
 
     def _do_PlanLayouts(self, step: s.PlanLayouts) -> None:
         from hypothesis import HealthCheck, find, settings
@@ -254,7 +238,7 @@ class CellDriver:
         from harness import layouts
         from harness.frames import sample
 
-        chosen = [spec for spec in sample(layouts.single_stage_specs(), step.count, step.seed)]
+        chosen = sample(layouts.single_stage_specs(), step.count, step.seed)
         shrunk = [e["value"]["shrunk"] for e in self.history.events if e["op"] == "layout-shrink"]
         chosen += [entry["spec"] for entry in (shrunk[-1] if shrunk else []) if entry["spec"]["stages"] == 1][:3]
         for i, spec in enumerate(chosen):
@@ -347,13 +331,23 @@ class CellDriver:
         """Observe every launched role; a role that cannot be observed gets a ``fail``
         event saying why, so checks never mistake silence for health."""
         self.step_index = None
-        for name, client in self.clients.items():
-            handle = self.handles[name]
-            if not handle.alive() or client.broken:
-                why = client.broken or f"its process ended ({handle.exit_description()})"
-                self.history.record("fail", "observe", name, None, args={}, error=f"{name} cannot be observed: {why}")
-                continue
-            self.call(name, "observe", deadline_s=10)
+        for name in self.clients:
+            self._observe(name)
+
+    def _observe(self, name: str, op: str = "observe", args: dict | None = None) -> None:
+        """Record one role's :class:`harness.adapter.Observation` as an ``op`` event, or a
+        ``fail`` event saying why it cannot be observed (dead, broken, not answering)."""
+        handle, client, args = self.handles[name], self.clients[name], args or {}
+        if not handle.alive() or client.broken:
+            why = client.broken or f"its process ended ({handle.exit_description()})"
+            self.history.record("fail", op, name, self.step_index, args=args, error=f"{name} cannot be observed: {why}")
+            return
+        try:
+            value = client.call("observe", 10)
+        except RoleError as exc:
+            self.history.record("fail", op, name, self.step_index, args=args, error=str(exc))
+            return
+        self.history.record("ok", op, name, self.step_index, args=args, value=value)
 
     def _stop(self, name: str) -> None:
         client, handle = self.clients[name], self.handles[name]
@@ -372,22 +366,14 @@ class CellDriver:
         for name in names:
             if name not in self.clients:
                 continue
-            handle, client = self.handles[name], self.clients[name]
-            if not handle.alive() or client.broken:
-                why = client.broken or f"its process ended ({handle.exit_description()})"
-                self.history.record("fail", "observe", name, None, args={}, error=f"{name} cannot be observed: {why}")
-            else:
-                self.call(name, "observe", deadline_s=10)
+            self._observe(name)
             self._stop(name)
-            del self.clients[name]
-            self.retired[name] = self.handles.pop(name)
+            del self.clients[name], self.handles[name]
         self.step_index = saved
 
     def stop_all(self) -> None:
         for name in list(self.clients):
             self._stop(name)
-        for handle in self.retired.values():
-            handle.stop(timeout_s=5)
         self.ctx.term()
 
 

@@ -87,7 +87,7 @@ class Points:
         start = time.monotonic()
         if armed.action == INJECT:
             record["frames"] = len(armed.frames)
-            record["delivered"] = _push(endpoint, armed.frames) if endpoint else "no control endpoint"
+            record["delivered"] = push_frames(endpoint, armed.frames) if endpoint else "no control endpoint"
             armed.reached.set()
             time.sleep(armed.hold_s)
         else:
@@ -115,17 +115,19 @@ class Points:
         return True
 
 
-def _push(endpoint: str, frames: list[list[bytes]]) -> str:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.PUSH)
+def push_frames(endpoint: str, messages, ctx: zmq.Context | None = None) -> str:
+    """Push multipart ``messages`` (each a sequence of bytes frames) to a control
+    socket at ``endpoint``, as any peer could; the socket lingers up to 2 s so every
+    message is delivered before it closes.  Returns what was sent, for the history."""
+    sock = (ctx or zmq.Context.instance()).socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
     try:
         sock.connect(endpoint)
-        for message in frames:
-            sock.send_multipart(message)
+        for message in messages:
+            sock.send_multipart(list(message))
     finally:
         sock.close()
-    return f"{len(frames)} message(s) to {endpoint}"
+    return f"{len(messages)} message(s) to {endpoint}"
 
 
 @dataclass(frozen=True)
