@@ -132,14 +132,14 @@ def killed_roles(events: list[dict]) -> set[str]:
     return {e["role"] for e in events if e["type"] == "nemesis" and e["op"] == "kill"}
 
 
-def observations(events: list[dict], skip_killed: bool = True) -> tuple[dict[str, dict], list[str]]:
+def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:
     """The last observation of every launched role, and why any role has none.
 
     A role that was launched but not observed (dead, frozen, not answering)
     is a problem, never silence that passes; roles the nemesis killed are left
-    out unless ``skip_killed`` is False.
+    out.
     """
-    killed = killed_roles(events) if skip_killed else set()
+    killed = killed_roles(events)
     launched = [e["role"] for e in completions(events, op="launch") if e["type"] == "ok" and e["role"] not in killed]
     observed: dict[str, dict] = {}
     problems: dict[str, str] = {}

@@ -10,11 +10,12 @@ from __future__ import annotations
 import random
 
 from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT, Layout
+from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
 from harness.scenario import Scenario, register
 from harness.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
+from scenarios import _flows as flows
 
-LAYOUT = Layout(num_layers=3, num_pages=16, page_size=4, page_bytes=256, aux_slots=4, aux_bytes=64)
+LAYOUT = flows.LAYOUT
 NUM_PAGES = 5
 
 

@@ -195,16 +195,20 @@ def _point_steps(seed: int):
     ]
 
 
-def _paused_then_released(events):
-    room = _happy_parts(0)[1][0]
-    waits = [e for e in events if e["op"] == "await_status" and e["role"] == "decode" and e["type"] == "ok"
-             and e["args"]["room"] == room]
-    hits = [e["value"] for e in events if e["type"] == "nemesis" and e["op"] == "point-hit"]
-    if len(waits) < 2 or not hits:
-        return False, f"{len(waits)} decode polls, {len(hits)} point hits recorded"
-    held, done = waits[0]["value"]["status_name"], waits[-1]["value"]["status_name"]
-    ok = held != "Success" and done == "Success" and hits[0]["released"] is True
-    return ok, f"while paused the decode saw {held}; after release {done}; hit {hits[0]}"
+def _paused_then_released(seed: int):
+    room = _happy_parts(seed)[1][0]
+
+    def fn(events):
+        waits = [e for e in events if e["op"] == "await_status" and e["role"] == "decode" and e["type"] == "ok"
+                 and e["args"]["room"] == room]
+        hits = [e["value"] for e in events if e["type"] == "nemesis" and e["op"] == "point-hit"]
+        if len(waits) < 2 or not hits:
+            return False, f"{len(waits)} decode polls, {len(hits)} point hits recorded"
+        held, done = waits[0]["value"]["status_name"], waits[-1]["value"]["status_name"]
+        ok = held != "Success" and done == "Success" and hits[0]["released"] is True
+        return ok, f"while paused the decode saw {held}; after release {done}; hit {hits[0]}"
+
+    return fn
 
 
 register(
@@ -214,7 +218,7 @@ register(
         requirements=("R-XFER-1",),
         steps=_point_steps,
         checks=lambda seed: [
-            c.Check("paused-then-released", "R-XFER-1", "MUST", _paused_then_released),
+            c.Check("paused-then-released", "R-XFER-1", "MUST", _paused_then_released(seed)),
             c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
         ],
         timeout_s=90.0,
