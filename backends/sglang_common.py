@@ -130,6 +130,8 @@ class SglangCommonRole(RoleAdapter):
         self.rooms_seen: list[int] = []
         self._threads: list[threading.Thread] = []
         self._fault_counter: EngineFaultCounter | None = None
+        self._acks: list[dict] = []
+        self._acks_lock = threading.Lock()
         self.POINTS = self.points_for()
 
     # ---- hooks -----------------------------------------------------------
@@ -210,8 +212,12 @@ class SglangCommonRole(RoleAdapter):
         self._threads = [t for t in threading.enumerate() if t not in before]
         facts["rank_port"] = getattr(self.manager, "rank_port", None)
         facts["engine"] = self.engine()
+        facts["deferred_release"] = bool(getattr(self.manager, "enable_deferred_decode_kv_release", False))
         if mode == "decode":
             facts["heartbeat_window_s"] = float(self.manager.heartbeat_interval) * int(self.manager.max_failures)
+            facts["waiting_timeout_s"] = float(self.manager.waiting_timeout)
+        else:
+            facts["bootstrap_timeout_s"] = float(self.manager.bootstrap_timeout)
         return facts
 
     def _install_point_hooks(self) -> None:
@@ -234,6 +240,15 @@ class SglangCommonRole(RoleAdapter):
 
             started.__pdconform_point__ = True
             setattr(manager_cls, name, started)
+        original_ack = manager_cls.handle_abort_ack_message
+        if not getattr(original_ack, "__pdconform_point__", False):
+            def handle_abort_ack_message(mgr, msg, _original=original_ack):
+                if msg and msg[0] == b"ABORT_ACK":
+                    self._note_ack(msg)
+                return _original(mgr, msg)
+
+            handle_abort_ack_message.__pdconform_point__ = True
+            manager_cls.handle_abort_ack_message = handle_abort_ack_message
         if not getattr(FastQueue.get, "__pdconform_point__", False):
             original_get = FastQueue.get
 
@@ -246,6 +261,42 @@ class SglangCommonRole(RoleAdapter):
 
             get.__pdconform_point__ = True
             FastQueue.get = get
+
+    def _note_ack(self, msg: list) -> None:
+        """Record an ABORT_ACK as the decode's control thread takes it (Common wire:
+        ``[ABORT_ACK, room(, prefill_rank, generation)]``); unparsable fields are None."""
+        def field(i: int):
+            try:
+                return int(msg[i].decode("ascii"))
+            except (IndexError, ValueError, UnicodeDecodeError, AttributeError):
+                return None
+
+        with self._acks_lock:
+            self._acks.append({"room": field(1), "generation": field(3), "t": time.time()})
+
+    def abort_acks(self) -> list[dict]:
+        with self._acks_lock:
+            return list(self._acks)
+
+    def abort_frames(self, room: int) -> list[bytes]:
+        """Common's ``AbortNotification(room, local_ip, rank_port, generation).to_zmq()``
+        (common/conn.py) with this decode's address; the generation is the one the
+        room's receiver armed for deferred release, if any."""
+        from sglang.srt.disaggregation.common.conn import AbortNotification
+
+        receiver = self.receivers.get(room)
+        generation = getattr(receiver, "_abort_generation", None) if receiver is not None else None
+        return AbortNotification(room=room, decode_ip=self.manager.local_ip, decode_port=self.manager.rank_port,
+                                 generation=generation).to_zmq()
+
+    def status_frames(self, room: int, status: int) -> list[bytes]:
+        """The manager's own ``_encode_kv_status_message`` (common/conn.py: the backend's
+        tag, room, status, prefill rank and reason frames): the bytes a prefill of this
+        backend sends; the Common wire names no room lifecycle."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        return self.manager._encode_kv_status_message(bootstrap_room=room, status=KVPoll(status),
+                                                      failure_reason=None)
 
     def set_engine_faults(self, **plan) -> dict:
         """Wrap this manager's engine so it injects ``plan`` (an :class:`EngineFaultPlan`'s

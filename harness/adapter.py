@@ -228,6 +228,25 @@ class RoleAdapter(ABC):
         """Every engine fault injected so far (``transfer``, ``fault``, ``what``)."""
         return []
 
+    # ---- wire messages for field scenarios (decode side) -----------------
+    def abort_frames(self, room: int) -> list[bytes]:
+        """The plain ABORT this decode's implementation sends a prefill for ``room``
+        (Common protocol: ``[ABORT, room, decode_ip, decode_port(, generation)]``, no
+        backend guard frame), with this decode's address so an ACK can come back.
+        Unsupported by default."""
+        raise Unsupported(f"{self.impl} cannot build its ABORT frames")
+
+    def status_frames(self, room: int, status: int) -> list[bytes]:
+        """A prefill-to-decode status message for ``room`` (``status`` a KVPoll int) in
+        the form this decode parses, as a prefill of the same implementation encodes it
+        (names no lifecycle when the wire has none).  Unsupported by default."""
+        raise Unsupported(f"{self.impl} cannot build its status messages")
+
+    def abort_acks(self) -> list[dict]:
+        """Every ABORT_ACK this decode received: ``room``, ``generation`` (None when the
+        message names none) and ``t`` (wall clock, seconds).  Empty by default."""
+        return []
+
     # ---- layout planning (harness.layouts) -------------------------------
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
         """Run the implementation's own KV layout planning on each spec

@@ -58,6 +58,7 @@ class CellDriver:
         self.engine: str | None = None
         self.base_port = base_port
         self.prefills_started = 0
+        self.prefill_setup: dict[str, tuple[dict, int]] = {}  # prefill -> (layout, bootstrap port)
         self.step_index: int | None = None
 
     # ---- calls with history ----------------------------------------------
@@ -83,29 +84,18 @@ class CellDriver:
 
     def _do_StartRoles(self, step: s.StartRoles) -> None:
         names = [(n, "prefill") for n in step.prefills] + [(n, "decode") for n in step.decodes]
+        env = dict(step.env)
         for name, role in names:
-            self.handles[name] = self.launcher.start(RoleSpec(name=name, impl=self.impl, role=role))
+            self.handles[name] = self.launcher.start(RoleSpec(name=name, impl=self.impl, role=role, env=env))
         for name, _ in names:
-            self.history.record("invoke", "launch", name, self.step_index, args={})
-            try:
-                endpoint = self.handles[name].wait_ready(step.ready_timeout_s)
-            except RoleError as exc:
-                self.history.record("fail", "launch", name, self.step_index, args={}, error=str(exc))
-                raise CellAborted(f"role {name} did not start: {exc}") from exc
-            self.history.record("ok", "launch", name, self.step_index, args={}, value={"endpoint": endpoint})
-            self.clients[name] = RoleClient(self.ctx, name, endpoint, handle=self.handles[name])
+            self._await_launch(name, self.handles[name], step.ready_timeout_s)
         for arm in step.arm:
             self._do_ArmPoint(arm)
         layout = step.layout.to_dict()
         for name in step.prefills:
             port = self.base_port + self.prefills_started  # each prefill's bootstrap port, unique in the cell
             self.prefills_started += 1
-            facts = self.call(name, "start_prefill", deadline_s=60, layout=layout, bootstrap_port=port)
-            if facts is None:
-                raise CellAborted(f"prefill {name} failed to start: {self._last_error(name)}")
-            self.bootstrap_addr[name] = facts["bootstrap_addr"]
-            self._note_control_endpoint(name, facts)
-            self.engine = facts.get("engine", self.engine)
+            self._start_prefill(name, layout, port)
         decode_layout = (step.decode_layout or step.layout).to_dict()
         for name in step.decodes:
             facts = self.call(name, "start_decode", deadline_s=60, layout=decode_layout, bootstrap_port=self.base_port)
@@ -113,6 +103,26 @@ class CellDriver:
                 raise CellAborted(f"decode {name} failed to start: {self._last_error(name)}")
             self._note_control_endpoint(name, facts)
             self.engine = facts.get("engine", self.engine)
+
+    def _await_launch(self, name: str, handle: RoleHandle, timeout_s: float) -> None:
+        """Wait for a launched role process to serve commands; connect a client to it."""
+        self.history.record("invoke", "launch", name, self.step_index, args={})
+        try:
+            endpoint = handle.wait_ready(timeout_s)
+        except RoleError as exc:
+            self.history.record("fail", "launch", name, self.step_index, args={}, error=str(exc))
+            raise CellAborted(f"role {name} did not start: {exc}") from exc
+        self.history.record("ok", "launch", name, self.step_index, args={}, value={"endpoint": endpoint})
+        self.clients[name] = RoleClient(self.ctx, name, endpoint, handle=handle)
+
+    def _start_prefill(self, name: str, layout: dict, port: int) -> None:
+        facts = self.call(name, "start_prefill", deadline_s=60, layout=layout, bootstrap_port=port)
+        if facts is None:
+            raise CellAborted(f"prefill {name} failed to start: {self._last_error(name)}")
+        self.prefill_setup[name] = (layout, port)
+        self.bootstrap_addr[name] = facts["bootstrap_addr"]
+        self._note_control_endpoint(name, facts)
+        self.engine = facts.get("engine", self.engine)
 
     def _note_control_endpoint(self, name: str, facts: dict) -> None:
         if facts.get("rank_port"):
@@ -129,6 +139,9 @@ class CellDriver:
         self.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=addr)
         self.call(step.decode, "open_receiver", deadline_s=step.timeout_s + 5,
                   room=step.room, bootstrap_addr=addr, timeout_s=step.timeout_s)
+
+    def _do_OpenSender(self, step: s.OpenSender) -> None:
+        self.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=self.bootstrap_addr[step.prefill])
 
     def _do_RequestKV(self, step: s.RequestKV) -> None:
         self.call(step.decode, "request_kv", room=step.room, pages=list(step.pages), aux_slot=step.aux_slot)
@@ -183,13 +196,48 @@ class CellDriver:
         self._signal(step.role, signal.SIGCONT, "thaw")
 
     def _do_InjectFrames(self, step: s.InjectFrames) -> None:
-        endpoint = self.control_endpoint.get(step.role)
+        self._inject(step.role, list(step.frames), what="inject")
+
+    def _do_RestartRole(self, step: s.RestartRole) -> None:
+        name = step.role
+        if name not in self.prefill_setup:
+            raise CellAborted(f"RestartRole: {name} is not a started prefill")
+        layout, port = self.prefill_setup[name]
+        old_handle, old_client = self.handles[name], self.clients[name]
+        old_endpoint = self.control_endpoint.get(name)
+        restarts = sum(1 for e in self.history.events if e["type"] == "nemesis" and e["op"] == "restart")
+        workdir = getattr(self.launcher, "workdir", None)
+        spec = RoleSpec(name=name, impl=self.impl, role="prefill", env=dict(step.env),
+                        log_path=str(Path(workdir) / f"{name}.restart{restarts + 1}.log") if workdir else None)
+        new_handle = self.launcher.start(spec)
+        try:
+            new_handle.wait_ready(step.ready_timeout_s)
+        except RoleError:
+            pass  # _await_launch below records why
+        old_handle.signal(signal.SIGKILL)
+        old_client.close()
+        self.history.record("nemesis", "restart", name, self.step_index,
+                            args={"bootstrap_port": port, "old_control_endpoint": old_endpoint})
+        self.handles[name] = new_handle
+        self._await_launch(name, new_handle, step.ready_timeout_s)
+        self._start_prefill(name, layout, port)
+
+    def _do_InjectAbort(self, step: s.InjectAbort) -> None:
+        frames = self._nemesis_call(step.decode, "abort_frames", "abort-frames", room=step.room)
+        self._inject(step.prefill, [tuple(frames)], what="inject-abort", room=step.room, known=step.known)
+
+    def _do_InjectStatus(self, step: s.InjectStatus) -> None:
+        frames = self._nemesis_call(step.decode, "status_frames", "status-frames", room=step.room, status=step.status)
+        self._inject(step.decode, [tuple(frames)], what="inject-status", room=step.room, status=step.status)
+
+    def _inject(self, role: str, messages: list, what: str, **args: Any) -> None:
+        endpoint = self.control_endpoint.get(role)
         if endpoint is None:
-            raise CellAborted(f"{step.role} published no control socket to inject frames into", unsupported=True)
-        push_frames(endpoint, step.frames, self.ctx)
-        self.history.record("nemesis", "inject", step.role, self.step_index,
-                            args={"endpoint": endpoint, "messages": len(step.frames),
-                                  "sample": [[f[:40].hex() for f in m] for m in step.frames[:5]]})
+            raise CellAborted(f"{role} published no control socket to inject frames into", unsupported=True)
+        push_frames(endpoint, messages, self.ctx)
+        self.history.record("nemesis", what, role, self.step_index,
+                            args={"endpoint": endpoint, "messages": len(messages), **args,
+                                  "sample": [[f[:40].hex() for f in m] for m in messages[:5]]})
 
     def _do_Sleep(self, step: s.Sleep) -> None:
         time.sleep(step.seconds)
@@ -314,7 +362,8 @@ class CellDriver:
 
     def record_injected(self) -> None:
         """Copy every fault that fired inside the roles (engine faults, point hits)
-        into the history as nemesis events."""
+        into the history as nemesis events, and the ABORT_ACKs each decode received
+        (one ``abort-acks`` info event per role that received any)."""
         for name, client in self.clients.items():
             if not self.handles[name].alive() or client.broken:
                 continue
@@ -325,6 +374,12 @@ class CellDriver:
                     continue
                 for record in (value["log"] if op == "point_hits" else value):
                     self.history.record("nemesis", what, name, None, args={}, value=record)
+            try:
+                acks = client.call("abort_acks", 10)
+            except RoleError:
+                continue
+            if acks:
+                self.history.record("info", "abort-acks", name, None, args={}, value=acks)
 
     # ---- end of cell -------------------------------------------------------
     def observe_all(self) -> None:

@@ -270,6 +270,106 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Call
     return fn
 
 
+def first_event(events: list[dict], op: str, role: str, room: int | None = None, after_seq: int = -1) -> dict | None:
+    """The first successful ``op`` event of ``role`` (for ``room`` when given) after ``after_seq``."""
+    for e in events:
+        if e["seq"] <= after_seq or e["op"] != op or e["role"] != role or e["type"] not in ("ok", "nemesis"):
+            continue
+        if room is not None and (e.get("args") or {}).get("room") != room:
+            continue
+        return e
+    return None
+
+
+def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: float, high_s: float,
+                  reason_words: tuple[str, ...] = ()) -> Callable[[list[dict]], tuple[bool, str]]:
+    """``room`` on ``role`` was first seen Failed between ``low_s`` and ``high_s``
+    seconds after ``since_role``'s first ``since_op`` for the room (e.g. ``open_sender``),
+    with a failure reason (containing one of ``reason_words``, when given)."""
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        start = first_event(events, since_op, since_role, room)
+        if start is None:
+            return False, f"{since_role} never completed {since_op} for room {room}"
+        waits = [e for e in completions(events, op="await_status", role=role, room=room)
+                 if e["type"] == "ok" and e["seq"] > start["seq"]]
+        failed = next((e for e in waits if e["value"]["status"] == FAILED), None)
+        if failed is None:
+            last = kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
+            return False, f"{role} room {room} never became Failed (last: {last})"
+        latency = failed["t"] - start["t"]
+        reason = failed["value"].get("failure_reason") or ""
+        problems = []
+        if latency < low_s:
+            problems.append(f"Failed {latency:.1f} s after {since_op}, before the {low_s:g} s deadline")
+        elif latency > high_s:
+            problems.append(f"Failed only {latency:.1f} s after {since_op} (allowed up to {high_s:g} s)")
+        if not reason:
+            problems.append("no failure reason")
+        elif reason_words and not any(w.lower() in reason.lower() for w in reason_words):
+            problems.append(f"reason {reason!r} names none of {', '.join(reason_words)}")
+        if problems:
+            return False, f"{role} room {room}: " + "; ".join(problems)
+        return True, f"{role} room {room} Failed {latency:.1f} s after {since_op}: {reason!r}"
+
+    return fn
+
+
+def no_log_matching(role: str, pattern: str, after_op: str | None = None) -> Callable[[list[dict]], tuple[bool, str]]:
+    """No WARNING-or-worse record of ``role`` (last observation) matches regex ``pattern``
+    (case-insensitive)."""
+    import re
+
+    regex = re.compile(pattern, re.IGNORECASE)
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        observed, problems = observations(events)
+        if role not in observed:
+            return False, "; ".join(problems) or f"{role} was never observed"
+        hits = [f"{r['level']} {r['logger']}: {r['message'][:160]}" for r in observed[role]["log_records"]
+                if regex.search(r["message"])]
+        if hits:
+            return False, f"{role} logged {len(hits)} record(s) matching /{pattern}/: " + "; ".join(hits[:3])
+        return True, f"no {role} log record matches /{pattern}/"
+
+    return fn
+
+
+def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None) -> Callable[[list[dict]], tuple[bool, str]]:
+    """At the last observation of each of ``roles``, the manager holds no per-room state
+    (for ``rooms`` when given); the bounded memory of ended generations is allowed
+    (R-RESIDUE-1, R-REUSE-1)."""
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        observed, problems = observations(events)
+        left = []
+        for role in roles:
+            if role not in observed:
+                left.append(next((p for p in problems if role in p), f"{role} was never observed"))
+                continue
+            for room, paths in sorted(observed[role]["rooms"].items(), key=lambda kv: str(kv[0])):
+                if rooms is None or int(room) in rooms:
+                    left.append(f"{role} room {room}: {', '.join(sorted(set(paths)))}")
+        if left:
+            return False, "state left after clear: " + "; ".join(left[:8])
+        return True, f"no per-room state left in {', '.join(roles)}"
+
+    return fn
+
+
+def abort_acks(events: list[dict], decode: str, room: int) -> list[dict]:
+    """The ABORT_ACKs ``decode`` received for ``room`` (recorded at the end of the cell)."""
+    for e in events:
+        if e["op"] == "abort-acks" and e["role"] == decode:
+            return [a for a in e["value"] if a.get("room") == room]
+    return []
+
+
+def engine_faults(events: list[dict], role: str) -> list[dict]:
+    """The engine faults injected in ``role`` (``transfer``, ``fault``, ``what``, ``t``...)."""
+    return [e["value"] for e in events if e["type"] == "nemesis" and e["op"] == "engine-fault" and e["role"] == role]
+
+
 # ---- verdict -----------------------------------------------------------------
 
 def verdict_of(results: list[CheckResult], run_error: str | None = None,

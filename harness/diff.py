@@ -20,7 +20,7 @@ from typing import Any
 # ops whose outcome says nothing about the protocol (process start-up, bookkeeping)
 # and fault bookkeeping copied in at the end of a cell, whose counts depend on how an engine batches
 _SKIP_OPS = {"launch", "observe", "shutdown", "failure_reason", "point_hits", "fault_log", "engine-fault",
-             "point-hit", "unsupported_layout", "layout-transfer"}
+             "point-hit", "unsupported_layout", "layout-transfer", "abort_acks", "abort-acks"}
 
 
 def _project(event: dict) -> Any:
@@ -37,7 +37,8 @@ def _project(event: dict) -> Any:
         return "loops alive" if not dead and all((value or {}).get("loops", {}).values()) else f"died: {dead}"
     if op == "await_point":
         return "reached"
-    if op in ("kill", "freeze", "thaw", "inject", "arm-point", "release-point", "engine-faults"):
+    if op in ("kill", "freeze", "thaw", "inject", "arm-point", "release-point", "engine-faults", "restart",
+              "inject-abort", "inject-status", "abort-frames", "status-frames"):
         return "done"
     if op == "engine-fault":
         return f"{value.get('fault')} transfer {value.get('transfer')}"

@@ -169,7 +169,9 @@ class EngineFaultCounter:
 
     ``next_transfer(what)`` counts one transfer, sleeps the plan's delay, logs any
     fault it injects and returns ``"fail"``, ``"never"`` or None (run it).
-    ``next_group()`` counts one batch and says whether all of it must fail.
+    ``next_group()`` counts one batch and says whether all of it must fail.  Each
+    log entry carries ``t``, the wall clock (seconds) when the fault was injected: a
+    delayed transfer cannot complete before ``t + delay_s``.
     """
 
     def __init__(self, plan: EngineFaultPlan):
@@ -204,7 +206,7 @@ class EngineFaultCounter:
 
     def _note(self, nth: int, fault: str, what: str, **extra) -> None:
         with self._lock:
-            self.log.append({"transfer": nth, "fault": fault, "what": what,
+            self.log.append({"transfer": nth, "fault": fault, "what": what, "t": time.time(),
                              **{k: v for k, v in extra.items() if v is not None}})
 
     def snapshot(self) -> list[dict]:

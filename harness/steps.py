@@ -77,7 +77,9 @@ class StartRoles:
     ready_timeout_s: float = 90.0
     arm: tuple[ArmPoint, ...] = ()
     decode_layout: Layout | None = None  # the decodes' layout when it differs from the prefills'
-
+    #: environment for every role process of this step, as (name, value) pairs, e.g. a
+    #: short ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (the reference reads the same knobs)
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,50 @@ class OpenRoom:
     prefill: str = "prefill"
     decode: str = "decode"
     timeout_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class OpenSender:
+    """Create only the prefill sender for ``room`` (its decode never registers)."""
+
+    room: int
+    prefill: str = "prefill"
+
+
+@dataclass(frozen=True)
+class RestartRole:
+    """Nemesis: replace prefill ``role`` by a new process behind the same bootstrap
+    port.  The new process is launched (and has imported everything) before the old
+    one is SIGKILLed, so the gap is the new manager's start-up only; its control
+    ports are whatever the new manager binds.  ``env`` as for :class:`StartRoles`."""
+
+    role: str
+    ready_timeout_s: float = 90.0
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class InjectAbort:
+    """Nemesis: push the plain Common ABORT for ``room`` (no backend guard frame), as
+    ``decode``'s implementation builds it (``abort_frames``), into ``prefill``'s
+    control socket.  ``known`` False: the decode has no receiver for ``room``
+    (an ABORT for a room nobody holds)."""
+
+    room: int
+    prefill: str = "prefill"
+    decode: str = "decode"
+    known: bool = True
+
+
+@dataclass(frozen=True)
+class InjectStatus:
+    """Nemesis: push a prefill-to-decode status message for ``room`` (``status`` a
+    KVPoll int), as ``decode``'s implementation parses them (``status_frames``), into
+    ``decode``'s own control socket: a late message of an older lifecycle."""
+
+    room: int
+    status: int
+    decode: str = "decode"
 
 
 @dataclass(frozen=True)
@@ -232,6 +278,7 @@ class Abort:
     role: str
 
 
-Step = (StartRoles | OpenRoom | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools | KillRole
+Step = (StartRoles | OpenRoom | OpenSender | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools
+        | KillRole | RestartRole | InjectAbort | InjectStatus
         | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
         | Clear | Abort | Observe | PlanLayouts | TransferLayouts)

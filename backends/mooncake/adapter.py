@@ -68,4 +68,9 @@ class MooncakeRole(SglangCommonRole):
         init_mooncake_transfer_engine(hostname=self.host, gpu_id=None, ib_device=None)
 
     def wrap_engine(self, counter: EngineFaultCounter) -> None:
-        self.manager.engine = FaultyMooncakeEngine(self.manager.engine, counter)
+        """Wrap the manager's engine once; a later plan replaces the counter (calls
+        already blocked by ``never_complete`` stay blocked)."""
+        if isinstance(self.manager.engine, FaultyMooncakeEngine):
+            self.manager.engine._counter = counter
+        else:
+            self.manager.engine = FaultyMooncakeEngine(self.manager.engine, counter)

@@ -90,4 +90,9 @@ class NixlRole(SglangCommonRole):
         return None
 
     def wrap_engine(self, counter: EngineFaultCounter) -> None:
-        self.manager.agent = FaultyNixlAgent(self.manager.agent, counter)
+        """Wrap the manager's agent once; a later plan replaces the counter (handles
+        already held by ``never_complete`` stay in progress)."""
+        if isinstance(self.manager.agent, FaultyNixlAgent):
+            self.manager.agent._counter = counter
+        else:
+            self.manager.agent = FaultyNixlAgent(self.manager.agent, counter)

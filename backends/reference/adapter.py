@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import re
 import threading
@@ -52,6 +53,26 @@ from harness.faults import FAIL, EngineFaultCounter, EngineFaultPlan
 from harness.pools import pattern_pools
 
 log = logging.getLogger("pdconform.reference")
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A timeout knob from the role's environment (sglang's variable names, so one
+    scenario setting reaches every implementation); ValueError names a bad value."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be above 0 seconds")
+    return value
+
+
+def env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else raw.strip().lower() in ("1", "true", "yes", "on")
 HOST = "127.0.0.1"
 TICK_S = 0.05
 HEALTH_TIMEOUT_S = 1.0
@@ -198,6 +219,11 @@ class ReferenceRole(RoleAdapter):
         self.chunks: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.fault_counter: EngineFaultCounter | None = None
+        self.acks: list[dict] = []  # decode: ABORT_ACKs received
+        self.ended_generation: dict[int, int] = {}  # decode: room -> generation of its last cleared lifecycle
+        self.bootstrap_timeout_s = env_seconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 30.0)
+        self.waiting_timeout_s = env_seconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
+        self.deferred_release = env_flag("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", True)
 
     def engine(self) -> str:
         return "reference"
@@ -232,7 +258,11 @@ class ReferenceRole(RoleAdapter):
     def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
         self.layout = Layout(**layout)
         self._pools(pattern.PREFILL, self.layout)
-        self.prefill = pc.PrefillCore(bootstrap_timeout_s=30.0, deferred_release=True)
+        # A write that never completes fails its room after the waiting timeout, the
+        # longest its decode would wait for the result (R-TIMEOUT-3).
+        self.prefill = pc.PrefillCore(bootstrap_timeout_s=self.bootstrap_timeout_s,
+                                      deferred_release=self.deferred_release,
+                                      transfer_timeout_s=self.waiting_timeout_s)
         self.side = _Side("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)))
         info = json.dumps({"endpoint": self.side.endpoint, "layout": layout}).encode()
 
@@ -256,7 +286,8 @@ class ReferenceRole(RoleAdapter):
         self.points.hit("prefill-control-started", endpoint=self.side.endpoint)
         self.threads = [self.side.thread, http_thread, worker]
         return {"mode": "prefill", "bootstrap_addr": f"{HOST}:{bootstrap_port}", "engine": self.engine(),
-                "rank_port": self.side.port}
+                "rank_port": self.side.port, "deferred_release": self.deferred_release,
+                "bootstrap_timeout_s": self.bootstrap_timeout_s}
 
     def _prefill_event(self, event) -> None:
         for action in self.prefill.handle(event):
@@ -359,7 +390,8 @@ class ReferenceRole(RoleAdapter):
     def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
         self.layout = Layout(**layout)
         self._pools(pattern.DECODE, self.layout)
-        self.decode = dc.DecodeCore(waiting_timeout_s=300.0, heartbeat_interval_s=2.0, heartbeat_max_failures=2)
+        self.decode = dc.DecodeCore(waiting_timeout_s=self.waiting_timeout_s, heartbeat_interval_s=2.0,
+                                    heartbeat_max_failures=2, deferred_release=self.deferred_release)
         self.side = _Side("decode", self._decode_frames, lambda now: self._decode_event(dc.Tick(now)))
         self.probes: queue.Queue = queue.Queue()
         probe_thread = threading.Thread(target=self._probe_loop, name="reference-heartbeat", daemon=True)
@@ -368,7 +400,8 @@ class ReferenceRole(RoleAdapter):
         self.points.hit("decode-control-started", endpoint=self.side.endpoint)
         self.threads = [self.side.thread, probe_thread]
         return {"mode": "decode", "engine": self.engine(), "rank_port": self.side.port,
-                "heartbeat_window_s": self.decode.heartbeat_interval_s * self.decode.heartbeat_max_failures}
+                "heartbeat_window_s": self.decode.heartbeat_interval_s * self.decode.heartbeat_max_failures,
+                "waiting_timeout_s": self.waiting_timeout_s, "deferred_release": self.deferred_release}
 
     def _probe_loop(self) -> None:
         while True:
@@ -408,6 +441,7 @@ class ReferenceRole(RoleAdapter):
             prefill = self.decode.rooms[room].prefill if room in self.decode.rooms else ""
             self._decode_event(dc.StatusReceived(room, prefill, int(f[2]), f[3].decode("utf-8", "replace"), int(f[1])))
         elif tag == "ABORT_ACK":
+            self.acks.append({"room": int(f[0]), "generation": int(f[1]), "t": time.time()})
             self._decode_event(dc.AbortAckReceived(int(f[0]), int(f[1])))
         else:
             raise MalformedFrame(f"{tag} is not a message a decode receives")
@@ -502,6 +536,8 @@ class ReferenceRole(RoleAdapter):
         handler = self._prefill_event if self.role == "prefill" else self._decode_event
 
         def clear() -> None:
+            if self.decode is not None and room in self.decode.rooms:
+                self.ended_generation[room] = self.decode.rooms[room].generation
             handler(event)
             self.status.pop(room, None)
             self.reasons.pop(room, None)
@@ -515,6 +551,29 @@ class ReferenceRole(RoleAdapter):
         event = pc.LocalAbort(room) if self.role == "prefill" else dc.Abort(room)
         handler = self._prefill_event if self.role == "prefill" else self._decode_event
         self._sync(lambda: handler(event))
+
+    # ---- wire messages for field scenarios ---------------------------------------
+    def abort_frames(self, room: int) -> list[bytes]:
+        """The reference decode's ABORT for ``room``'s current lifecycle (generation 0
+        when this decode holds no receiver for it)."""
+        def build() -> list[bytes]:
+            r = self.decode.rooms.get(room)
+            return [b"ABORT", str(room).encode(), self.side.endpoint.encode(),
+                    str(r.generation if r is not None else 0).encode()]
+
+        return self._sync(build)
+
+    def status_frames(self, room: int, status: int) -> list[bytes]:
+        """A STATUS of ``room``'s last cleared lifecycle (its current one if none ended)."""
+        def build() -> list[bytes]:
+            r = self.decode.rooms.get(room)
+            generation = self.ended_generation.get(room, r.generation if r is not None else 0)
+            return [b"STATUS", str(room).encode(), str(generation).encode(), str(status).encode(), b""]
+
+        return self._sync(build)
+
+    def abort_acks(self) -> list[dict]:
+        return self._sync(lambda: list(self.acks))
 
     def observe(self) -> dict:
         core = self.prefill or self.decode

@@ -162,6 +162,9 @@ class PrefillCore:
     ``bootstrap_timeout_s``: a room still Bootstrapping this long after it was
     opened becomes Failed (R-TIMEOUT-1).  ``deferred_release``: ABORT is answered
     with one ABORT_ACK once the room's writes have drained (R-ABORT-2).
+    ``transfer_timeout_s``: a write the engine has not completed this long after it
+    was issued is declared lost: its room becomes Failed (R-TIMEOUT-3) and a drain
+    stops waiting for it (None: writes are waited for forever).
     ``planted_bug``: test-only switch that breaks one rule on purpose, so tests
     can show the stateful test and the simulator find it (``"ack-before-drain"``:
     answer ABORT at once, with writes still in flight).
@@ -170,10 +173,11 @@ class PrefillCore:
     PLANTED_BUGS = ("ack-before-drain",)
 
     def __init__(self, bootstrap_timeout_s: float = 30.0, deferred_release: bool = True,
-                 planted_bug: str | None = None):
+                 planted_bug: str | None = None, transfer_timeout_s: float | None = None):
         if planted_bug is not None and planted_bug not in self.PLANTED_BUGS:
             raise ValueError(f"unknown planted bug {planted_bug!r} (known: {', '.join(self.PLANTED_BUGS)})")
         self.bootstrap_timeout_s = bootstrap_timeout_s
+        self.transfer_timeout_s = transfer_timeout_s
         self.deferred_release = deferred_release
         self.planted_bug = planted_bug
         self.rooms: dict[int, _Room] = {}
@@ -188,6 +192,7 @@ class PrefillCore:
         self.clock: float | None = None  # latest time seen on an event
         self.draining: dict[int, _Drain] = {}
         self.acked: set[tuple[int, str, int]] = set()  # (room, decode, generation) answered, until clear
+        self.issued: dict[int, tuple[int, float | None]] = {}  # write id -> (room, time issued) until done
         self._next_write = 0
 
     # -- helpers -------------------------------------------------------------------
@@ -205,6 +210,7 @@ class PrefillCore:
                aux: bool) -> StartWrite:
         self._next_write += 1
         r.outstanding.add(self._next_write)
+        self.issued[self._next_write] = (room, self.clock)
         return StartWrite(room, self._next_write, decode, src, dst, aux, r.dests[decode].generation)
 
     def _expiry(self) -> float | None:
@@ -283,6 +289,7 @@ class PrefillCore:
         return actions
 
     def _on_WriteDone(self, e: WriteDone) -> list[PrefillAction]:
+        self.issued.pop(e.write_id, None)
         drain = self.draining.get(e.room)
         if drain is not None and e.write_id in drain.outstanding:
             drain.outstanding.discard(e.write_id)
@@ -380,11 +387,34 @@ class PrefillCore:
                     del pending[decode]
             if not pending:
                 del self.registrations[room]
-        actions: list[PrefillAction] = []
+        actions: list[PrefillAction] = self._expire_writes(e.now)
         for room, r in list(self.rooms.items()):
             if r.status == BOOTSTRAPPING and e.now - r.opened_at >= self.bootstrap_timeout_s:
                 actions += self._set(room, r, FAILED,
                                      f"decode did not register within the bootstrap timeout of {self.bootstrap_timeout_s:g} s")
+        return actions
+
+    def _expire_writes(self, now: float) -> list[PrefillAction]:
+        """Declare writes older than the transfer timeout lost (R-TIMEOUT-3)."""
+        if self.transfer_timeout_s is None:
+            return []
+        actions: list[PrefillAction] = []
+        for write_id, (room, issued) in list(self.issued.items()):
+            if issued is None:
+                self.issued[write_id] = (room, now)
+                continue
+            if now - issued < self.transfer_timeout_s:
+                continue
+            del self.issued[write_id]
+            drain = self.draining.get(room)
+            if drain is not None and write_id in drain.outstanding:
+                drain.outstanding.discard(write_id)
+                actions += self._finish_drain(room, drain)
+            r = self.rooms.get(room)
+            if r is not None and write_id in r.outstanding:
+                r.outstanding.discard(write_id)
+                actions += self._set(room, r, FAILED, f"write {write_id} did not complete within the transfer "
+                                                      f"timeout of {self.transfer_timeout_s:g} s")
         return actions
 
     # -- observation ---------------------------------------------------------------
@@ -395,7 +425,8 @@ class PrefillCore:
     def residue(self) -> dict[str, list[int]]:
         """Per-room state held anywhere (empty after clear and quiescence, R-RESIDUE-1)."""
         found = {"rooms": sorted(self.rooms), "registrations": sorted(self.registrations),
-                 "draining": sorted(self.draining), "acked": sorted({key[0] for key in self.acked}),
+                 "draining": sorted(self.draining), "writes": sorted({room for room, _ in self.issued.values()}),
+                 "acked": sorted({key[0] for key in self.acked}),
                  "tombstones": sorted({key[0] for key in self.tombstones}),
                  "retired": sorted({key[0] for key in self.retired})}
         return {k: v for k, v in found.items() if v}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import time
 from typing import Optional, Tuple
 
 FAIL = "fail"
@@ -83,8 +84,8 @@ def set_standin_faults(faults: Optional[StandinFaults] = None, **fields) -> Stan
 
 def standin_fault_log() -> list:
     """Every fault injected since the last ``set_standin_faults``: dicts with
-    ``transfer`` (1-based count), ``fault`` (fail, never-complete, delay) and
-    ``what``.  STAND-IN ONLY."""
+    ``transfer`` (1-based count), ``fault`` (fail, never-complete, delay), ``what``
+    and ``t`` (wall clock when it was injected, seconds).  STAND-IN ONLY."""
     with _lock:
         return list(_log)
 
@@ -111,8 +112,10 @@ def next_transfer(faults: StandinFaults, group_fails: bool) -> Optional[str]:
     verdict = FAIL if group_fails or faults.fail_nth_transfer == nth else NEVER if faults.never_complete else None
     with _lock:
         if faults.delay_s:
-            _log.append({"transfer": nth, "fault": "delay", "what": "stand-in transfer", "delay_s": faults.delay_s})
+            _log.append({"transfer": nth, "fault": "delay", "what": "stand-in transfer", "delay_s": faults.delay_s,
+                         "t": time.time()})
         if verdict is not None:
             _log.append({"transfer": nth, "fault": "fail" if verdict == FAIL else "never-complete",
-                         "what": "stand-in transfer" + (f" (group {_groups})" if group_fails else "")})
+                         "what": "stand-in transfer" + (f" (group {_groups})" if group_fails else ""),
+                         "t": time.time()})
     return verdict

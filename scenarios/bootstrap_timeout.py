@@ -1,0 +1,72 @@
+"""bootstrap-timeout: a sender whose decode never registers fails after the
+bootstrap timeout, with a reason; a registered room outlives that deadline.
+
+The roles run with ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` = 3 s (the
+reference reads the same knob).  Room ``orphan`` gets a prefill sender and no
+decode at all; room ``held`` is registered by the decode at the same time and is
+left WaitingForInput past the deadline before the prefill sends it.  ``orphan``
+must become Failed no earlier than the timeout and within 5 s after it, with a
+reason naming the timeout (R-TIMEOUT-1, R-REASON-1); ``held`` must still be
+WaitingForInput after the deadline (the deadline applies only while
+Bootstrapping) and then complete (R-TIMEOUT-1, R-XFER-1).
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.scenario import Scenario, register
+from harness.steps import AwaitStatus, OpenSender, Sleep, StartRoles
+from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, send_all, verify
+
+TIMEOUT_S = 3
+SLACK_S = 5.0
+ENV = (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),)
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(), planner.room()
+
+
+def steps(seed: int):
+    orphan, held = _plan(seed)
+    return [
+        StartRoles(layout=LAYOUT, env=ENV),
+        OpenSender(orphan.room),
+        *open_and_request(held),
+        AwaitStatus(orphan.room, "prefill", (FAILED, SUCCESS), timeout_s=TIMEOUT_S + SLACK_S + 2),
+        Sleep(1.0),  # held has now waited past the bootstrap deadline too
+        AwaitStatus(held.room, "prefill", (WAITING_FOR_INPUT,), timeout_s=0.0),
+        *send_all(held),
+        *await_done(held),
+        verify([held]),
+    ]
+
+
+def checks(seed: int):
+    orphan, held = _plan(seed)
+    return [
+        c.Check("orphan-sender-failed", "R-TIMEOUT-1", "MUST",
+                c.failed_within(orphan.room, "prefill", "open_sender", "prefill", TIMEOUT_S, TIMEOUT_S + SLACK_S)),
+        c.Check("reason-names-timeout", "R-REASON-1", "SHOULD",
+                c.failed_within(orphan.room, "prefill", "open_sender", "prefill", 0, 1e9, ("timeout", "timed out"))),
+        c.Check("registered-room-outlives-deadline", "R-TIMEOUT-1", "MUST",
+                c.nth_status(held.room, "prefill", 1, (WAITING_FOR_INPUT,))),
+        *room_succeeds(held, "R-XFER-1", "registered-room"),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="bootstrap-timeout",
+        title="A sender whose decode never registers fails after the bootstrap timeout; a registered one does not",
+        requirements=("R-TIMEOUT-1", "R-REASON-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)
