@@ -1,0 +1,69 @@
+"""multi-chunk-long-prompt: a prompt many chunks long, pages scattered over the pool.
+
+A 128-page pool; one room of 48 source pages drawn at random (not contiguous) is
+sent in 12 chunks of uneven size to 48 scattered decode pages, with a second,
+shorter room interleaved chunk by chunk on the same pair.  Every chunk must
+arrive, both rooms reach Success on both sides, and every byte of the decode
+pools is where it belongs (R-XFER-1, R-LAYOUT-1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness import checks as c
+from harness.scenario import Scenario, register
+from harness.steps import InitSender, SendChunk, StartRoles
+from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, verify
+
+POOL = replace(LAYOUT, num_pages=128)
+LONG_PAGES, LONG_CHUNKS = 48, 12
+SHORT_PAGES, SHORT_CHUNKS = 10, 5
+
+
+def _plan(seed: int):
+    planner = Planner(seed, POOL)
+    return planner.room(LONG_PAGES, LONG_CHUNKS), planner.room(SHORT_PAGES, SHORT_CHUNKS)
+
+
+def steps(seed: int):
+    long, short = _plan(seed)
+    interleaved = []
+    for i in range(max(len(long.chunks), len(short.chunks))):
+        for p in (long, short):
+            if i < len(p.chunks):
+                interleaved.append(SendChunk(p.room, p.chunks[i]))
+    return [
+        StartRoles(layout=POOL),
+        *open_and_request(long),
+        *open_and_request(short),
+        InitSender(long.room, len(long.src), long.aux_src),
+        InitSender(short.room, len(short.src), short.aux_src),
+        *interleaved,
+        *await_done(long),
+        *await_done(short),
+        verify([long, short]),
+    ]
+
+
+def checks(seed: int):
+    long, short = _plan(seed)
+    return [
+        *room_succeeds(long, "R-XFER-1", "long-room"),
+        *room_succeeds(short, "R-XFER-1", "interleaved-room"),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="multi-chunk-long-prompt",
+        title="A 48-page prompt in 12 chunks, pages scattered, interleaved with a second room: every byte lands",
+        requirements=("R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)

@@ -1,0 +1,64 @@
+"""waiting-timeout: a receiver that sent its metadata but never sees the transfer
+fails after the waiting timeout, with a reason; the pair then serves a new room.
+
+The roles run with ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` = 3 s.  Room
+``stalled`` is opened and its destination pages sent; the prefill never sends a
+chunk.  The decode must mark it Failed no earlier than the timeout and within 5 s
+after it, with a reason naming the timeout (R-TIMEOUT-2, R-REASON-1); a room
+opened afterwards completes on both sides with exact bytes, and the stalled
+room's pages stay untouched (R-XFER-1, R-LAYOUT-1).
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS
+from harness.scenario import Scenario, register
+from harness.steps import AwaitStatus, StartRoles
+from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify
+
+TIMEOUT_S = 3
+SLACK_S = 5.0
+ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)),)
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(), planner.room()
+
+
+def steps(seed: int):
+    stalled, later = _plan(seed)
+    return [
+        StartRoles(layout=LAYOUT, env=ENV),
+        *open_and_request(stalled),
+        AwaitStatus(stalled.room, "decode", (FAILED, SUCCESS), timeout_s=TIMEOUT_S + SLACK_S + 2),
+        *full_room(later),
+        verify([later]),  # the stalled room's pages are checked untouched with the rest
+    ]
+
+
+def checks(seed: int):
+    stalled, later = _plan(seed)
+    return [
+        c.Check("stalled-receiver-failed", "R-TIMEOUT-2", "MUST",
+                c.failed_within(stalled.room, "decode", "request_kv", "decode", TIMEOUT_S, TIMEOUT_S + SLACK_S)),
+        c.Check("reason-names-timeout", "R-REASON-1", "SHOULD",
+                c.failed_within(stalled.room, "decode", "request_kv", "decode", 0, 1e9, ("timeout", "timed out"))),
+        *room_succeeds(later, "R-XFER-1", "later-room"),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="waiting-timeout",
+        title="A receiver whose prefill never sends fails after the waiting timeout; a later room completes",
+        requirements=("R-TIMEOUT-2", "R-REASON-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)
