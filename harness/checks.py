@@ -282,10 +282,11 @@ def first_event(events: list[dict], op: str, role: str, room: int | None = None,
 
 
 def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: float, high_s: float,
-                  reason_words: tuple[str, ...] = ()) -> Callable[[list[dict]], tuple[bool, str]]:
+                  reason_words: tuple[str, ...] = (), need_reason: bool = True) -> Callable[[list[dict]], tuple[bool, str]]:
     """``room`` on ``role`` was first seen Failed between ``low_s`` and ``high_s``
     seconds after ``since_role``'s first ``since_op`` for the room (e.g. ``open_sender``),
-    with a failure reason (containing one of ``reason_words``, when given)."""
+    with a failure reason (containing one of ``reason_words``, when given) unless
+    ``need_reason`` is False."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         start = first_event(events, since_op, since_role, room)
@@ -304,7 +305,7 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
             problems.append(f"Failed {latency:.1f} s after {since_op}, before the {low_s:g} s deadline")
         elif latency > high_s:
             problems.append(f"Failed only {latency:.1f} s after {since_op} (allowed up to {high_s:g} s)")
-        if not reason:
+        if not reason and (need_reason or reason_words):
             problems.append("no failure reason")
         elif reason_words and not any(w.lower() in reason.lower() for w in reason_words):
             problems.append(f"reason {reason!r} names none of {', '.join(reason_words)}")

@@ -1,0 +1,80 @@
+"""abort-mid-transfer: the decode aborts while the room's writes are in flight.
+
+Every prefill transfer is delayed 1 s by the engine fault layer, so the first
+chunk's write is still in flight when the decode's scheduler aborts the room
+(``receiver.abort()``, which sends the implementation's own ABORT).  The prefill
+room must become Failed within 2 s (R-ABORT-1) and stay Failed, as must the
+decode's (R-TERM-1).  The prefill's scheduler then sends the rest of the
+request (the remaining chunks and the aux slot), as a scheduler racing the
+abort would: none of it may land, so after the in-flight write has drained every
+decode page except the first chunk's, and the aux slot, are checked untouched
+(R-STALE-1).  A new room on the same pair then completes (R-LIVE-2, R-XFER-1).
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS, TRANSFERRING
+from harness.scenario import Scenario, register
+from harness.steps import Abort, AwaitStatus, EngineFaults, InitSender, SendChunk, Sleep, StartRoles
+from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify
+
+DELAY_S = 1.0
+PROMPT_S = 2.0
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(6, chunks=3), planner.room()
+
+
+def steps(seed: int):
+    room, after = _plan(seed)
+    first, *rest = room.chunks
+    return [
+        StartRoles(layout=LAYOUT),
+        *open_and_request(room),
+        EngineFaults("prefill", delay_s=DELAY_S),
+        InitSender(room.room, len(room.src), room.aux_src),
+        SendChunk(room.room, first),
+        AwaitStatus(room.room, "prefill", (TRANSFERRING, SUCCESS, FAILED), timeout_s=2.0),
+        Sleep(0.2),  # the first write is in the engine now
+        Abort(room.room, "decode"),
+        AwaitStatus(room.room, "prefill", (FAILED, SUCCESS), timeout_s=PROMPT_S + 3),
+        *[SendChunk(room.room, chunk) for chunk in rest],
+        Sleep(DELAY_S * 3),  # whatever was in flight drains
+        AwaitStatus(room.room, "prefill", (FAILED,), timeout_s=0.0),
+        AwaitStatus(room.room, "decode", (FAILED,), timeout_s=2.0),
+        EngineFaults("prefill"),  # no more delays
+        *full_room(after),
+        verify([after], unchecked_kv=room.dst[:len(first)]),
+    ]
+
+
+def checks(seed: int):
+    room, after = _plan(seed)
+    return [
+        c.Check("prefill-failed-promptly", "R-ABORT-1", "MUST",
+                c.failed_within(room.room, "prefill", "abort", "decode", 0, PROMPT_S,
+                                need_reason=False)),
+        c.Check("reason-names-abort", "R-REASON-1", "SHOULD",
+                c.failed_within(room.room, "prefill", "abort", "decode", 0, 1e9, ("abort",))),
+        c.Check("decode-failed", "R-ABORT-1", "MUST", c.reached_status(room.room, "decode", FAILED)),
+        c.Check("stays-failed", "R-TERM-1", "MUST", c.stays_terminal(room.room, ("prefill", "decode"))),
+        c.Check("no-write-after-abort", "R-STALE-1", "MUST", c.pools_exact()),
+        *room_succeeds(after, "R-XFER-1", "room-after-abort"),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="abort-mid-transfer",
+        title="ABORT while writes are in flight: Failed within 2 s, stays Failed, nothing sent afterwards lands",
+        requirements=("R-ABORT-1", "R-TERM-1", "R-STALE-1", "R-XFER-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)

@@ -1,0 +1,70 @@
+"""abort-unguarded: the decode aborts with the plain Common ABORT frames.
+
+The ABORT for a registered room is built by the decode's own implementation in
+the plain Common form (``[ABORT, room, decode_ip, decode_port]``, no backend
+guard frame; the reference's own ABORT for the reference) and pushed into the
+prefill's control socket.  The prefill room must become Failed within 2 s
+(R-ABORT-1).  Then an ABORT for a room the prefill never held arrives; it must
+be harmless.  Neither may be logged as malformed (R-ABORT-1, R-LIVE-1), the
+prefill's loops must survive, and a new room completes (R-LIVE-2, R-XFER-1).
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS
+from harness.scenario import Scenario, register
+from harness.steps import AwaitStatus, InjectAbort, Observe, StartRoles
+from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify
+
+PROMPT_S = 2.0
+LABEL = "after both ABORTs"
+MALFORMED = r"malformed|unparsable|invalid|incomplete|unknown (message|tag)|unexpected|too few frames"
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(), planner.room(), planner.room()
+
+
+def steps(seed: int):
+    target, stranger, after = _plan(seed)
+    return [
+        StartRoles(layout=LAYOUT),
+        *open_and_request(target),
+        InjectAbort(target.room),
+        AwaitStatus(target.room, "prefill", (FAILED, SUCCESS), timeout_s=PROMPT_S + 3),
+        InjectAbort(stranger.room, known=False),
+        Observe(("prefill",), settle_s=0.5, label=LABEL),
+        *full_room(after),
+        verify([after]),  # the aborted room's pages stay untouched
+    ]
+
+
+def checks(seed: int):
+    target, stranger, after = _plan(seed)
+    return [
+        c.Check("aborted-room-failed-promptly", "R-ABORT-1", "MUST",
+                c.failed_within(target.room, "prefill", "inject-abort", "prefill", 0, PROMPT_S,
+                                need_reason=False)),
+        c.Check("reason-names-abort", "R-REASON-1", "SHOULD",
+                c.failed_within(target.room, "prefill", "inject-abort", "prefill", 0, 1e9, ("abort",))),
+        c.Check("not-logged-as-malformed", "R-ABORT-1", "MUST", c.no_log_matching("prefill", MALFORMED)),
+        c.Check("loops-alive-after-aborts", "R-LIVE-1", "MUST", c.loops_alive_at(LABEL, ("prefill",))),
+        *room_succeeds(after, "R-XFER-1", "room-after-aborts"),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="abort-unguarded",
+        title="A plain Common ABORT (no guard frame) fails the room within 2 s; one for an unknown room is harmless",
+        requirements=("R-ABORT-1", "R-LIVE-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)
