@@ -1,0 +1,75 @@
+"""transfer-never-completes: the engine accepts a write and never completes it.
+
+The roles run with ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` = 4 s.  After room
+``stuck`` is registered, the prefill's engine is told to accept transfers and
+never complete them (harness.faults: a posted transfer that stays in progress; a
+synchronous engine call that does not return); the room's chunks are sent.  Both
+sides must mark the room Failed within the waiting timeout plus 5 s of the first
+chunk, the decode with a reason (R-TIMEOUT-3, R-TIMEOUT-2; a prefill that fails it
+on the decode's ABORT may carry no reason of its own: R-REASON-1, SHOULD).  The engine is then healthy
+again and a new room on the same pair must complete: the stuck write may not hold
+the transfer worker (R-TIMEOUT-3, R-LIVE-2).
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS
+from harness.scenario import Scenario, register
+from harness.steps import AwaitStatus, EngineFaults, StartRoles
+from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify
+
+TIMEOUT_S = 4
+SLACK_S = 5.0
+ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)),)
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(4, chunks=2), planner.room()
+
+
+def steps(seed: int):
+    stuck, after = _plan(seed)
+    bound = TIMEOUT_S + SLACK_S + 2
+    return [
+        StartRoles(layout=LAYOUT, env=ENV),
+        *open_and_request(stuck),
+        EngineFaults("prefill", never_complete=True),
+        *send_all(stuck),
+        AwaitStatus(stuck.room, "decode", (FAILED, SUCCESS), timeout_s=bound),
+        AwaitStatus(stuck.room, "prefill", (FAILED, SUCCESS), timeout_s=bound),
+        EngineFaults("prefill"),  # healthy again: only the stuck writes stay stuck
+        *full_room(after),
+        verify([after], unchecked_kv=stuck.dst, unchecked_aux=(stuck.aux_dst,)),
+    ]
+
+
+def checks(seed: int):
+    stuck, after = _plan(seed)
+    window = (0, TIMEOUT_S + SLACK_S)
+    return [
+        c.Check("decode-failed-in-bound", "R-TIMEOUT-3", "MUST",
+                c.failed_within(stuck.room, "decode", "send_chunk", "prefill", *window)),
+        # the prefill may learn it from the decode's ABORT: its reason is R-REASON-1's business
+        c.Check("prefill-failed-in-bound", "R-TIMEOUT-3", "MUST",
+                c.failed_within(stuck.room, "prefill", "send_chunk", "prefill", *window, need_reason=False)),
+        c.Check("prefill-reason", "R-REASON-1", "SHOULD",
+                c.failed_within(stuck.room, "prefill", "send_chunk", "prefill", 0, 1e9)),
+        *room_succeeds(after, "R-TIMEOUT-3", "next-room-served"),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="transfer-never-completes",
+        title="A write the engine never completes fails its room on both sides in bounded time; the next room is served",
+        requirements=("R-TIMEOUT-3", "R-TIMEOUT-2", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=180.0,
+    )
+)
