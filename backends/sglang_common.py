@@ -293,10 +293,7 @@ class SglangCommonRole(RoleAdapter):
         """The manager's own ``_encode_kv_status_message`` (common/conn.py: the backend's
         tag, room, status, prefill rank and reason frames): the bytes a prefill of this
         backend sends; the Common wire names no room lifecycle."""
-        from sglang.srt.disaggregation.base.conn import KVPoll
-
-        return self.manager._encode_kv_status_message(bootstrap_room=room, status=KVPoll(status),
-                                                      failure_reason=None)
+        return self.manager._encode_kv_status_message(bootstrap_room=room, status=int(status), failure_reason=None)
 
     def set_engine_faults(self, **plan) -> dict:
         """Wrap this manager's engine so it injects ``plan`` (an :class:`EngineFaultPlan`'s

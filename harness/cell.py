@@ -215,6 +215,7 @@ class CellDriver:
         except RoleError:
             pass  # _await_launch below records why
         old_handle.signal(signal.SIGKILL)
+        old_handle.stop(timeout_s=5)  # gone, and its ports with it, before the new manager binds
         old_client.close()
         self.history.record("nemesis", "restart", name, self.step_index,
                             args={"bootstrap_port": port, "old_control_endpoint": old_endpoint})

@@ -390,8 +390,11 @@ class ReferenceRole(RoleAdapter):
     def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
         self.layout = Layout(**layout)
         self._pools(pattern.DECODE, self.layout)
-        self.decode = dc.DecodeCore(waiting_timeout_s=self.waiting_timeout_s, heartbeat_interval_s=2.0,
-                                    heartbeat_max_failures=2, deferred_release=self.deferred_release)
+        self.decode = dc.DecodeCore(
+            waiting_timeout_s=self.waiting_timeout_s,
+            heartbeat_interval_s=max(env_seconds("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 2.0), 2.0),
+            heartbeat_max_failures=max(int(env_seconds("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
+            deferred_release=self.deferred_release)
         self.side = _Side("decode", self._decode_frames, lambda now: self._decode_event(dc.Tick(now)))
         self.probes: queue.Queue = queue.Queue()
         probe_thread = threading.Thread(target=self._probe_loop, name="reference-heartbeat", daemon=True)
