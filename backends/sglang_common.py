@@ -130,6 +130,7 @@ class SglangCommonRole(RoleAdapter):
         self.rooms_seen: list[int] = []
         self._threads: list[threading.Thread] = []
         self._fault_counter: EngineFaultCounter | None = None
+        self._past_faults: list[dict] = []
         self._acks: list[dict] = []
         self._acks_lock = threading.Lock()
         self.POINTS = self.points_for()
@@ -300,16 +301,19 @@ class SglangCommonRole(RoleAdapter):
         fields); the wrapper passes everything else through to the real engine."""
         if self.manager is None:
             raise RuntimeError("start the manager before setting engine faults")
-        self._fault_counter = EngineFaultCounter(EngineFaultPlan(**plan))
-        self.wrap_engine(self._fault_counter)
-        return self._fault_counter.plan.to_dict()
+        counter = EngineFaultCounter(EngineFaultPlan(**plan))
+        if self._fault_counter is not None:  # a new plan counts afresh; the log keeps what fired before
+            self._past_faults += self._fault_counter.snapshot()
+        self._fault_counter = counter
+        self.wrap_engine(counter)
+        return counter.plan.to_dict()
 
     def wrap_engine(self, counter: EngineFaultCounter) -> None:
         """Put a fault-injecting wrapper around the manager's engine (per backend)."""
         raise Unsupported(f"{self.impl} has no engine fault wrapper")
 
     def fault_log(self) -> list[dict]:
-        return self._fault_counter.snapshot() if self._fault_counter else []
+        return self._past_faults + (self._fault_counter.snapshot() if self._fault_counter else [])
 
     SRC_BASE, DST_BASE = 1 << 40, 2 << 40  # fake pointers: base + buffer index
 

@@ -198,6 +198,16 @@ class CellDriver:
     def _do_InjectFrames(self, step: s.InjectFrames) -> None:
         self._inject(step.role, list(step.frames), what="inject")
 
+    def _do_RequireFact(self, step: s.RequireFact) -> None:
+        facts = next((e.get("value") or {} for e in reversed(self.history.events)
+                      if e["role"] == step.role and e["op"] in ("start_prefill", "start_decode") and e["type"] == "ok"),
+                     None)
+        if facts is None:
+            raise CellAborted(f"RequireFact: {step.role} has not started")
+        if not facts.get(step.fact):
+            raise CellAborted(f"{step.reason} ({step.role} reports {step.fact}={facts.get(step.fact)!r})",
+                              unsupported=True)
+
     def _do_RestartRole(self, step: s.RestartRole) -> None:
         name = step.role
         if name not in self.prefill_setup:

@@ -101,6 +101,16 @@ class OpenSender:
 
 
 @dataclass(frozen=True)
+class RequireFact:
+    """End the cell UNSUPPORTED with ``reason`` unless ``role`` reported a true
+    ``fact`` when its manager started (e.g. ``deferred_release``)."""
+
+    role: str
+    fact: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RestartRole:
     """Nemesis: replace prefill ``role`` by a new process behind the same bootstrap
     port.  The new process is launched (and has imported everything) before the old
@@ -279,6 +289,6 @@ class Abort:
 
 
 Step = (StartRoles | OpenRoom | OpenSender | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools
-        | KillRole | RestartRole | InjectAbort | InjectStatus
+        | KillRole | RestartRole | InjectAbort | InjectStatus | RequireFact
         | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
         | Clear | Abort | Observe | PlanLayouts | TransferLayouts)

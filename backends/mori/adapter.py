@@ -73,6 +73,7 @@ class MoriRole(SglangCommonRole):
         if not hasattr(mori.io, "set_standin_faults"):
             raise Unsupported("real amd-mori runs here and has no fault injection")
         checked = EngineFaultPlan(**plan)
+        self._past_faults += list(mori.io.standin_fault_log())  # the stand-in's log restarts with each plan
         mori.io.set_standin_faults(fail_nth_transfer=checked.fail_nth, delay_s=float(checked.delay_s),
                                    never_complete=checked.never_complete, fail_group=checked.fail_group)
         return checked.to_dict()
@@ -80,4 +81,4 @@ class MoriRole(SglangCommonRole):
     def fault_log(self) -> list[dict]:
         import mori.io
 
-        return list(mori.io.standin_fault_log()) if hasattr(mori.io, "standin_fault_log") else []
+        return self._past_faults + (list(mori.io.standin_fault_log()) if hasattr(mori.io, "standin_fault_log") else [])

@@ -219,6 +219,7 @@ class ReferenceRole(RoleAdapter):
         self.chunks: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.fault_counter: EngineFaultCounter | None = None
+        self.past_faults: list[dict] = []
         self.acks: list[dict] = []  # decode: ABORT_ACKs received
         self.ended_generation: dict[int, int] = {}  # decode: room -> generation of its last cleared lifecycle
         self.bootstrap_timeout_s = env_seconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 30.0)
@@ -322,11 +323,14 @@ class ReferenceRole(RoleAdapter):
         """Faults on the reference's writes (each KV or aux WRITE is one transfer and
         one group): a failed write is not sent and completes with ok=0; a delayed one
         is sent ``delay_s`` later; one that never completes is never sent."""
-        self.fault_counter = EngineFaultCounter(EngineFaultPlan(**plan))
-        return self.fault_counter.plan.to_dict()
+        counter = EngineFaultCounter(EngineFaultPlan(**plan))
+        if self.fault_counter is not None:  # a new plan counts afresh; the log keeps what fired before
+            self.past_faults += self.fault_counter.snapshot()
+        self.fault_counter = counter
+        return counter.plan.to_dict()
 
     def fault_log(self) -> list[dict]:
-        return self.fault_counter.snapshot() if self.fault_counter else []
+        return self.past_faults + (self.fault_counter.snapshot() if self.fault_counter else [])
 
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
         """The reference planner (:func:`backends.reference.planner.plan`) on each spec."""

@@ -1,0 +1,133 @@
+"""abort-ack-after-drain: with deferred KV release on, ABORT_ACK comes once, and
+only after every write of the room has drained.
+
+The roles run with ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1`` (an
+implementation without deferred release is UNSUPPORTED).  Every prefill transfer
+is delayed 1 s.
+
+* Room ``inflight``: two chunks are in the engine when the decode aborts.  The
+  decode must receive exactly one ABORT_ACK, and not before the last write issued
+  before it could have completed (issue time + delay) (R-ABORT-2).
+* Room ``errored``: its first write fails (the transfer group errors) while its
+  second chunk is queued; then the decode aborts.  Any ACK must again come after
+  the drain and at most once (R-ABORT-2, MUST); an ACK should come at all, since a
+  failed write has ended (R-ABORT-3, SHOULD: withholding it leaves the decode's
+  pages to its release timeout).
+
+Both rooms end Failed on both sides (R-ABORT-1); every decode page outside the
+two rooms stays untouched.
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS, TRANSFERRING
+from harness.scenario import Scenario, register
+from harness.steps import (Abort, AwaitStatus, EngineFaults, InitSender, RequireFact, SendChunk, Sleep,
+                           StartRoles, VerifyPools)
+from scenarios._flows import LAYOUT, Planner, open_and_request
+
+DELAY_S = 1.0
+ENV = (("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"),)
+NO_DEFERRED = "the implementation has no deferred KV release, so it sends no ABORT_ACK to judge"
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(6, chunks=3), planner.room(6, chunks=3)
+
+
+def _abort_while_busy(p, before_abort_s: float) -> list:
+    first, second, _third = p.chunks
+    return [
+        InitSender(p.room, len(p.src), p.aux_src),
+        SendChunk(p.room, first),
+        SendChunk(p.room, second),
+        AwaitStatus(p.room, "prefill", (TRANSFERRING, SUCCESS, FAILED), timeout_s=2.0),
+        Sleep(before_abort_s),
+        Abort(p.room, "decode"),
+        AwaitStatus(p.room, "prefill", (FAILED, SUCCESS), timeout_s=5.0),
+        AwaitStatus(p.room, "decode", (FAILED, SUCCESS), timeout_s=5.0),
+        Sleep(DELAY_S * 3),  # drain, and time for a duplicate ACK to show
+    ]
+
+
+def steps(seed: int):
+    inflight, errored = _plan(seed)
+    return [
+        StartRoles(layout=LAYOUT, env=ENV),
+        RequireFact("prefill", "deferred_release", NO_DEFERRED),
+        RequireFact("decode", "deferred_release", NO_DEFERRED),
+        *open_and_request(inflight),
+        *open_and_request(errored),
+        EngineFaults("prefill", delay_s=DELAY_S),
+        *_abort_while_busy(inflight, 0.3),
+        EngineFaults("prefill", fail_nth=1, delay_s=DELAY_S),  # counted afresh: errored's first write fails
+        *_abort_while_busy(errored, DELAY_S + 0.3),
+        EngineFaults("prefill"),
+        VerifyPools((), (), unchecked_kv=inflight.dst + errored.dst, unchecked_aux=(inflight.aux_dst, errored.aux_dst)),
+    ]
+
+
+def acks_safe(room: int, prefill: str = "prefill", decode: str = "decode", delay_s: float = DELAY_S):
+    """At most one ABORT_ACK reached ``decode`` for ``room``, and no delayed write that
+    ``prefill``'s engine issued before it (any room) could still have been in flight."""
+
+    def fn(events):
+        acks = c.abort_acks(events, decode, room)
+        if len(acks) > 1:
+            return False, (f"{decode} received {len(acks)} ABORT_ACKs for room {room} (generations "
+                           f"{', '.join(str(a.get('generation')) for a in acks)}), expected exactly one")
+        if not acks:
+            return True, f"no ABORT_ACK for room {room}, so none came early"
+        ack_t = acks[0]["t"]
+        issued = [f for f in c.engine_faults(events, prefill) if f["fault"] == "delay" and f["t"] < ack_t]
+        early = [f for f in issued if f["t"] + f.get("delay_s", delay_s) > ack_t]
+        if early:
+            f = early[0]
+            return False, (f"ABORT_ACK arrived {f['t'] + f.get('delay_s', delay_s) - ack_t:.2f} s before transfer "
+                           f"{f['transfer']} ({f['what']}) could complete: writes were still in flight")
+        return True, f"one ABORT_ACK, after all {len(issued)} delayed write(s) issued before it could complete"
+
+    return fn
+
+
+def ack_arrives(room: int, decode: str = "decode"):
+    def fn(events):
+        acks = c.abort_acks(events, decode, room)
+        if not acks:
+            return False, f"{decode} received no ABORT_ACK for room {room} (its pages wait for the release timeout)"
+        return True, f"{decode} received {len(acks)} ABORT_ACK(s) for room {room}"
+
+    return fn
+
+
+def checks(seed: int):
+    inflight, errored = _plan(seed)
+    out = []
+    for name, p in (("inflight", inflight), ("errored", errored)):
+        out += [
+            c.Check(f"{name}-ack-after-drain-at-most-once", "R-ABORT-2", "MUST", acks_safe(p.room)),
+            c.Check(f"{name}-prefill-failed", "R-ABORT-1", "MUST", c.reached_status(p.room, "prefill", FAILED)),
+            c.Check(f"{name}-decode-failed", "R-ABORT-1", "MUST", c.reached_status(p.room, "decode", FAILED)),
+        ]
+    out += [
+        c.Check("inflight-ack-sent", "R-ABORT-2", "MUST", ack_arrives(inflight.room)),
+        c.Check("errored-ack-sent", "R-ABORT-3", "SHOULD", ack_arrives(errored.room)),
+        c.Check("other-pages-untouched", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+    return out
+
+
+SCENARIO = register(
+    Scenario(
+        id="abort-ack-after-drain",
+        title="Deferred release: one ABORT_ACK per aborted room, only after its in-flight, errored and queued writes drain",
+        requirements=("R-ABORT-2", "R-ABORT-3", "R-ABORT-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)
