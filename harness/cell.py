@@ -136,7 +136,8 @@ class CellDriver:
 
     def _do_OpenRoom(self, step: s.OpenRoom) -> None:
         addr = self.bootstrap_addr[step.prefill]
-        self.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=addr)
+        if step.open_sender:
+            self.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=addr)
         self.call(step.decode, "open_receiver", deadline_s=step.timeout_s + 5,
                   room=step.room, bootstrap_addr=addr, timeout_s=step.timeout_s)
 

@@ -31,7 +31,8 @@ class History:
         self._file = open(path, "a", encoding="utf-8") if path else None
 
     def record(self, type_: str, op: str, role: str | None = None, step: int | None = None, **fields: Any) -> dict:
-        event = {"seq": len(self.events), "t": round(time.monotonic() - self._t0, 4), "step": step,
+        event = {"seq": len(self.events), "t": round(time.monotonic() - self._t0, 4), "wall": round(time.time(), 4),
+                 "step": step,
                  "op": op, "role": role, "type": type_, **fields}
         self.events.append(event)
         if self._file:

@@ -84,12 +84,14 @@ class StartRoles:
 
 @dataclass(frozen=True)
 class OpenRoom:
-    """Create the prefill sender, then the decode receiver, for ``room``."""
+    """Create the prefill sender, then the decode receiver, for ``room`` (the decode's
+    only, with ``open_sender`` False: a room the prefill never serves)."""
 
     room: int
     prefill: str = "prefill"
     decode: str = "decode"
     timeout_s: float = 15.0
+    open_sender: bool = True
 
 
 @dataclass(frozen=True)

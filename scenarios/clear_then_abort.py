@@ -1,0 +1,111 @@
+"""clear-then-abort: the prefill clears a room while its writes are in flight, then
+the decode's ABORT arrives; and an ABORT for a room the prefill never served.
+
+Deferred KV release on (``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1``;
+UNSUPPORTED without it); every prefill transfer delayed 1 s.
+
+* Room ``cleared``: its whole request is sent, the prefill's scheduler clears the
+  room while the writes are in the engine, then the decode aborts it.  Exactly one
+  ABORT_ACK, not before the writes could have completed (R-ABORT-2, R-STALE-1).
+* Room ``unserved``: the decode registers it but the prefill never creates a
+  sender; the decode aborts it.  Nothing was written, so the ABORT is answered at
+  once (one ACK within 2 s) and harmlessly: the prefill's loops live on and a new
+  room completes (R-ABORT-2, R-ABORT-1, R-LIVE-2).
+"""
+
+from __future__ import annotations
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.scenario import Scenario, register
+from harness.steps import (Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, RequireFact, Sleep,
+                           StartRoles)
+from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify
+from scenarios.abort_ack_after_drain import DELAY_S, ENV, NO_DEFERRED, ack_arrives, acks_safe
+
+PROMPT_S = 2.0
+
+
+def _plan(seed: int):
+    planner = Planner(seed)
+    return planner.room(6, chunks=2), planner.room(), planner.room()
+
+
+def steps(seed: int):
+    cleared, unserved, after = _plan(seed)
+    return [
+        StartRoles(layout=LAYOUT, env=ENV),
+        RequireFact("prefill", "deferred_release", NO_DEFERRED),
+        RequireFact("decode", "deferred_release", NO_DEFERRED),
+        *open_and_request(cleared),
+        EngineFaults("prefill", delay_s=DELAY_S),
+        *send_all(cleared),
+        AwaitStatus(cleared.room, "prefill", (TRANSFERRING, SUCCESS, FAILED), timeout_s=2.0),
+        Sleep(0.3),  # the writes are in the engine
+        Clear(cleared.room, "prefill"),
+        Abort(cleared.room, "decode"),
+        AwaitStatus(cleared.room, "decode", (FAILED, SUCCESS), timeout_s=5.0),
+        Sleep(DELAY_S * 3),  # drain, and time for a duplicate ACK to show
+        EngineFaults("prefill"),
+        # a room the prefill never opens a sender for
+        OpenRoom(unserved.room, open_sender=False),
+        RequestKV(unserved.room, unserved.dst, unserved.aux_dst),
+        AwaitStatus(unserved.room, "decode", (WAITING_FOR_INPUT, FAILED), timeout_s=5.0),
+        Sleep(0.3),  # the registration has reached the prefill
+        Abort(unserved.room, "decode"),
+        Sleep(PROMPT_S),
+        *full_room(after),
+        verify([after], unchecked_kv=cleared.dst, unchecked_aux=(cleared.aux_dst,)),
+    ]
+
+
+def ack_soon(room: int, after_op: str, role: str, bound_s: float, decode: str = "decode"):
+    """One ABORT_ACK for ``room`` reached ``decode`` within ``bound_s`` seconds of
+    ``role``'s ``after_op`` for the room (history times are the driver's clock, ACK
+    times wall clock: compared through the op's own wall-clock stamp)."""
+
+    def fn(events):
+        acks = c.abort_acks(events, decode, room)
+        op = c.first_event(events, after_op, role, room)
+        if op is None:
+            return False, f"{role} never completed {after_op} for room {room}"
+        if not acks:
+            return False, f"{decode} received no ABORT_ACK for room {room}"
+        if len(acks) > 1:
+            return False, f"{decode} received {len(acks)} ABORT_ACKs for room {room}, expected one"
+        wall = op.get("wall")
+        if wall is None:
+            return None, "the history has no wall-clock stamp to time the ACK against"
+        latency = acks[0]["t"] - wall
+        if latency > bound_s:
+            return False, f"the ABORT_ACK for room {room} came {latency:.1f} s after the ABORT (allowed {bound_s:g} s)"
+        return True, f"one ABORT_ACK for room {room}, {max(latency, 0.0):.2f} s after the ABORT returned"
+
+    return fn
+
+
+def checks(seed: int):
+    cleared, unserved, after = _plan(seed)
+    return [
+        c.Check("cleared-ack-after-drain-at-most-once", "R-ABORT-2", "MUST", acks_safe(cleared.room)),
+        c.Check("cleared-ack-sent", "R-ABORT-2", "MUST", ack_arrives(cleared.room)),
+        c.Check("cleared-decode-failed", "R-ABORT-1", "MUST", c.reached_status(cleared.room, "decode", FAILED)),
+        c.Check("unserved-answered-at-once", "R-ABORT-2", "MUST", ack_soon(unserved.room, "abort", "decode", PROMPT_S)),
+        *room_succeeds(after, "R-ABORT-1", "room-after-aborts"),
+        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="clear-then-abort",
+        title="Deferred release: clear with writes in flight then ABORT gets one ACK after the drain; "
+              "an ABORT for an unserved room is answered at once",
+        requirements=("R-ABORT-2", "R-ABORT-1", "R-STALE-1", "R-LAYOUT-1", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=150.0,
+    )
+)
