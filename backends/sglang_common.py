@@ -439,8 +439,22 @@ class SglangCommonRole(RoleAdapter):
             return records.get(room)
 
     def clear(self, room: int) -> None:
+        """Release the room as sglang's schedulers do (``disaggregation/prefill.py``,
+        ``decode.py``): a Failed room through ``failure_exception()`` (which clears it
+        and pops its failure record; the KVTransferError it raises is how it hands
+        over the reason), any other through ``clear()``; the decode also drops the
+        room's deferred-ABORT state (``kv_mgr.clear_deferred_abort_state``, as
+        ``DecodePreallocQueue._do_release`` does before ``kv_receiver.clear()``)."""
         obj = self._room_object(room)
-        obj.clear()
+        if int(obj.poll()) == 0:  # KVPoll.Failed
+            try:
+                obj.failure_exception()
+            except Exception:  # noqa: BLE001 - KVTransferError carries the reason, already recorded
+                pass
+        else:
+            obj.clear()
+        if room in self.receivers and hasattr(self.manager, "clear_deferred_abort_state"):
+            self.manager.clear_deferred_abort_state(room)
         self.senders.pop(room, None)
         self.receivers.pop(room, None)
 

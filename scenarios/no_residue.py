@@ -1,0 +1,91 @@
+"""no-residue: after rooms that succeed, fail, abort and time out are cleared on
+both sides, no per-room state is left in either manager.
+
+The roles run with bootstrap and waiting timeouts of 3 s (default release mode).
+A burst of six rooms: one succeeds; one fails on an injected engine fault; one is
+aborted by the decode; one sender's decode never registers (bootstrap timeout);
+one receiver's prefill never sends (waiting timeout); one is cleared by both
+schedulers while still WaitingForInput.  Every room is then cleared on both sides
+and the pair left quiet for the bootstrap timeout plus 1 s (the bounded memory of
+ended generations R-REUSE-1 allows expires within it).  Each manager's per-room
+state (status maps, transfer infos, trackers, failure records, staging counters:
+every dict/set/list attribute that still names a room) must be empty for all six
+rooms (R-RESIDUE-1).  The adapter lists what remains; the check names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness import checks as c
+from harness.adapter import FAILED, SUCCESS
+from harness.scenario import Scenario, register
+from harness.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenSender, Sleep, StartRoles
+from scenarios._flows import DONE, LAYOUT, Planner, full_room, open_and_request, send_all
+
+TIMEOUT_S = 3
+BURST_LAYOUT = replace(LAYOUT, aux_slots=8)
+ENV = (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
+       ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)))
+
+
+def _plan(seed: int):
+    planner = Planner(seed, BURST_LAYOUT)
+    return {name: planner.room(2, chunks=1) for name in
+            ("succeeded", "failed", "aborted", "bootstrap-timeout", "waiting-timeout", "cleared-waiting")}
+
+
+def steps(seed: int):
+    r = _plan(seed)
+    ok, failed, aborted, orphan, stalled, waiting = (r[k] for k in r)
+    both = ("prefill", "decode")
+    return [
+        StartRoles(layout=BURST_LAYOUT, env=ENV),
+        *full_room(ok),
+        OpenSender(orphan.room),  # its decode never registers
+        *open_and_request(stalled),  # its prefill never sends
+        *open_and_request(aborted),
+        Abort(aborted.room, "decode"),
+        AwaitStatus(aborted.room, "prefill", DONE, timeout_s=5.0),
+        *open_and_request(waiting),
+        *open_and_request(failed),
+        EngineFaults("prefill", fail_nth=1),
+        *send_all(failed),
+        AwaitStatus(failed.room, "prefill", DONE, timeout_s=10.0),
+        AwaitStatus(failed.room, "decode", DONE, timeout_s=10.0),
+        EngineFaults("prefill"),
+        AwaitStatus(orphan.room, "prefill", DONE, timeout_s=TIMEOUT_S + 7),
+        AwaitStatus(stalled.room, "decode", DONE, timeout_s=TIMEOUT_S + 7),
+        *[Clear(p.room, role) for p in (ok, failed, aborted, stalled, waiting) for role in both],
+        Clear(orphan.room, "prefill"),
+        Sleep(TIMEOUT_S + 1.0),
+    ]
+
+
+def checks(seed: int):
+    r = _plan(seed)
+    rooms = tuple(p.room for p in r.values())
+    return [
+        c.Check("succeeded-room", "R-XFER-1", "MUST", c.reached_status(r["succeeded"].room, "decode", SUCCESS)),
+        c.Check("failed-room", "R-TERM-1", "MUST", c.reached_status(r["failed"].room, "decode", FAILED)),
+        c.Check("bootstrap-timeout-room", "R-TIMEOUT-1", "MUST",
+                c.reached_status(r["bootstrap-timeout"].room, "prefill", FAILED)),
+        c.Check("waiting-timeout-room", "R-TIMEOUT-2", "MUST",
+                c.reached_status(r["waiting-timeout"].room, "decode", FAILED)),
+        c.Check("prefill-no-residue", "R-RESIDUE-1", "MUST", c.no_residue(("prefill",), rooms)),
+        c.Check("decode-no-residue", "R-RESIDUE-1", "MUST", c.no_residue(("decode",), rooms)),
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="no-residue",
+        title="Rooms that succeed, fail, abort, time out or are dropped leave no per-room state once cleared",
+        requirements=("R-RESIDUE-1", "R-XFER-1", "R-TERM-1", "R-TIMEOUT-1", "R-TIMEOUT-2", "R-LIVE-2"),
+        steps=steps,
+        checks=checks,
+        timeout_s=180.0,
+    )
+)
