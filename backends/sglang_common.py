@@ -386,7 +386,13 @@ class SglangCommonRole(RoleAdapter):
             raise KeyError(f"room {room} is not open on this {self.role}")
         return obj
 
-    def open_sender(self, room: int, bootstrap_addr: str) -> None:
+    def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
+        if destinations != 1:
+            raise Unsupported(
+                f"a room with {destinations} decode destinations needs a decode whose attention TP is "
+                f"{destinations}x the prefill's; pdconform's sglang role context (harness/role_context.py) "
+                "builds TP = 1 ranks only, so sglang's fan-out (common/conn.py _room_notify_targets) "
+                "cannot be driven on this harness yet")
         self.rooms_seen.append(room)
         self.senders[room] = getattr(self.conn, self.sender_class)(self.manager, bootstrap_addr, room)
 

@@ -142,8 +142,10 @@ class RoleAdapter(ABC):
 
     # ---- prefill side ----------------------------------------------------
     @abstractmethod
-    def open_sender(self, room: int, bootstrap_addr: str) -> None:
-        """Create the prefill sender for ``room``."""
+    def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
+        """Create the prefill sender for ``room``, which ``destinations`` decode ranks
+        will register for (more than one when the decode's attention TP is wider than
+        the prefill's); Unsupported when the adapter cannot build such a room."""
 
     @abstractmethod
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:

@@ -142,7 +142,9 @@ class CellDriver:
                   room=step.room, bootstrap_addr=addr, timeout_s=step.timeout_s)
 
     def _do_OpenSender(self, step: s.OpenSender) -> None:
-        self.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=self.bootstrap_addr[step.prefill])
+        extra = {"destinations": step.destinations} if step.destinations != 1 else {}
+        self.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=self.bootstrap_addr[step.prefill],
+                  **extra)
 
     def _do_RequestKV(self, step: s.RequestKV) -> None:
         self.call(step.decode, "request_kv", room=step.room, pages=list(step.pages), aux_slot=step.aux_slot)

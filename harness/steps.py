@@ -96,10 +96,13 @@ class OpenRoom:
 
 @dataclass(frozen=True)
 class OpenSender:
-    """Create only the prefill sender for ``room`` (its decode never registers)."""
+    """Create only the prefill sender for ``room``, for ``destinations`` decode ranks
+    (with 1 and no :class:`OpenRoom` with ``open_sender=False`` after it: a sender
+    whose decode never registers)."""
 
     room: int
     prefill: str = "prefill"
+    destinations: int = 1
 
 
 @dataclass(frozen=True)

@@ -379,10 +379,10 @@ class ReferenceRole(RoleAdapter):
         else:
             raise MalformedFrame(f"{tag} is not a message a prefill receives")
 
-    def open_sender(self, room: int, bootstrap_addr: str) -> None:
+    def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
         self.rooms_seen.append(room)
         self.status.setdefault(room, BOOTSTRAPPING)
-        self.side.inbox.put(lambda: self._prefill_event(pc.OpenSender(room, time.monotonic())))
+        self.side.inbox.put(lambda: self._prefill_event(pc.OpenSender(room, time.monotonic(), destinations)))
 
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
         self.side.inbox.put(lambda: self._prefill_event(pc.InitSender(room, num_pages, aux_slot)))

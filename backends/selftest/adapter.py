@@ -38,7 +38,7 @@ class SelftestRole(RoleAdapter):
     def teardown(self) -> None:
         pass
 
-    def open_sender(self, room: int, bootstrap_addr: str) -> None:
+    def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
         if room == HANG_ROOM:
             time.sleep(3600)
         if room == DIE_ROOM:
