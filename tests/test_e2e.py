@@ -53,3 +53,17 @@ def test_reference_passes_the_seed_scenarios(scenario, tmp_path):
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert cell.bytes_verified > 0
     assert not _leftovers(tmp_path)
+
+
+FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "abort-mid-transfer",
+                   "abort-ack-after-drain", "clear-then-abort", "prefill-restart-new-ports", "room-reuse",
+                   "failure-fan-out", "multi-chunk-long-prompt", "transfer-never-completes", "no-residue"]
+
+
+@pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
+def test_reference_passes_the_field_scenarios(scenario, tmp_path):
+    """The twelve field scenarios: the oracle PASSes each (timeouts, ABORTs, restarts, residue)."""
+    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path)
+    assert cell.verdict == "PASS", (cell.reason, cell.checks)
+    assert all(check["ok"] for check in cell.checks), cell.checks
+    assert not _leftovers(tmp_path)

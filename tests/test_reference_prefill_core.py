@@ -52,6 +52,29 @@ def test_bootstrap_timeout_only_while_bootstrapping():
     assert "bootstrap timeout of 5 s" in actions[0].reason
 
 
+def test_a_write_that_never_completes_fails_the_room_at_the_transfer_timeout():
+    core = opened(pc.PrefillCore(transfer_timeout_s=4))
+    core.handle(pc.Tick(1.0))
+    stuck = writes(core.handle(pc.SendChunk(7, (0, 1, 2), last=True)))
+    assert core.handle(pc.Tick(4.9)) == [] and core.status(7) == TRANSFERRING
+    actions = core.handle(pc.Tick(5.0))
+    assert core.status(7) == FAILED
+    assert any(isinstance(a, pc.SendStatus) and a.status == FAILED and "transfer timeout of 4 s" in a.reason
+               for a in actions)
+    # the lost writes no longer hold the room: a late completion is ignored and clear leaves no drain
+    core.handle(pc.WriteDone(7, stuck[0].write_id, ok=True))
+    core.handle(pc.Clear(7))
+    assert "draining" not in core.residue() and "writes" not in core.residue()
+
+
+def test_no_transfer_timeout_by_default():
+    core = opened(pc.PrefillCore())
+    core.handle(pc.Tick(0.0))
+    core.handle(pc.SendChunk(7, (0, 1, 2), last=True))
+    core.handle(pc.Tick(10_000.0))
+    assert core.status(7) == TRANSFERRING
+
+
 def test_stale_chunk_after_clear_is_dropped_without_a_write():
     core = opened(pc.PrefillCore())
     core.handle(pc.Clear(7))

@@ -1,0 +1,86 @@
+"""The checkers the field scenarios add, on hand-built histories (no roles run)."""
+
+from harness import checks as c
+from harness.adapter import FAILED, WAITING_FOR_INPUT
+from harness.history import History
+from scenarios.abort_ack_after_drain import ack_arrives, acks_safe
+
+
+def _event(h: History, type_: str, op: str, role: str, t: float, **fields) -> dict:
+    event = h.record(type_, op, role, 1, **fields)
+    event["t"] = t
+    return event
+
+
+def _failed_history(after_s: float, reason: str | None) -> list[dict]:
+    h = History()
+    _event(h, "ok", "open_sender", "prefill", 10.0, args={"room": 5})
+    _event(h, "ok", "await_status", "prefill", 10.0 + after_s, args={"room": 5},
+           value={"status": FAILED, "failure_reason": reason})
+    return h.events
+
+
+def test_failed_within_judges_the_window_and_the_reason():
+    events = _failed_history(3.2, "timed out after 3.2s in KVPoll.Bootstrapping")
+    assert c.failed_within(5, "prefill", "open_sender", "prefill", 3, 8)(events)[0]
+    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 4, 8)(events)
+    assert not ok and "before the 4 s deadline" in detail
+    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 2)(events)
+    assert not ok and "allowed up to 2 s" in detail
+    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 8, ("abort",))(events)
+    assert not ok and "names none of abort" in detail
+
+
+def test_failed_within_reason_optional_only_when_asked():
+    events = _failed_history(1.0, None)
+    assert not c.failed_within(5, "prefill", "open_sender", "prefill", 0, 2)(events)[0]
+    assert c.failed_within(5, "prefill", "open_sender", "prefill", 0, 2, need_reason=False)(events)[0]
+
+
+def test_failed_within_never_failed():
+    h = History()
+    _event(h, "ok", "open_sender", "prefill", 1.0, args={"room": 5})
+    _event(h, "ok", "await_status", "prefill", 9.0, args={"room": 5}, value={"status": WAITING_FOR_INPUT})
+    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 9)(h.events)
+    assert not ok and "never became Failed (last: WaitingForInput)" in detail
+
+
+def _observed(rooms: dict, remembered: dict | None = None, logs: list | None = None) -> list[dict]:
+    h = History()
+    _event(h, "ok", "launch", "prefill", 0.0, args={})
+    _event(h, "ok", "observe", "prefill", 1.0, args={},
+           value={"role": "prefill", "loops": {}, "log_records": logs or [], "dead_threads": [], "rooms": rooms,
+                  "remembered": remembered or {}})
+    return h.events
+
+
+def test_no_residue_names_what_is_left_and_ignores_bounded_memory():
+    ok, detail = c.no_residue(("prefill",), (7, 8))(_observed({7: ["_deferred_ack_poisoned_rooms"], 9: ["x"]}))
+    assert not ok and "room 7: _deferred_ack_poisoned_rooms" in detail and "room 9" not in detail
+    assert c.no_residue(("prefill",), (7,))(_observed({}, remembered={7: ["tombstones"]}))[0]
+
+
+def test_no_log_matching():
+    logs = [{"level": "WARNING", "logger": "sglang.x", "message": "Malformed ABORT message: too few frames (1)"}]
+    ok, detail = c.no_log_matching("prefill", r"malformed")(_observed({}, logs=logs))
+    assert not ok and "Malformed ABORT" in detail
+    assert c.no_log_matching("prefill", r"malformed")(_observed({}))[0]
+
+
+def _ack_history(ack_times: list[float], delays: list[tuple[float, float]]) -> list[dict]:
+    h = History()
+    for i, (t, delay) in enumerate(delays, start=1):
+        _event(h, "nemesis", "engine-fault", "prefill", 0.0,
+               value={"transfer": i, "fault": "delay", "what": f"write {i}", "t": t, "delay_s": delay})
+    _event(h, "info", "abort-acks", "decode", 0.0, value=[{"room": 3, "generation": 1, "t": t} for t in ack_times])
+    return h.events
+
+
+def test_acks_safe_catches_an_early_and_a_duplicate_ack():
+    assert acks_safe(3)(_ack_history([102.0], [(100.0, 1.0), (100.5, 1.0)]))[0]
+    ok, detail = acks_safe(3)(_ack_history([101.2], [(100.0, 1.0), (100.5, 1.0)]))
+    assert not ok and "transfer 2" in detail and "still in flight" in detail
+    ok, detail = acks_safe(3)(_ack_history([102.0, 102.1], [(100.0, 1.0)]))
+    assert not ok and "2 ABORT_ACKs" in detail
+    assert acks_safe(3)(_ack_history([], [(100.0, 1.0)]))[0]  # none sent: none early
+    assert not ack_arrives(3)(_ack_history([], []))[0]
