@@ -91,5 +91,14 @@ def room_succeeds(p: RoomPlan, requirement: str, name: str) -> list[c.Check]:
             c.Check(f"{name}-decode-success", requirement, "MUST", c.reached_status(p.room, p.decode, SUCCESS))]
 
 
-__all__ = ["LAYOUT", "DONE", "RoomPlan", "Planner", "open_and_request", "send_all", "await_done", "full_room",
+def pair_healthy(bytes_exact: bool = True) -> list[c.Check]:
+    """The checks closing most scenarios: the decode's pools byte-exact (R-LAYOUT-1),
+    every role and loop alive at the end and no thread dead (R-LIVE-2)."""
+    return ([c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact())] if bytes_exact else []) + [
+        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    ]
+
+
+__all__ = ["pair_healthy", "LAYOUT", "DONE", "RoomPlan", "Planner", "open_and_request", "send_all", "await_done", "full_room",
            "verify", "room_succeeds", "TRANSFERRING"]

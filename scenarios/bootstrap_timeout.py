@@ -17,7 +17,8 @@ from harness import checks as c
 from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
 from harness.scenario import Scenario, register
 from harness.steps import AwaitStatus, OpenSender, Sleep, StartRoles
-from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, send_all, verify
+from scenarios._flows import (LAYOUT, Planner, await_done, open_and_request, pair_healthy, room_succeeds, send_all,
+                              verify)
 
 TIMEOUT_S = 3
 SLACK_S = 5.0
@@ -54,9 +55,7 @@ def checks(seed: int):
         c.Check("registered-room-outlives-deadline", "R-TIMEOUT-1", "MUST",
                 c.nth_status(held.room, "prefill", 1, (WAITING_FOR_INPUT,))),
         *room_succeeds(held, "R-XFER-1", "registered-room"),
-        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
-        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+        *pair_healthy(),
     ]
 
 

@@ -20,7 +20,7 @@ from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
 from harness.scenario import Scenario, register
 from harness.steps import (Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, RequireFact, Sleep,
                            StartRoles)
-from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify
+from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify, pair_healthy
 from scenarios.abort_ack_after_drain import DELAY_S, ENV, NO_DEFERRED, ack_arrives, acks_safe
 
 PROMPT_S = 2.0
@@ -92,9 +92,7 @@ def checks(seed: int):
         c.Check("cleared-decode-failed", "R-ABORT-1", "MUST", c.reached_status(cleared.room, "decode", FAILED)),
         c.Check("unserved-answered-at-once", "R-ABORT-2", "MUST", ack_soon(unserved.room, "abort", "decode", PROMPT_S)),
         *room_succeeds(after, "R-ABORT-1", "room-after-aborts"),
-        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
-        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+        *pair_healthy(),
     ]
 
 

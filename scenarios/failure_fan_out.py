@@ -18,7 +18,7 @@ from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
 from harness.scenario import Scenario, register
 from harness.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, OpenSender, RequestKV, SendChunk, \
     StartRoles, VerifyPools
-from scenarios._flows import DONE, LAYOUT, Planner
+from scenarios._flows import DONE, LAYOUT, Planner, pair_healthy
 
 DECODES = ("decode-0", "decode-1")
 PROMPT_S = 2.0
@@ -73,8 +73,7 @@ def checks(seed: int):
                     c.failed_within(broken.room, d, "send_chunk", "prefill", 0, PROMPT_S, need_reason=False)),
         ]
     return out + [
-        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+        *pair_healthy(bytes_exact=False),
     ]
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from harness import checks as c
 from harness.scenario import Scenario, register
 from harness.steps import InitSender, SendChunk, StartRoles
-from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, verify
+from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, verify, pair_healthy
 
 POOL = replace(LAYOUT, num_pages=128)
 LONG_PAGES, LONG_CHUNKS = 48, 12
@@ -51,9 +51,7 @@ def checks(seed: int):
     return [
         *room_succeeds(long, "R-XFER-1", "long-room"),
         *room_succeeds(short, "R-XFER-1", "interleaved-room"),
-        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
-        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+        *pair_healthy(),
     ]
 
 

@@ -18,7 +18,7 @@ from harness import checks as c
 from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
 from harness.scenario import Scenario, register
 from harness.steps import AwaitStatus, Clear, InjectStatus, Sleep, StartRoles
-from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, send_all, verify
+from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, send_all, verify, pair_healthy
 
 LATE_SETTLE_S = 0.5
 
@@ -62,9 +62,7 @@ def checks(seed: int):
                 c.reached_status(second.room, "prefill", SUCCESS)),
         c.Check("second-lifecycle-decode-success", "R-REUSE-1", "MUST",
                 c.reached_status(second.room, "decode", SUCCESS)),
-        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
-        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+        *pair_healthy(),
     ]
 
 

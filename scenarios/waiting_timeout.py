@@ -15,7 +15,7 @@ from harness import checks as c
 from harness.adapter import FAILED, SUCCESS
 from harness.scenario import Scenario, register
 from harness.steps import AwaitStatus, StartRoles
-from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify
+from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify, pair_healthy
 
 TIMEOUT_S = 3
 SLACK_S = 5.0
@@ -46,9 +46,7 @@ def checks(seed: int):
         c.Check("reason-names-timeout", "R-REASON-1", "SHOULD",
                 c.failed_within(stalled.room, "decode", "request_kv", "decode", 0, 1e9, ("timeout", "timed out"))),
         *room_succeeds(later, "R-XFER-1", "later-room"),
-        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
-        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+        *pair_healthy(),
     ]
 
 
