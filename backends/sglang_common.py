@@ -146,11 +146,13 @@ class SglangCommonRole(RoleAdapter):
         """Set KVArgs fields only this backend reads."""
 
     # ---- lifecycle -------------------------------------------------------
-    def _kv_args(self, layout: Layout, kv: list, aux: tuple):
+    def _kv_args(self, layout: Layout, kv: list, aux: tuple, tp_rank: int = 0):
         from sglang.srt.disaggregation.base.conn import KVArgs
 
         args = KVArgs()
-        args.engine_rank = 0
+        # the scheduler's tp_rank: the decode picks its prefill rank from it and
+        # registers it as its dst_tp_rank (common/conn.py _resolve_rank_mapping)
+        args.engine_rank = tp_rank
         args.pp_rank = 0
         args.system_dp_rank = 0
         args.rust_http_port = None
@@ -187,19 +189,23 @@ class SglangCommonRole(RoleAdapter):
         self.fill_backend_kv_args(args)
         return args
 
-    def _start(self, mode: str, layout_dict: dict, bootstrap_port: int) -> dict:
+    def _start(self, mode: str, layout_dict: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
         from sglang.srt.disaggregation.utils import DisaggregationMode
 
         layout = Layout(**layout_dict)
+        tp_size, tp_rank = (int(x) for x in attn_tp)
         server_args = role_context.prepare_role(
             role_context.RoleSettings(
-                mode=mode, backend=self.backend, bootstrap_port=bootstrap_port, page_size=layout.page_size
+                mode=mode, backend=self.backend, bootstrap_port=bootstrap_port, page_size=layout.page_size,
+                attn_tp_size=tp_size, attn_tp_rank=tp_rank,
             )
         )
         before = set(threading.enumerate())
         self._install_point_hooks()
         self.init_engine()
         facts: dict[str, Any] = {"mode": mode}
+        if tp_size > 1:
+            facts["attn_tp"] = [tp_size, tp_rank]
         if mode == "prefill":
             self.bootstrap_server = getattr(self.conn, self.bootstrap_class)(self.host, bootstrap_port)
             wait_for_tcp_port(self.host, bootstrap_port, timeout_s=15)
@@ -209,7 +215,7 @@ class SglangCommonRole(RoleAdapter):
         self.buffers = kv + [aux]
         dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
         manager_cls = getattr(self.conn, self.manager_class)
-        self.manager = manager_cls(self._kv_args(layout, kv, aux), dmode, server_args, layout.mla)
+        self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank), dmode, server_args, layout.mla)
         self._threads = [t for t in threading.enumerate() if t not in before]
         facts["rank_port"] = getattr(self.manager, "rank_port", None)
         facts["engine"] = self.engine()
@@ -366,8 +372,8 @@ class SglangCommonRole(RoleAdapter):
     def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
         return self._start("prefill", layout, bootstrap_port)
 
-    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
-        return self._start("decode", layout, bootstrap_port)
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
+        return self._start("decode", layout, bootstrap_port, attn_tp)
 
     def teardown(self) -> None:
         # Only managers that declare role-switch support implement teardown()
@@ -387,12 +393,9 @@ class SglangCommonRole(RoleAdapter):
         return obj
 
     def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
-        if destinations != 1:
-            raise Unsupported(
-                f"a room with {destinations} decode destinations needs a decode whose attention TP is "
-                f"{destinations}x the prefill's; pdconform's sglang role context (harness/role_context.py) "
-                "builds TP = 1 ranks only, so sglang's fan-out (common/conn.py _room_notify_targets) "
-                "cannot be driven on this harness yet")
+        # ``destinations`` needs nothing here: sglang's prefill learns the count from
+        # each decode rank's metadata (``required_dst_info_num``, which the decode
+        # derives from its attention TP over the prefill's) and waits for all of them.
         self.rooms_seen.append(room)
         self.senders[room] = getattr(self.conn, self.sender_class)(self.manager, bootstrap_addr, room)
 

@@ -133,8 +133,9 @@ class RoleAdapter(ABC):
         over pattern-filled pools.  Returns facts for the history (ports, engine)."""
 
     @abstractmethod
-    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
-        """Start the decode manager over pattern-filled pools."""
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
+        """Start the decode manager over pattern-filled pools, as attention-TP rank
+        ``attn_tp[1]`` of a decode with ``attn_tp[0]`` ranks (one process per rank)."""
 
     @abstractmethod
     def teardown(self) -> None:

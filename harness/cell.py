@@ -97,8 +97,10 @@ class CellDriver:
             self.prefills_started += 1
             self._start_prefill(name, layout, port)
         decode_layout = (step.decode_layout or step.layout).to_dict()
-        for name in step.decodes:
-            facts = self.call(name, "start_decode", deadline_s=60, layout=decode_layout, bootstrap_port=self.base_port)
+        for i, name in enumerate(step.decodes):
+            extra = {"attn_tp": (step.decode_attn_tp, i % step.decode_attn_tp)} if step.decode_attn_tp > 1 else {}
+            facts = self.call(name, "start_decode", deadline_s=60, layout=decode_layout, bootstrap_port=self.base_port,
+                              **extra)
             if facts is None:
                 raise CellAborted(f"decode {name} failed to start: {self._last_error(name)}")
             self._note_control_endpoint(name, facts)

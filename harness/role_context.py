@@ -4,8 +4,10 @@ sglang's KV managers read their serving, disaggregation and parallel settings
 from process globals that a real server sets up while it launches schedulers:
 a published ``ServerArgs`` (``sglang.srt.runtime_context``), the parallel rank
 placement, the pipeline-parallel group and, for Mooncake, a process-wide
-transfer engine.  This module builds exactly that for TP = PP = 1 on loopback:
-no torch.distributed, no model download (``model_path="dummy"``), no GPU.
+transfer engine.  This module builds exactly that for PP = 1 on loopback: no
+torch.distributed, no model download (``model_path="dummy"``), no GPU.  TP is 1,
+or (``RoleSettings.attn_tp_size``) one attention-TP rank of a wider server, each
+rank its own role process: the KV managers only read their rank and width.
 
 How the context is built drifts between sglang releases, so each supported range
 has a :class:`ContextStrategy`; :func:`strategy_for` picks one by version and
@@ -51,13 +53,19 @@ class RoleSettings:
 
     ``mode`` is ``"prefill"`` or ``"decode"``; ``bootstrap_port`` is the TCP port
     of the prefill's bootstrap server (the decode uses it only as a default);
-    ``page_size`` is in tokens.  ``extra`` is passed to ``ServerArgs`` verbatim.
+    ``page_size`` is in tokens.  ``attn_tp_size``/``attn_tp_rank``: this role is
+    attention-TP rank ``attn_tp_rank`` of a server with ``attn_tp_size`` ranks
+    (``tp_size`` = ``attn_tp_size``, no DP/CP), each rank its own process, with no
+    torch.distributed group between them (the KV managers never use one).
+    ``extra`` is passed to ``ServerArgs`` verbatim.
     """
 
     mode: str
     backend: str
     bootstrap_port: int
     page_size: int = 4
+    attn_tp_size: int = 1
+    attn_tp_rank: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,19 +122,22 @@ def _server_args(settings: RoleSettings):
         disaggregation_transfer_backend=settings.backend,
         disaggregation_bootstrap_port=settings.bootstrap_port,
         page_size=settings.page_size,
+        tp_size=settings.attn_tp_size,
         **settings.extra,
     )
 
 
 def _prepare_published_context(settings: RoleSettings):
-    """sglang >= 0.5.19: ``runtime_context.publish`` with a one-rank placement."""
+    """sglang >= 0.5.19: ``runtime_context.publish`` with this rank's placement
+    (``SpawnRanks(world_rank=attn_tp_rank)``: publish derives ``tp_rank`` and
+    ``attn_tp_rank`` from it and the ``tp_size`` of the ServerArgs)."""
     from sglang.srt import runtime_context
 
     server_args = _server_args(settings)
     runtime_context.publish(
         server_args,
         role="scheduler",
-        ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=None),
+        ranks=runtime_context.SpawnRanks(world_rank=settings.attn_tp_rank, dp_rank=None, gpu_id=None),
     )
     runtime_context.get_parallel().override_permanently(pp_group=_SingleRankPPGroup())
     return server_args
@@ -164,5 +175,7 @@ def prepare_role(settings: RoleSettings):
     """
     if settings.mode not in ("prefill", "decode"):
         raise ValueError(f"role mode must be 'prefill' or 'decode', got {settings.mode!r}")
+    if not 0 <= settings.attn_tp_rank < settings.attn_tp_size:
+        raise ValueError(f"attention TP rank {settings.attn_tp_rank} is not a rank of {settings.attn_tp_size}")
     apply_role_env()
     return strategy_for(sglang_version()).prepare(settings)

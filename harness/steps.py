@@ -80,6 +80,9 @@ class StartRoles:
     #: environment for every role process of this step, as (name, value) pairs, e.g. a
     #: short ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (the reference reads the same knobs)
     env: tuple[tuple[str, str], ...] = ()
+    #: the decodes' attention TP (the prefills' is 1): with 2, ``decodes`` are the ranks
+    #: 0, 1 (0, 1, ... again for more decodes) of decodes whose attention TP is 2
+    decode_attn_tp: int = 1
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,14 @@ byte-exact (R-XFER-1, R-LAYOUT-1).  Room ``broken``: the first write (to one
 destination) fails in the engine; both decodes must see Failed within 2 s of
 the chunk, not after a timeout (R-FANOUT-1).
 
-sglang's backends are UNSUPPORTED here until pdconform's role context can build
-a decode with attention TP 2 over a TP 1 prefill (see the cell's reason).
+The decodes are attention-TP ranks 0 and 1 of one decode (TP 2) over a TP 1
+prefill.  The layout is MLA: sglang then copies the whole KV to each rank
+(``_kv_replica_factor``, common/conn.py), where MHA would slice the heads.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from harness import checks as c
 from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
@@ -22,6 +25,7 @@ from scenarios._flows import DONE, LAYOUT, Planner, pair_healthy
 
 DECODES = ("decode-0", "decode-1")
 PROMPT_S = 2.0
+MLA_LAYOUT = replace(LAYOUT, mla=True)
 
 
 def _plan(seed: int):
@@ -51,7 +55,7 @@ def _room(p, q) -> list:
 def steps(seed: int):
     healthy, broken, healthy_1, broken_1 = _plan(seed)
     return [
-        StartRoles(layout=LAYOUT, decodes=DECODES),
+        StartRoles(layout=MLA_LAYOUT, decodes=DECODES, decode_attn_tp=len(DECODES)),
         *_room(healthy, healthy_1),
         EngineFaults("prefill", fail_nth=1),
         *_room(broken, broken_1),

@@ -18,3 +18,9 @@ def test_unsupported_release_names_the_supported_ranges():
 def test_bad_mode_is_rejected_before_touching_sglang():
     with pytest.raises(ValueError, match="'prefill' or 'decode'"):
         rc.prepare_role(rc.RoleSettings(mode="router", backend="mooncake", bootstrap_port=1))
+
+
+def test_attention_tp_rank_outside_the_width_is_rejected_before_touching_sglang():
+    with pytest.raises(ValueError, match="rank 2 is not a rank of 2"):
+        rc.prepare_role(rc.RoleSettings(mode="decode", backend="mooncake", bootstrap_port=1,
+                                        attn_tp_size=2, attn_tp_rank=2))

@@ -391,7 +391,9 @@ class ReferenceRole(RoleAdapter):
         self.chunks.put((room, list(pages)))
 
     # ---- decode ------------------------------------------------------------------
-    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
+        # The reference's prefill takes the destination count from open_sender; a
+        # decode rank needs no rank of its own (MLA: each rank gets the whole KV).
         self.layout = Layout(**layout)
         self._pools(pattern.DECODE, self.layout)
         self.decode = dc.DecodeCore(

@@ -32,7 +32,7 @@ class SelftestRole(RoleAdapter):
     def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
         return {"mode": "prefill", "bootstrap_addr": f"127.0.0.1:{bootstrap_port}", "engine": self.engine()}
 
-    def start_decode(self, layout: dict, bootstrap_port: int) -> dict:
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
         return {"mode": "decode", "engine": self.engine()}
 
     def teardown(self) -> None:
