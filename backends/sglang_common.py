@@ -130,7 +130,7 @@ class SglangCommonRole(RoleAdapter):
         self.rooms_seen: list[int] = []
         self._threads: list[threading.Thread] = []
         self._fault_counter: EngineFaultCounter | None = None
-        self._past_faults: list[dict] = []
+        self._past_counters: list[EngineFaultCounter] = []
         self._acks: list[dict] = []
         self._acks_lock = threading.Lock()
         self.POINTS = self.points_for()
@@ -296,20 +296,14 @@ class SglangCommonRole(RoleAdapter):
         return AbortNotification(room=room, decode_ip=self.manager.local_ip, decode_port=self.manager.rank_port,
                                  generation=generation).to_zmq()
 
-    def status_frames(self, room: int, status: int) -> list[bytes]:
-        """The manager's own ``_encode_kv_status_message`` (common/conn.py: the backend's
-        tag, room, status, prefill rank and reason frames): the bytes a prefill of this
-        backend sends; the Common wire names no room lifecycle."""
-        return self.manager._encode_kv_status_message(bootstrap_room=room, status=int(status), failure_reason=None)
-
     def set_engine_faults(self, **plan) -> dict:
         """Wrap this manager's engine so it injects ``plan`` (an :class:`EngineFaultPlan`'s
         fields); the wrapper passes everything else through to the real engine."""
         if self.manager is None:
             raise RuntimeError("start the manager before setting engine faults")
         counter = EngineFaultCounter(EngineFaultPlan(**plan))
-        if self._fault_counter is not None:  # a new plan counts afresh; the log keeps what fired before
-            self._past_faults += self._fault_counter.snapshot()
+        if self._fault_counter is not None:  # a new plan counts afresh; the old one may still log
+            self._past_counters.append(self._fault_counter)  # (a delayed call finishing under it)
         self._fault_counter = counter
         self.wrap_engine(counter)
         return counter.plan.to_dict()
@@ -319,7 +313,8 @@ class SglangCommonRole(RoleAdapter):
         raise Unsupported(f"{self.impl} has no engine fault wrapper")
 
     def fault_log(self) -> list[dict]:
-        return self._past_faults + (self._fault_counter.snapshot() if self._fault_counter else [])
+        counters = self._past_counters + ([self._fault_counter] if self._fault_counter else [])
+        return [entry for counter in counters for entry in counter.snapshot()]
 
     SRC_BASE, DST_BASE = 1 << 40, 2 << 40  # fake pointers: base + buffer index
 
@@ -453,13 +448,21 @@ class SglangCommonRole(RoleAdapter):
         and pops its failure record; the KVTransferError it raises is how it hands
         over the reason), any other through ``clear()``; the decode also drops the
         room's deferred-ABORT state (``kv_mgr.clear_deferred_abort_state``, as
-        ``DecodePreallocQueue._do_release`` does before ``kv_receiver.clear()``)."""
+        ``DecodePreallocQueue._do_release`` does before ``kv_receiver.clear()``), after
+        arming the ABORT for a Failed room it did not abort itself
+        (``ensure_abort_notified(force_arm=True)``, as the decode's transfer queue does
+        with deferred release on)."""
         obj = self._room_object(room)
         if int(obj.poll()) == 0:  # KVPoll.Failed
             try:
                 obj.failure_exception()
             except Exception:  # noqa: BLE001 - KVTransferError carries the reason, already recorded
                 pass
+            # decode.py: a failure the decode did not initiate still arms the deferred
+            # ABORT/ACK flow before release (writes of other ranks may be in flight)
+            if (room in self.receivers and getattr(self.manager, "enable_deferred_decode_kv_release", False)
+                    and not getattr(obj, "abort_notified", True)):
+                obj.ensure_abort_notified(force_arm=True)
         else:
             obj.clear()
         if room in self.receivers and hasattr(self.manager, "clear_deferred_abort_state"):

@@ -239,12 +239,6 @@ class RoleAdapter(ABC):
         Unsupported by default."""
         raise Unsupported(f"{self.impl} cannot build its ABORT frames")
 
-    def status_frames(self, room: int, status: int) -> list[bytes]:
-        """A prefill-to-decode status message for ``room`` (``status`` a KVPoll int) in
-        the form this decode parses, as a prefill of the same implementation encodes it
-        (names no lifecycle when the wire has none).  Unsupported by default."""
-        raise Unsupported(f"{self.impl} cannot build its status messages")
-
     def abort_acks(self) -> list[dict]:
         """Every ABORT_ACK this decode received: ``room``, ``generation`` (None when the
         message names none) and ``t`` (wall clock, seconds).  Empty by default."""

@@ -59,6 +59,7 @@ class CellDriver:
         self.base_port = base_port
         self.prefills_started = 0
         self.prefill_setup: dict[str, tuple[dict, int]] = {}  # prefill -> (layout, bootstrap port)
+        self.role_env: dict[str, dict[str, str]] = {}  # role -> the environment it was started with
         self.step_index: int | None = None
 
     # ---- calls with history ----------------------------------------------
@@ -86,6 +87,7 @@ class CellDriver:
         names = [(n, "prefill") for n in step.prefills] + [(n, "decode") for n in step.decodes]
         env = dict(step.env)
         for name, role in names:
+            self.role_env[name] = env
             self.handles[name] = self.launcher.start(RoleSpec(name=name, impl=self.impl, role=role, env=env))
         for name, _ in names:
             self._await_launch(name, self.handles[name], step.ready_timeout_s)
@@ -220,31 +222,36 @@ class CellDriver:
         layout, port = self.prefill_setup[name]
         old_handle, old_client = self.handles[name], self.clients[name]
         old_endpoint = self.control_endpoint.get(name)
-        restarts = sum(1 for e in self.history.events if e["type"] == "nemesis" and e["op"] == "restart")
+        env = self.role_env.get(name, {}) if step.env is None else dict(step.env)
+        restarts = sum(1 for e in self.history.events
+                       if e["type"] == "nemesis" and e["op"] == "restart" and e["role"] == name)
         workdir = getattr(self.launcher, "workdir", None)
-        spec = RoleSpec(name=name, impl=self.impl, role="prefill", env=dict(step.env),
+        spec = RoleSpec(name=name, impl=self.impl, role="prefill", env=env,
                         log_path=str(Path(workdir) / f"{name}.restart{restarts + 1}.log") if workdir else None)
         new_handle = self.launcher.start(spec)
+        self.history.record("invoke", "launch", name, self.step_index, args={"restart": restarts + 1})
         try:
-            new_handle.wait_ready(step.ready_timeout_s)
-        except RoleError:
-            pass  # _await_launch below records why
+            endpoint = new_handle.wait_ready(step.ready_timeout_s)
+        except RoleError as exc:  # the old prefill keeps serving; the cell cannot go on
+            new_handle.stop(timeout_s=5)
+            self.history.record("fail", "launch", name, self.step_index, args={"restart": restarts + 1},
+                                error=str(exc))
+            raise CellAborted(f"the replacement for {name} did not start: {exc}") from exc
+        self.history.record("ok", "launch", name, self.step_index, args={"restart": restarts + 1},
+                            value={"endpoint": endpoint})
         old_handle.signal(signal.SIGKILL)
         old_handle.stop(timeout_s=5)  # gone, and its ports with it, before the new manager binds
         old_client.close()
         self.history.record("nemesis", "restart", name, self.step_index,
                             args={"bootstrap_port": port, "old_control_endpoint": old_endpoint})
         self.handles[name] = new_handle
-        self._await_launch(name, new_handle, step.ready_timeout_s)
+        self.clients[name] = RoleClient(self.ctx, name, endpoint, handle=new_handle)
+        self.role_env[name] = env
         self._start_prefill(name, layout, port)
 
     def _do_InjectAbort(self, step: s.InjectAbort) -> None:
         frames = self._nemesis_call(step.decode, "abort_frames", "abort-frames", room=step.room)
         self._inject(step.prefill, [tuple(frames)], what="inject-abort", room=step.room, known=step.known)
-
-    def _do_InjectStatus(self, step: s.InjectStatus) -> None:
-        frames = self._nemesis_call(step.decode, "status_frames", "status-frames", room=step.room, status=step.status)
-        self._inject(step.decode, [tuple(frames)], what="inject-status", room=step.room, status=step.status)
 
     def _inject(self, role: str, messages: list, what: str, **args: Any) -> None:
         endpoint = self.control_endpoint.get(role)

@@ -316,7 +316,7 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
     return fn
 
 
-def no_log_matching(role: str, pattern: str, after_op: str | None = None) -> Callable[[list[dict]], tuple[bool, str]]:
+def no_log_matching(role: str, pattern: str) -> Callable[[list[dict]], tuple[bool, str]]:
     """No WARNING-or-worse record of ``role`` (last observation) matches regex ``pattern``
     (case-insensitive)."""
     import re

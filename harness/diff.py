@@ -38,7 +38,7 @@ def _project(event: dict) -> Any:
     if op == "await_point":
         return "reached"
     if op in ("kill", "freeze", "thaw", "inject", "arm-point", "release-point", "engine-faults", "restart",
-              "inject-abort", "inject-status", "abort-frames", "status-frames"):
+              "inject-abort", "abort-frames"):
         return "done"
     if op == "engine-fault":
         return f"{value.get('fault')} transfer {value.get('transfer')}"

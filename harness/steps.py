@@ -123,11 +123,13 @@ class RestartRole:
     """Nemesis: replace prefill ``role`` by a new process behind the same bootstrap
     port.  The new process is launched (and has imported everything) before the old
     one is SIGKILLed, so the gap is the new manager's start-up only; its control
-    ports are whatever the new manager binds.  ``env`` as for :class:`StartRoles`."""
+    ports are whatever the new manager binds.  ``env`` as for :class:`StartRoles`
+    (None: the environment the role was started with).  A replacement that does not
+    come up ends the cell with the old process left running."""
 
     role: str
     ready_timeout_s: float = 90.0
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,17 +143,6 @@ class InjectAbort:
     prefill: str = "prefill"
     decode: str = "decode"
     known: bool = True
-
-
-@dataclass(frozen=True)
-class InjectStatus:
-    """Nemesis: push a prefill-to-decode status message for ``room`` (``status`` a
-    KVPoll int), as ``decode``'s implementation parses them (``status_frames``), into
-    ``decode``'s own control socket: a late message of an older lifecycle."""
-
-    room: int
-    status: int
-    decode: str = "decode"
 
 
 @dataclass(frozen=True)
@@ -297,6 +288,6 @@ class Abort:
 
 
 Step = (StartRoles | OpenRoom | OpenSender | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools
-        | KillRole | RestartRole | InjectAbort | InjectStatus | RequireFact
+        | KillRole | RestartRole | InjectAbort | RequireFact
         | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
         | Clear | Abort | Observe | PlanLayouts | TransferLayouts)

@@ -19,7 +19,9 @@ from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_
 
 PROMPT_S = 2.0
 LABEL = "after both ABORTs"
-MALFORMED = r"malformed|unparsable|invalid|incomplete|unknown (message|tag)|unexpected|too few frames"
+# a record that calls an ABORT bad (Common's AbortNotification warnings, a guard-frame check, ...)
+BAD = r"(malformed|invalid|incomplete|unparsable|parse|unknown|unexpected|too few|bad)"
+MALFORMED = rf"{BAD}[^\n]*\babort|\babort[^\n]*{BAD}"
 
 
 def _plan(seed: int):

@@ -1,7 +1,8 @@
 """no-residue: after rooms that succeed, fail, abort and time out are cleared on
 both sides, no per-room state is left in either manager.
 
-The roles run with bootstrap and waiting timeouts of 3 s (default release mode).
+The roles run with bootstrap and waiting timeouts of 3 s and otherwise sglang's
+defaults (deferred KV release is on by default in sglang 0.5.23).
 A burst of six rooms: one succeeds; one fails on an injected engine fault; one is
 aborted by the decode; one sender's decode never registers (bootstrap timeout);
 one receiver's prefill never sends (waiting timeout); one is cleared by both

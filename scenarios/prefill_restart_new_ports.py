@@ -33,7 +33,7 @@ def steps(seed: int):
         *full_room(before),
         Clear(before.room, "prefill"),
         Clear(before.room, "decode"),
-        RestartRole("prefill", env=ENV),
+        RestartRole("prefill"),
         *full_room(after),
         verify([before, after]),
     ]

@@ -1,13 +1,15 @@
-"""room-reuse: a bootstrap room number is reused after Success and clear().
+"""room-reuse: a bootstrap room number is reused while its old lifecycle's writes
+are still finishing; the new lifecycle starts fresh and ignores the old one.
 
-Lifecycle 1 of room R completes and is cleared on both sides.  Lifecycle 2 opens
-the same room number with other destination pages.  Its first polls must not
-show the old Success (R-REUSE-1).  While it waits for its KV, the decode
-receives a late Success status of lifecycle 1 (built by the decode's own
-implementation in the form its prefill sends, naming lifecycle 1 where the wire
-names lifecycles at all); lifecycle 2 must ignore it and still be
-WaitingForInput (R-REUSE-1).  Lifecycle 2 then completes, and both lifecycles'
-pages hold their own bytes (R-XFER-1, R-LAYOUT-1).
+Every prefill transfer is delayed 2 s.  Lifecycle 1 of room R registers and its
+whole request is sent; while the writes are in flight the decode aborts R (as it
+does when it gives up on a request) and both schedulers release R (``clear``).
+Lifecycle 2 then opens the same room number with other destination pages.  Its
+first polls must not show anything of lifecycle 1 (R-REUSE-1).  Then lifecycle
+1's writes complete and the prefill concludes lifecycle 1 by its own code (its
+late status, its ABORT_ACK): lifecycle 2 must still be WaitingForInput on both
+sides afterwards (R-REUSE-1), and then complete with its own bytes while lifecycle
+1's pages are left unjudged (R-XFER-1, R-LAYOUT-1).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
 from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, Clear, InjectStatus, Sleep, StartRoles
-from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, send_all, verify, pair_healthy
+from harness.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, Sleep, StartRoles
+from scenarios._flows import DONE, LAYOUT, Planner, await_done, open_and_request, pair_healthy, send_all, verify
 
-LATE_SETTLE_S = 0.5
+LATE_S = 2.0
+ANY = (WAITING_FOR_INPUT, SUCCESS, FAILED)  # stop at a stale terminal status too
 
 
 def _plan(seed: int):
@@ -32,36 +35,46 @@ def _plan(seed: int):
 
 def steps(seed: int):
     first, second = _plan(seed)
+    room = first.room
     return [
         StartRoles(layout=LAYOUT),
-        *full_room(first),
-        Clear(first.room, "prefill"),
-        Clear(first.room, "decode"),
-        *open_and_request(second),  # prefill poll #2
-        AwaitStatus(second.room, "decode", (WAITING_FOR_INPUT, SUCCESS, FAILED), timeout_s=5.0),  # decode poll #1
-        InjectStatus(second.room, SUCCESS),
-        Sleep(LATE_SETTLE_S),
-        AwaitStatus(second.room, "decode", (SUCCESS, FAILED), timeout_s=0.0),  # decode poll #2
+        *open_and_request(first),  # prefill poll 0
+        EngineFaults("prefill", delay_s=LATE_S),
+        *send_all(first),
+        AwaitStatus(room, "prefill", (TRANSFERRING, SUCCESS, FAILED), timeout_s=2.0),  # prefill poll 1
+        Abort(room, "decode"),
+        AwaitStatus(room, "decode", DONE, timeout_s=5.0),  # decode poll 0
+        Clear(room, "decode"),
+        AwaitStatus(room, "prefill", DONE, timeout_s=5.0),  # prefill poll 2
+        Clear(room, "prefill"),
+        # lifecycle 2, while lifecycle 1's writes are still in the engine
+        OpenRoom(room),
+        RequestKV(room, second.dst, second.aux_dst),
+        AwaitStatus(room, "prefill", ANY, timeout_s=5.0),  # prefill poll 3
+        AwaitStatus(room, "decode", ANY, timeout_s=5.0),  # decode poll 1
+        Sleep(LATE_S + 1.0),  # lifecycle 1's writes complete and the prefill concludes it
+        AwaitStatus(room, "decode", (SUCCESS, FAILED), timeout_s=0.0),  # decode poll 2
+        AwaitStatus(room, "prefill", (SUCCESS, FAILED), timeout_s=0.0),  # prefill poll 4
+        EngineFaults("prefill"),
         *send_all(second),
         *await_done(second),
-        verify([first, second]),
+        verify([second], unchecked_kv=first.dst, unchecked_aux=(first.aux_dst,)),
     ]
 
 
 def checks(seed: int):
     first, second = _plan(seed)
+    room = first.room
     return [
-        c.Check("first-lifecycle-succeeds", "R-XFER-1", "MUST", c.nth_status(first.room, "decode", 0, (SUCCESS,))),
-        c.Check("prefill-starts-fresh", "R-REUSE-1", "MUST",
-                c.nth_status(second.room, "prefill", 2, (WAITING_FOR_INPUT,))),
-        c.Check("decode-starts-fresh", "R-REUSE-1", "MUST",
-                c.nth_status(second.room, "decode", 1, (WAITING_FOR_INPUT,))),
-        c.Check("late-success-ignored", "R-REUSE-1", "MUST",
-                c.nth_status(second.room, "decode", 2, (WAITING_FOR_INPUT,))),
-        c.Check("second-lifecycle-prefill-success", "R-REUSE-1", "MUST",
-                c.reached_status(second.room, "prefill", SUCCESS)),
-        c.Check("second-lifecycle-decode-success", "R-REUSE-1", "MUST",
-                c.reached_status(second.room, "decode", SUCCESS)),
+        c.Check("first-lifecycle-aborted", "R-ABORT-1", "MUST", c.nth_status(room, "decode", 0, (FAILED,))),
+        c.Check("prefill-starts-fresh", "R-REUSE-1", "MUST", c.nth_status(room, "prefill", 3, (WAITING_FOR_INPUT,))),
+        c.Check("decode-starts-fresh", "R-REUSE-1", "MUST", c.nth_status(room, "decode", 1, (WAITING_FOR_INPUT,))),
+        c.Check("decode-ignores-old-conclusion", "R-REUSE-1", "MUST",
+                c.nth_status(room, "decode", 2, (WAITING_FOR_INPUT,))),
+        c.Check("prefill-ignores-old-conclusion", "R-REUSE-1", "MUST",
+                c.nth_status(room, "prefill", 4, (WAITING_FOR_INPUT,))),
+        c.Check("second-lifecycle-prefill-success", "R-REUSE-1", "MUST", c.reached_status(room, "prefill", SUCCESS)),
+        c.Check("second-lifecycle-decode-success", "R-REUSE-1", "MUST", c.reached_status(room, "decode", SUCCESS)),
         *pair_healthy(),
     ]
 
@@ -69,8 +82,8 @@ def checks(seed: int):
 SCENARIO = register(
     Scenario(
         id="room-reuse",
-        title="A room number reused after Success and clear starts fresh; a late Success of the old lifecycle is ignored",
-        requirements=("R-REUSE-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
+        title="A room number reused while the old lifecycle's writes finish starts fresh and ignores the old conclusion",
+        requirements=("R-REUSE-1", "R-ABORT-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
         steps=steps,
         checks=checks,
         timeout_s=150.0,

@@ -1,14 +1,16 @@
 """transfer-never-completes: the engine accepts a write and never completes it.
 
-The roles run with ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` = 4 s.  After room
-``stuck`` is registered, the prefill's engine is told to accept transfers and
-never complete them (harness.faults: a posted transfer that stays in progress; a
-synchronous engine call that does not return); the room's chunks are sent.  Both
+The roles run with ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` = 4 s (and
+Mooncake's engine with ``MC_TRANSFER_TIMEOUT`` = 6 s).  After room ``stuck`` is
+registered, the prefill's engine is told to accept transfers and never complete
+them (harness.faults: a posted transfer that stays in progress; Mooncake's
+synchronous call returns -1 at its own transfer timeout, as the real engine does
+with a batch that does not finish); the room's chunks are sent.  Both
 sides must mark the room Failed within the waiting timeout plus 5 s of the first
 chunk, the decode with a reason (R-TIMEOUT-3, R-TIMEOUT-2; a prefill that fails it
 on the decode's ABORT may carry no reason of its own: R-REASON-1, SHOULD).  The engine is then healthy
 again and a new room on the same pair must complete: the stuck write may not hold
-the transfer worker (R-TIMEOUT-3, R-LIVE-2).
+the transfer worker (R-TIMEOUT-3, R-LIVE-2); each side of it gets 15 s.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_
 
 TIMEOUT_S = 4
 SLACK_S = 5.0
-ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)),)
+ENGINE_TIMEOUT_S = 6  # Mooncake's own limit for a synchronous batch (MC_TRANSFER_TIMEOUT); others ignore it
+ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)), ("MC_TRANSFER_TIMEOUT", str(ENGINE_TIMEOUT_S)))
 
 
 def _plan(seed: int):

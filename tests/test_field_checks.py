@@ -67,20 +67,23 @@ def test_no_log_matching():
     assert c.no_log_matching("prefill", r"malformed")(_observed({}))[0]
 
 
-def _ack_history(ack_times: list[float], delays: list[tuple[float, float]]) -> list[dict]:
+def _ack_history(acks: list[tuple[float, int]], delays: list[tuple[float, float]]) -> list[dict]:
     h = History()
     for i, (t, delay) in enumerate(delays, start=1):
         _event(h, "nemesis", "engine-fault", "prefill", 0.0,
                value={"transfer": i, "fault": "delay", "what": f"write {i}", "t": t, "delay_s": delay})
-    _event(h, "info", "abort-acks", "decode", 0.0, value=[{"room": 3, "generation": 1, "t": t} for t in ack_times])
+    _event(h, "info", "abort-acks", "decode", 0.0, value=[{"room": 3, "generation": g, "t": t} for t, g in acks])
     return h.events
 
 
-def test_acks_safe_catches_an_early_and_a_duplicate_ack():
-    assert acks_safe(3)(_ack_history([102.0], [(100.0, 1.0), (100.5, 1.0)]))[0]
-    ok, detail = acks_safe(3)(_ack_history([101.2], [(100.0, 1.0), (100.5, 1.0)]))
+def test_acks_safe_catches_an_early_ack_and_two_generations():
+    assert acks_safe(3)(_ack_history([(102.0, 1)], [(100.0, 1.0), (100.5, 1.0)]))[0]
+    ok, detail = acks_safe(3)(_ack_history([(101.2, 1)], [(100.0, 1.0), (100.5, 1.0)]))
     assert not ok and "transfer 2" in detail and "still in flight" in detail
-    ok, detail = acks_safe(3)(_ack_history([102.0, 102.1], [(100.0, 1.0)]))
-    assert not ok and "2 ABORT_ACKs" in detail
+    ok, detail = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 2)], [(100.0, 1.0)]))
+    assert not ok and "2 generations" in detail
+    ok, detail = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 1)], [(100.0, 1.0)]))
+    assert ok and "2 copies" in detail  # a repeated ACK of one generation is harmless by design
     assert acks_safe(3)(_ack_history([], [(100.0, 1.0)]))[0]  # none sent: none early
+    assert acks_safe(3)(_ack_history([(102.0, 1)], []))[0] is None  # no fault log: cannot tell
     assert not ack_arrives(3)(_ack_history([], []))[0]

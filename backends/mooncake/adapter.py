@@ -9,10 +9,21 @@ parallelism); this adapter creates it for loopback with the TCP protocol
 
 from __future__ import annotations
 
+import os
 import threading
 
 from backends.sglang_common import SglangCommonRole
 from harness.faults import FAIL, NEVER, NEVER_BLOCK_S, EngineFaultCounter
+
+
+def engine_transfer_timeout_s() -> float:
+    """Mooncake's wall-clock limit for one synchronous batch (``MC_TRANSFER_TIMEOUT``,
+    seconds; 30 when unset or not a positive number)."""
+    try:
+        value = float(os.environ.get("MC_TRANSFER_TIMEOUT", "30"))
+    except ValueError:
+        return 30.0
+    return value if value > 0 else 30.0
 
 
 class FaultyMooncakeEngine:
@@ -22,8 +33,12 @@ class FaultyMooncakeEngine:
     write of ``MooncakeKVManager`` goes through.
 
     One call is one transfer and one group (Mooncake reports one result per batch):
-    a failed call returns -1 like a real failed batch and moves no bytes; a call that
-    never completes blocks its worker (bounded by ``NEVER_BLOCK_S``) and returns -1.
+    a failed call returns -1 like a real failed batch and moves no bytes.  A call
+    that never completes behaves as the real engine does with a batch that does not
+    finish: it blocks for the engine's own wall-clock transfer timeout
+    (``MC_TRANSFER_TIMEOUT`` seconds, 30 by default, read from the role's
+    environment like the engine reads it) and returns -1 (sglang's
+    ``_poison_unsettled_send`` describes that return); no bytes move.
     """
 
     def __init__(self, real, counter: EngineFaultCounter):
@@ -38,7 +53,7 @@ class FaultyMooncakeEngine:
         if verdict == FAIL:
             return -1
         if verdict == NEVER:
-            self._never.wait(NEVER_BLOCK_S)
+            self._never.wait(min(NEVER_BLOCK_S, engine_transfer_timeout_s()))
             return -1
         return self._real.batch_transfer_sync(session_id, buffers, peer_buffer_addresses, lengths)
 

@@ -44,6 +44,7 @@ class MoriRole(SglangCommonRole):
     decode_control_method = "_start_decode_thread"
 
     def prepare_imports(self) -> None:
+        self._standin_past_faults: list[dict] = []
         self.real_error = real_mori_error()
         if self.real_error is not None:
             sys.path.insert(0, str(STANDIN_PATH))
@@ -73,7 +74,7 @@ class MoriRole(SglangCommonRole):
         if not hasattr(mori.io, "set_standin_faults"):
             raise Unsupported("real amd-mori runs here and has no fault injection")
         checked = EngineFaultPlan(**plan)
-        self._past_faults += list(mori.io.standin_fault_log())  # the stand-in's log restarts with each plan
+        self._standin_past_faults += list(mori.io.standin_fault_log())  # the stand-in's log restarts with each plan
         mori.io.set_standin_faults(fail_nth_transfer=checked.fail_nth, delay_s=float(checked.delay_s),
                                    never_complete=checked.never_complete, fail_group=checked.fail_group)
         return checked.to_dict()
@@ -81,4 +82,5 @@ class MoriRole(SglangCommonRole):
     def fault_log(self) -> list[dict]:
         import mori.io
 
-        return self._past_faults + (list(mori.io.standin_fault_log()) if hasattr(mori.io, "standin_fault_log") else [])
+        now = list(mori.io.standin_fault_log()) if hasattr(mori.io, "standin_fault_log") else []
+        return self._standin_past_faults + now

@@ -23,8 +23,11 @@ class FaultyNixlAgent:
     faults into ``transfer(handle)`` (``NixlKVManager`` posts every write with it and
     then polls ``check_xfer_state``).
 
-    A failed transfer is not posted and reports ``"ERR"``; one that never completes
-    is not posted and reports ``"PROC"`` on every later ``check_xfer_state``.  One
+    A failed transfer fails in flight, as a real one does when the network or the
+    peer drops it: it is not posted, ``transfer`` reports ``"PROC"`` and
+    ``check_xfer_state`` then ``"ERR"`` (a failure to post is a different event:
+    sglang cannot tell whether such writes still land).  One that never completes
+    is not posted and reports ``"PROC"`` on every ``check_xfer_state``.  One
     ``transfer`` call is one transfer and one group.
     """
 
@@ -32,21 +35,23 @@ class FaultyNixlAgent:
         self._real = real
         self._counter = counter
         self._lock = threading.Lock()
-        self._never: list = []  # the handles themselves: an id() could be reused after garbage collection
+        # the handles themselves: an id() could be reused after garbage collection
+        self._never: list = []
+        self._failed: list = []
 
     def transfer(self, handle, *args, **kwargs):
         group_fails = self._counter.next_group()
         verdict = self._counter.next_transfer(f"transfer of handle {handle}", group_fails)
-        if verdict == FAIL:
-            return "ERR"
-        if verdict == NEVER:
+        if verdict in (FAIL, NEVER):
             with self._lock:
-                self._never.append(handle)
+                (self._failed if verdict == FAIL else self._never).append(handle)
             return "PROC"
         return self._real.transfer(handle, *args, **kwargs)
 
     def check_xfer_state(self, handle, *args, **kwargs):
         with self._lock:
+            if any(h is handle for h in self._failed):
+                return "ERR"
             if any(h is handle for h in self._never):
                 return "PROC"
         return self._real.check_xfer_state(handle, *args, **kwargs)

@@ -219,9 +219,8 @@ class ReferenceRole(RoleAdapter):
         self.chunks: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.fault_counter: EngineFaultCounter | None = None
-        self.past_faults: list[dict] = []
+        self.past_counters: list[EngineFaultCounter] = []
         self.acks: list[dict] = []  # decode: ABORT_ACKs received
-        self.ended_generation: dict[int, int] = {}  # decode: room -> generation of its last cleared lifecycle
         self.bootstrap_timeout_s = env_seconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 30.0)
         self.waiting_timeout_s = env_seconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
         self.deferred_release = env_flag("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", True)
@@ -324,13 +323,14 @@ class ReferenceRole(RoleAdapter):
         one group): a failed write is not sent and completes with ok=0; a delayed one
         is sent ``delay_s`` later; one that never completes is never sent."""
         counter = EngineFaultCounter(EngineFaultPlan(**plan))
-        if self.fault_counter is not None:  # a new plan counts afresh; the log keeps what fired before
-            self.past_faults += self.fault_counter.snapshot()
+        if self.fault_counter is not None:  # a new plan counts afresh; the old one's log is kept
+            self.past_counters.append(self.fault_counter)
         self.fault_counter = counter
         return counter.plan.to_dict()
 
     def fault_log(self) -> list[dict]:
-        return self.past_faults + (self.fault_counter.snapshot() if self.fault_counter else [])
+        counters = self.past_counters + ([self.fault_counter] if self.fault_counter else [])
+        return [entry for counter in counters for entry in counter.snapshot()]
 
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
         """The reference planner (:func:`backends.reference.planner.plan`) on each spec."""
@@ -360,6 +360,8 @@ class ReferenceRole(RoleAdapter):
             self._send_write(w)
 
     def _send_write(self, w: pc.StartWrite) -> None:
+        if w.write_id not in self.prefill.issued:
+            return  # declared lost at the transfer timeout: the reference's engine cancels it, so it never lands
         generation = w.generation
         if w.aux:
             payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind == pattern.AUX)
@@ -545,8 +547,6 @@ class ReferenceRole(RoleAdapter):
         handler = self._prefill_event if self.role == "prefill" else self._decode_event
 
         def clear() -> None:
-            if self.decode is not None and room in self.decode.rooms:
-                self.ended_generation[room] = self.decode.rooms[room].generation
             handler(event)
             self.status.pop(room, None)
             self.reasons.pop(room, None)
@@ -569,15 +569,6 @@ class ReferenceRole(RoleAdapter):
             r = self.decode.rooms.get(room)
             return [b"ABORT", str(room).encode(), self.side.endpoint.encode(),
                     str(r.generation if r is not None else 0).encode()]
-
-        return self._sync(build)
-
-    def status_frames(self, room: int, status: int) -> list[bytes]:
-        """A STATUS of ``room``'s last cleared lifecycle (its current one if none ended)."""
-        def build() -> list[bytes]:
-            r = self.decode.rooms.get(room)
-            generation = self.ended_generation.get(room, r.generation if r is not None else 0)
-            return [b"STATUS", str(room).encode(), str(generation).encode(), str(status).encode(), b""]
 
         return self._sync(build)
 

@@ -164,7 +164,8 @@ class PrefillCore:
     with one ABORT_ACK once the room's writes have drained (R-ABORT-2).
     ``transfer_timeout_s``: a write the engine has not completed this long after it
     was issued is declared lost: its room becomes Failed (R-TIMEOUT-3) and a drain
-    stops waiting for it (None: writes are waited for forever).
+    stops waiting for it, so the driver must make sure a lost write never lands
+    (the reference's driver cancels it) (None: writes are waited for forever).
     ``planted_bug``: test-only switch that breaks one rule on purpose, so tests
     can show the stateful test and the simulator find it (``"ack-before-drain"``:
     answer ABORT at once, with writes still in flight).
