@@ -47,6 +47,16 @@ def matrix_table(run: RunResult) -> Table:
     return table
 
 
+def reproduce_command(run: RunResult, cell: CellResult) -> str:
+    """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed."""
+    target = ""
+    if run.sglang.source == "src" and run.sglang.path:
+        target = f" --sglang-src {run.sglang.path}"
+    elif run.sglang.source == "venv" and run.sglang.version:
+        target = f" --sglang {run.sglang.version}"
+    return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
+
+
 def reasons(run: RunResult, seed: int | None = None) -> list[str]:
     """For each cell that did not PASS: why, its first divergence from the reference
     (harness.diff) and the command that reproduces it."""
@@ -58,5 +68,5 @@ def reasons(run: RunResult, seed: int | None = None) -> list[str]:
         lines.append(f"{c.scenario} x {c.impl}: {c.verdict}: {c.reason}")
         if c.divergence:
             lines.append(f"    {describe_divergence(c.divergence)}")
-        lines.append(f"    reproduce: pdconform run --impl {c.impl} --scenario {c.scenario} --seed {seed}")
+        lines.append(f"    reproduce: {reproduce_command(run, c)}")
     return lines

@@ -1,10 +1,15 @@
 """The result tree: one structure that every report format is built from.
 
-``results.json`` is :class:`RunResult` encoded as JSON (schema 1)::
+``results.json`` is :class:`RunResult` encoded as JSON (schema 2)::
 
-    {"schema": 1, "sglang": {"version", "path"}, "seed", "duration_s",
-     "cells": [{"impl", "scenario", "verdict", "expected", "engine",
-                "duration_s", "bytes_verified", "reason", "divergence", ...}]}
+    {"schema": 2, "sglang": {"version", "path", "source", "commit"}, "seed", "duration_s",
+     "expectations": "path or null",
+     "cells": [{"impl", "scenario", "verdict", "expected", "expected_reason", "expected_link",
+                "engine", "duration_s", "bytes_verified", "reason", "divergence", ...}]}
+
+The run's out directory holds, beside it, each cell's work directory
+(``cells/SCENARIO--IMPL/``: ``history.jsonl``, ``cell.log``, role logs) and the
+reports built from the two (``junit.xml``, ``summary.md``, ``index.html``).
 
 It round-trips: :func:`load_run` reads back exactly what :func:`dump_run` wrote.
 """
@@ -16,14 +21,18 @@ from typing import Any, Optional
 
 import msgspec
 
-SCHEMA = 1
+SCHEMA = 2
+
+VERDICTS = ("PASS", "WARN", "UNSUPPORTED", "FAIL", "ERROR")
 
 
 class CellResult(msgspec.Struct, kw_only=True):
     impl: str  # reference | mooncake | nixl | mori
     scenario: str
     verdict: str  # PASS | FAIL | WARN | UNSUPPORTED | ERROR
-    expected: str = "PASS"
+    expected: str = "PASS"  # from the expectations file (harness.expectations); PASS without one
+    expected_reason: str = ""  # why the expectations file expects a verdict other than PASS
+    expected_link: str = ""  # the issue/PR that tracks it
     engine: Optional[str] = None  # real | standin | reference (None: no role started)
     duration_s: float = 0.0
     bytes_verified: int = 0
@@ -40,9 +49,20 @@ class CellResult(msgspec.Struct, kw_only=True):
         return msgspec.to_builtins(self)
 
 
-class SglangInfo(msgspec.Struct):
+class SglangInfo(msgspec.Struct, kw_only=True):
+    """Which sglang the cells imported.
+
+    ``source``: ``installed`` (the package in pdconform's environment), ``src`` (a
+    checkout's ``python/`` folder or an unpacked wheel given with ``--sglang-src``) or
+    ``venv`` (a cached environment made for ``--sglang VERSION``).  ``path`` is the
+    imported ``sglang`` package directory; ``commit`` the checkout's git commit (None
+    when not a git checkout).
+    """
+
     version: Optional[str]
     path: Optional[str]
+    source: str = "installed"
+    commit: Optional[str] = None
 
 
 class RunResult(msgspec.Struct, kw_only=True):
@@ -51,6 +71,7 @@ class RunResult(msgspec.Struct, kw_only=True):
     seed: int
     duration_s: float = 0.0
     started_at: str = ""
+    expectations: Optional[str] = None  # the expectations file the cells were judged against
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property
@@ -66,7 +87,7 @@ def dump_run(run: RunResult, path: str | Path) -> None:
 
 
 def load_run(path: str | Path) -> RunResult:
-    """Read a results.json; msgspec.ValidationError when it does not match schema 1."""
+    """Read a results.json; msgspec.ValidationError when it does not match the schema."""
     return msgspec.json.decode(Path(path).read_bytes(), type=RunResult)
 
 
