@@ -67,20 +67,26 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
         console.print(f"[bold]{row['id']:<24}[/]{row['title']}  [dim]{', '.join(row['requirements'])}[/]")
 
 
-@app.command()
-def run(
-    impl: Optional[List[str]] = typer.Option(None, "--impl", help=f"Implementation (repeatable): {', '.join(IMPLEMENTATIONS)}."),
-    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable); see `pdconform list`."),
-    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for results.json and per-cell logs."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenarios' room ids, pages and faults."),
-) -> None:
-    """Run the selected cells (default: every implementation x every scenario) and print the matrix."""
-    from harness.report import cell_text, matrix_table, reasons
-    from harness.results import dump_run
-    from harness.runner import run_matrix
-    from harness.scenario import all_scenarios
+def _target(sglang_src: Optional[Path], sglang_version: Optional[str]):
+    """Resolve --sglang-src / --sglang (harness.sglang_target); bad input exits 2."""
+    from harness.role_context import UnsupportedSglang, strategy_for
+    from harness.sglang_target import TargetError, resolve_target
 
+    try:
+        target = resolve_target(sglang_src, sglang_version)
+    except TargetError as exc:
+        raise _usage_error(str(exc))
+    try:
+        strategy_for(target.info.version)
+    except UnsupportedSglang as exc:
+        raise _usage_error(str(exc))
+    return target
+
+
+def _select(impl: Optional[List[str]], scenario: Optional[List[str]]):
+    """The implementations and scenarios asked for (default: all); unknown names exit 2."""
     from harness.implementations import available
+    from harness.scenario import all_scenarios
 
     impls = list(dict.fromkeys(impl or IMPLEMENTATIONS))
     unknown = [i for i in impls if i not in available()]
@@ -91,16 +97,10 @@ def run(
     missing = [s for s in wanted if s not in known]
     if missing:
         raise _usage_error(f"unknown --scenario {', '.join(missing)} (known: {', '.join(known)}; see `pdconform list`)")
-    from harness.role_context import UnsupportedSglang, strategy_for
-    from harness.runner import sglang_info
+    return impls, [known[s] for s in wanted]
 
-    installed = sglang_info()
-    if installed.version is None:
-        raise _usage_error("sglang is not installed in this Python environment (run `make setup`)")
-    try:
-        strategy_for(installed.version)
-    except UnsupportedSglang as exc:
-        raise _usage_error(str(exc))
+
+def _out_dir(out: Path) -> Path:
     if not str(out).strip() or str(out) == ".":
         raise _usage_error("--out needs a directory path (got an empty one)")
     out = out.expanduser().resolve()  # cells run with the repository as working directory
@@ -113,35 +113,194 @@ def run(
         probe.unlink()
     except OSError as exc:
         raise _usage_error(f"cannot write to --out {out}: {exc.strerror or exc}")
+    return out
 
-    def on_start(i: int, total: int, name: str, sc) -> None:
-        err.print(f"[dim][{i}/{total}] {sc.id} x {name} ...[/]")
 
-    def on_cell(i: int, total: int, result) -> None:
-        err.print(f"[{i}/{total}] {result.scenario} x {result.impl}: ", cell_text(result).plain.replace("\n", " "),
-                  f"({result.duration_s:.1f} s)")
-
-    results_path = out / "results.json"
-    # An interrupted run must not leave an old verdict behind, nor cells of another run.
-    results_path.unlink(missing_ok=True)
-    shutil.rmtree(out / "cells", ignore_errors=True)
-
+def _stop_on_signals() -> None:
     def interrupted(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interrupted)
-    try:
-        result = run_matrix(impls, [known[s] for s in wanted], seed, out, on_cell=on_cell, on_start=on_start)
-    except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")
-        raise typer.Exit(code=130)
+
+
+SGLANG_SRC_OPTION = typer.Option(None, "--sglang-src", help="Run against this sglang checkout (its python/ folder) "
+                                 "or unpacked wheel instead of the installed sglang.")
+SGLANG_VERSION_OPTION = typer.Option(None, "--sglang", help="Run against this released sglang version, set up once "
+                                     "into the cached environment .venv-sglang-VERSION.")
+
+
+@app.command()
+def run(
+    impl: Optional[List[str]] = typer.Option(None, "--impl", help=f"Implementation (repeatable): {', '.join(IMPLEMENTATIONS)}."),
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable); see `pdconform list`."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for results.json, the reports and per-cell logs."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenarios' room ids, pages and faults."),
+    expectations: Optional[Path] = typer.Option(None, "--expectations", help="TOML file of expected verdicts "
+                                                "(see expectations/); exit 1 on a regression or a fix."),
+    sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
+    sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+) -> None:
+    """Run the selected cells (default: every implementation x every scenario), print the matrix
+    and write results.json, junit.xml, summary.md and index.html into --out."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.expectations import ExpectationsError, apply_expectations, fixes, load_expectations, regressions
+    from harness.report import matrix_table, reasons, reproduce_command
+    from harness.report_files import write_reports
+    from harness.results import dump_run
+    from harness.runner import run_matrix
+    from harness.scenario import all_scenarios
+
+    impls, scenarios = _select(impl, scenario)
+    loaded = None
+    if expectations is not None:
+        try:
+            loaded = load_expectations(expectations, IMPLEMENTATIONS, [s.id for s in all_scenarios()])
+        except ExpectationsError as exc:
+            raise _usage_error(str(exc))
+    out = _out_dir(out)
+    target = _target(sglang_src, sglang_version)
+    if loaded and loaded.sglang and loaded.sglang != target.info.version:
+        err.print(f"[yellow]note:[/] {expectations} was written for sglang {loaded.sglang}, "
+                  f"this run uses {target.info.version}")
+
+    results_path = out / "results.json"
+    # An interrupted run must not leave an old verdict behind, nor cells or reports of another run.
+    for name in ("results.json", "junit.xml", "summary.md", "index.html"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "cells", ignore_errors=True)
+    shutil.rmtree(out / "reference-for-diff", ignore_errors=True)
+    _stop_on_signals()
+    # Progress only on a terminal: CI logs get the matrix and nothing else.
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+    with progress:
+        task = progress.add_task("starting", total=len(impls) * len(scenarios))
+
+        def on_start(i: int, total: int, name: str, sc) -> None:
+            progress.update(task, description=f"{sc.id} x {name}")
+
+        def on_cell(i: int, total: int, result) -> None:
+            progress.advance(task)
+
+        try:
+            result = run_matrix(impls, scenarios, seed, out, on_cell=on_cell, on_start=on_start, target=target)
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")
+            raise typer.Exit(code=130)
+    if loaded:
+        apply_expectations(result, loaded)
     dump_run(result, results_path)
+    reports = write_reports(result, out)
     console.print(matrix_table(result))
     for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
-    console.print(f"results: {results_path}")
+    regs, fixed = regressions(result), fixes(result)
+    for title, cells in (("regressions (worse than expected)", regs), ("fixed (better than expected: update "
+                                                                      f"{expectations or 'the expectations'})", fixed)):
+        if cells:
+            console.print(f"[bold red]{len(cells)} {title}:[/]")
+            for c in cells:
+                console.print(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
+                              f"({reproduce_command(result, c)})", markup=False, highlight=False)
+    console.print(f"results: {results_path}  reports: {', '.join(p.name for p in reports.values())}",
+                  highlight=False)
     raise typer.Exit(code=0 if result.all_as_expected else 1)
+
+
+@app.command()
+def repro(
+    scenario: str = typer.Argument(..., help="Scenario id; see `pdconform list`."),
+    impl: str = typer.Option(..., "--impl", help=f"Implementation: {', '.join(IMPLEMENTATIONS)}."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenario's room ids, pages and faults."),
+    out: Path = typer.Option(Path("reports/out/repro"), "--out", help="Directory for the cell's logs and history."),
+    sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
+    sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+) -> None:
+    """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
+
+    Exit 0 when the cell PASSes, 1 otherwise, 2 on bad usage.
+    """
+    from harness.report import cell_text, reasons
+    from harness.results import dump_run
+    from harness.runner import run_matrix
+
+    impls, scenarios = _select([impl], [scenario])
+    sc = scenarios[0]
+    out = _out_dir(out)
+    target = _target(sglang_src, sglang_version)
+    console.print(f"[bold]{sc.id}[/] x [bold]{impl}[/], seed {seed}, sglang {target.info.version} "
+                  f"({target.info.source}: {target.info.path})", highlight=False)
+    console.print(f"{sc.title}  [dim]{', '.join(sc.requirements)}[/]")
+    console.print("[bold]steps[/] (replayable: the scenario's step list for this seed)")
+    for i, step in enumerate(sc.steps(seed)):
+        console.print(f"  {i:>2}. {step!r}", markup=False, highlight=False)
+    console.print("[bold]history[/] (t in s since the cell started)")
+
+    def on_event(event: dict) -> None:
+        console.print("  " + _event_line(event), markup=False, highlight=False)
+
+    _stop_on_signals()
+    try:
+        result = run_matrix([impl], [sc], seed, out, target=target, on_event=on_event)
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]: the cell and its roles were stopped")
+        raise typer.Exit(code=130)
+    dump_run(result, out / "results.json")
+    cell = result.cells[0]
+    console.print(cell_text(cell))
+    for check in cell.checks:
+        mark = "[green]ok[/]" if check.get("ok") else "[red]NOT OK[/]"
+        console.print(f"  {mark} {check.get('requirement')} {check.get('name')}: ", check.get("detail", ""),
+                      highlight=False)
+    for line in reasons(result):
+        console.print(f"  {line}", markup=False, highlight=False)
+    console.print(f"cell directory: {cell.workdir}", highlight=False)
+    raise typer.Exit(code=0 if cell.verdict == "PASS" else 1)
+
+
+def _event_line(event: dict) -> str:
+    """One history event as a line: ``t  role  op  type  value-or-error``."""
+    if event.get("op") == "step":
+        return f"{event.get('t', 0):7.3f}  -- step {event.get('step')}: {(event.get('args') or {}).get('step')}"
+    detail = event.get("error") if event.get("type") == "fail" else event.get("value")
+    text = "" if detail is None else json.dumps(detail, default=repr)
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return (f"{event.get('t', 0):7.3f}  {event.get('role') or '-':<10} {event.get('op'):<16} "
+            f"{event.get('type'):<7} {text}")
+
+
+@app.command()
+def diff(
+    run_a: Path = typer.Argument(..., help="Results of the first run: its out directory or results.json."),
+    run_b: Path = typer.Argument(..., help="Results of the second run: its out directory or results.json."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown (for a PR comment) instead of a table."),
+) -> None:
+    """The cells whose verdict changed between two runs (for example sglang before and after a PR).
+
+    Exit 0 when no cell got worse, 1 when some cell got worse, 2 on bad input.
+    """
+    from harness.run_diff import changed_cells, changes_markdown, changes_table
+    from harness.results import load_run
+
+    runs = []
+    for path in (run_a, run_b):
+        path = path / "results.json" if path.is_dir() else path
+        try:
+            runs.append(load_run(path))
+        except OSError as exc:
+            raise _usage_error(f"cannot read {path}: {exc.strerror or exc}")
+        except ValueError as exc:  # msgspec.DecodeError / ValidationError
+            raise _usage_error(f"{path} is not a pdconform results.json: {exc}")
+    changes = changed_cells(*runs)
+    if markdown:
+        console.print(changes_markdown(runs[0], runs[1], changes), markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(changes_table(runs[0], runs[1], changes))
+    raise typer.Exit(code=1 if any(c.worse for c in changes) else 0)
 
 
 @app.command()

@@ -85,8 +85,10 @@ class _SingleRankPPGroup:
 
 
 def sglang_version() -> str:
-    """The installed sglang's version string (from package metadata, no import)."""
-    return metadata.version("sglang")
+    """The version of the sglang this process imports, without importing it: the
+    ``PDCONFORM_SGLANG_VERSION`` a source-tree target sets (harness.sglang_target),
+    else the installed package's metadata."""
+    return os.environ.get("PDCONFORM_SGLANG_VERSION") or metadata.version("sglang")
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

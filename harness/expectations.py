@@ -1,0 +1,126 @@
+"""Expectations: which verdict each cell is expected to have, and why.
+
+A TOML file lists the cells expected to be other than PASS (every cell not listed
+is expected to PASS)::
+
+    sglang = "0.5.23"            # the release the file was written for (informative)
+
+    [[expect]]
+    impl = "mooncake"            # an implementation (harness.implementations)
+    scenario = "early-watermark" # a scenario id (pdconform list)
+    verdict = "FAIL"             # PASS | WARN | UNSUPPORTED | FAIL | ERROR
+    reason = "Mooncake drops a WATERMARK that arrives before the room's metadata"
+    link = "docs/sglang-bugs.md#1-..."   # issue, PR or our bug registry entry
+
+``reason`` and ``link`` are required: an expectation without them cannot be
+reviewed.  :func:`load_expectations` raises :class:`ExpectationsError` for a file
+that does not parse or names an unknown implementation, scenario or verdict, or
+lists a cell twice.
+
+After a run, each cell is one of: as expected; a **regression** (its verdict is
+worse than expected, in the order PASS < WARN < UNSUPPORTED < FAIL < ERROR); or a
+**fix** (better than expected: the file must be updated).  Both make ``run`` exit 1.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Iterable
+
+import msgspec
+
+from harness.results import VERDICTS, CellResult, RunResult
+
+RANK = {verdict: i for i, verdict in enumerate(VERDICTS)}  # PASS < WARN < UNSUPPORTED < FAIL < ERROR
+
+
+class ExpectationsError(ValueError):
+    """The expectations file is unusable; the message names the file and the entry."""
+
+
+class Expectation(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    impl: str
+    scenario: str
+    verdict: str
+    reason: str
+    link: str
+
+
+class ExpectationsFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    sglang: str | None = None
+    expect: list[Expectation] = msgspec.field(default_factory=list)
+
+
+class Expectations(msgspec.Struct, kw_only=True):
+    """A loaded, validated expectations file: ``entries[(impl, scenario)]``."""
+
+    path: str
+    sglang: str | None
+    entries: dict[tuple[str, str], Expectation]
+
+    def for_cell(self, impl: str, scenario: str) -> Expectation | None:
+        return self.entries.get((impl, scenario))
+
+
+def load_expectations(path: str | Path, impls: Iterable[str], scenarios: Iterable[str]) -> Expectations:
+    """Read and validate ``path`` against the known ``impls`` and ``scenarios`` ids.
+
+    Raises ExpectationsError (file missing, TOML syntax, unknown key, missing field,
+    unknown impl/scenario/verdict, empty reason or link, duplicate cell).
+    """
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ExpectationsError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ExpectationsError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        parsed = msgspec.convert(raw, ExpectationsFile)
+    except msgspec.ValidationError as exc:
+        raise ExpectationsError(f"{path}: {exc}") from exc
+    impls, scenarios = set(impls), set(scenarios)
+    entries: dict[tuple[str, str], Expectation] = {}
+    for i, e in enumerate(parsed.expect):
+        where = f"{path}: expect[{i}] ({e.impl} x {e.scenario})"
+        if e.impl not in impls:
+            raise ExpectationsError(f"{where}: unknown impl {e.impl!r} (known: {', '.join(sorted(impls))})")
+        if e.scenario not in scenarios:
+            raise ExpectationsError(f"{where}: unknown scenario {e.scenario!r} (see `pdconform list`)")
+        if e.verdict not in RANK:
+            raise ExpectationsError(f"{where}: unknown verdict {e.verdict!r} (one of {', '.join(VERDICTS)})")
+        if not e.reason.strip() or not e.link.strip():
+            raise ExpectationsError(f"{where}: reason and link must not be empty")
+        if (e.impl, e.scenario) in entries:
+            raise ExpectationsError(f"{where}: listed twice")
+        entries[(e.impl, e.scenario)] = e
+    return Expectations(path=str(path), sglang=parsed.sglang, entries=entries)
+
+
+def apply_expectations(run: RunResult, expectations: Expectations) -> None:
+    """Set every cell's ``expected`` (PASS when not listed), ``expected_reason`` and ``expected_link``."""
+    run.expectations = expectations.path
+    for cell in run.cells:
+        e = expectations.for_cell(cell.impl, cell.scenario)
+        cell.expected = e.verdict if e else "PASS"
+        cell.expected_reason = e.reason if e else ""
+        cell.expected_link = e.link if e else ""
+
+
+def is_regression(cell: CellResult) -> bool:
+    """The cell's verdict is worse than expected."""
+    return RANK.get(cell.verdict, len(RANK)) > RANK.get(cell.expected, 0)
+
+
+def is_fix(cell: CellResult) -> bool:
+    """The cell's verdict is better than expected (the expectations file is out of date)."""
+    return RANK.get(cell.verdict, len(RANK)) < RANK.get(cell.expected, 0)
+
+
+def regressions(run: RunResult) -> list[CellResult]:
+    return [c for c in run.cells if is_regression(c)]
+
+
+def fixes(run: RunResult) -> list[CellResult]:
+    return [c for c in run.cells if is_fix(c)]

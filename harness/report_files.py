@@ -1,0 +1,177 @@
+"""The report files a run writes into its out directory, each a pure function of the result tree.
+
+- ``junit.xml`` (:func:`junit_xml`): one test case per cell, classname the
+  implementation, name the scenario.  As with pytest's xfail, a cell whose verdict
+  is the expected non-PASS one is *skipped* with the expectation's reason; any other
+  FAIL is a ``failure``, ERROR an ``error``, UNSUPPORTED ``skipped``; WARN passes with
+  its warning in ``system-out``.  So the JUnit view is red exactly when the gate is.
+- ``summary.md`` (:func:`summary_markdown`): the matrix, then the cells not as
+  expected with requirement, first divergence and reproduce command, then the
+  known (expected) non-PASS cells folded away; sized for a pull-request comment.
+- ``index.html``: :mod:`harness.html_report`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+from harness.diff import describe as describe_divergence
+from harness.expectations import fixes, is_fix, is_regression, regressions
+from harness.report import reproduce_command
+from harness.results import VERDICTS, CellResult, RunResult
+
+# GitHub rejects comments over 65,536 characters; summary.md stays well below.
+SUMMARY_LIMIT = 60_000
+MARK = {"PASS": "✅", "WARN": "⚠️", "UNSUPPORTED": "➖", "FAIL": "❌", "ERROR": "💥"}
+
+
+def failure_text(cell: CellResult) -> str:
+    """Why a cell did not PASS: its reason (which names the requirement) and its first divergence."""
+    lines = [cell.reason or cell.verdict]
+    if cell.divergence:
+        lines.append(describe_divergence(cell.divergence))
+    return "\n".join(lines)
+
+
+def _requirement(cell: CellResult) -> str:
+    if cell.divergence and cell.divergence.get("requirement"):
+        return cell.divergence["requirement"]
+    failed = [c.get("requirement") for c in cell.checks if not c.get("ok", True) and c.get("requirement")]
+    return failed[0] if failed else ""
+
+
+def sglang_line(run: RunResult) -> str:
+    """``sglang 0.5.23 (installed, /path)`` with the commit for a checkout."""
+    s = run.sglang
+    commit = f", commit {s.commit[:12]}" if s.commit else ""
+    return f"sglang {s.version} ({s.source}{commit}, {s.path})"
+
+
+def junit_xml(run: RunResult) -> JUnitXml:
+    """The run as one JUnit test suite (junitparser objects; ``.write(path)`` writes it)."""
+    suite = TestSuite(f"pdconform: {sglang_line(run)}, seed {run.seed}")
+    for cell in run.cells:
+        case = TestCase(cell.scenario, classname=cell.impl, time=cell.duration_s)
+        text = failure_text(cell)
+        head, requirement = text.splitlines()[0], _requirement(cell)
+        if requirement and requirement not in head:
+            head = f"{requirement}: {head}"
+        out = [f"verdict {cell.verdict} (expected {cell.expected}), engine {cell.engine}, "
+               f"{cell.bytes_verified} bytes verified", f"reproduce: {reproduce_command(run, cell)}"]
+        if cell.verdict != "PASS" and cell.verdict == cell.expected:
+            result = Skipped(f"expected {cell.expected}: {cell.expected_reason} ({cell.expected_link})")
+            result.text = text
+            case.result = [result]
+        elif cell.verdict == "FAIL" or (cell.verdict == "PASS" and is_fix(cell)):
+            result = Failure(head if cell.verdict == "FAIL" else
+                             f"fixed: PASS, expected {cell.expected} (update the expectations file)", "FAIL")
+            result.text = text
+            case.result = [result]
+        elif cell.verdict == "ERROR":
+            result = Error(head, "ERROR")
+            result.text = text
+            case.result = [result]
+        elif cell.verdict == "UNSUPPORTED":
+            result = Skipped(f"UNSUPPORTED: {cell.reason}")
+            case.result = [result]
+            if is_regression(cell) or is_fix(cell):
+                case.result = [Failure(f"UNSUPPORTED, expected {cell.expected}: {cell.reason}", "UNSUPPORTED")]
+        elif cell.verdict == "WARN":
+            out.insert(0, f"WARN: {text}")
+            if is_regression(cell) or is_fix(cell):
+                failure = Failure(f"WARN, expected {cell.expected}: {head}", "WARN")
+                failure.text = text
+                case.result = [failure]
+        case.system_out = "\n".join(out)
+        suite.add_testcase(case)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    return xml
+
+
+def _matrix_markdown(run: RunResult) -> list[str]:
+    impls = list(dict.fromkeys(c.impl for c in run.cells))
+    engines = {impl: next((c.engine for c in run.cells if c.impl == impl and c.engine), "?") for impl in impls}
+    by_key = {(c.scenario, c.impl): c for c in run.cells}
+    lines = ["| scenario | " + " | ".join(f"{i} ({engines[i]})" for i in impls) + " |",
+             "|---" * (len(impls) + 1) + "|"]
+    for scenario in dict.fromkeys(c.scenario for c in run.cells):
+        row = [f"`{scenario}`"]
+        for impl in impls:
+            cell = by_key.get((scenario, impl))
+            if cell is None:
+                row.append("")
+                continue
+            text = f"{MARK.get(cell.verdict, '')} {cell.verdict}"
+            if cell.verdict != cell.expected:
+                text = f"**{text}** (expected {cell.expected})"
+            row.append(text)
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
+    lines = [f"- **{cell.scenario} x {cell.impl}**: {cell.verdict}, expected {cell.expected}"]
+    for line in failure_text(cell).splitlines():
+        lines.append(f"  - {line}")
+    if cell.expected_reason:
+        lines.append(f"  - expected because: {cell.expected_reason} ({cell.expected_link})")
+    lines.append(f"  - reproduce: `{reproduce_command(run, cell)}`")
+    return lines
+
+
+def summary_markdown(run: RunResult) -> str:
+    """The run as Markdown for a pull-request comment (at most SUMMARY_LIMIT characters)."""
+    counts = {v: sum(c.verdict == v for c in run.cells) for v in VERDICTS}
+    regs, fixed = regressions(run), fixes(run)
+    if regs or fixed:
+        status = f"**{len(regs)} regression(s), {len(fixed)} fix(es)** against the expectations"
+    elif run.expectations:
+        status = "every cell as expected"
+    else:
+        status = "no expectations file: every cell expected to PASS"
+    lines = [f"## pdconform: {status}", "",
+             f"{sglang_line(run)}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
+             + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+             + (f"; expectations `{run.expectations}`" if run.expectations else ""), ""]
+    lines += _matrix_markdown(run)
+    if regs or fixed:
+        lines += ["", "### Not as expected", ""]
+        for cell in regs + fixed:
+            lines += _cell_block(run, cell)
+    known = [c for c in run.cells if c.verdict != "PASS" and c.verdict == c.expected]
+    unexpected_ok = [c for c in run.cells if c.verdict != "PASS" and c not in regs and c not in fixed
+                     and c not in known]
+    for title, cells in (("Known non-PASS cells (as expected)", known),
+                         ("Other non-PASS cells", unexpected_ok)):
+        if not cells:
+            continue
+        lines += ["", f"<details><summary>{title}: {len(cells)}</summary>", ""]
+        for cell in cells:
+            lines += _cell_block(run, cell)
+        lines += ["", "</details>"]
+    text = "\n".join(lines) + "\n"
+    if len(text) > SUMMARY_LIMIT:
+        cut = text[:SUMMARY_LIMIT].rsplit("\n", 1)[0]
+        text = cut + "\n\n… (truncated: the full list is in results.json and index.html)\n"
+    return text
+
+
+def write_reports(run: RunResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write junit.xml, summary.md and index.html into ``out_dir``; return their paths by name.
+
+    results.json is written by the caller (harness.results.dump_run); the HTML reads
+    the cells' histories from ``out_dir/cells`` (harness.html_report).
+    """
+    out_dir = Path(out_dir)
+    paths = {"junit.xml": out_dir / "junit.xml", "summary.md": out_dir / "summary.md"}
+    junit_xml(run).write(str(paths["junit.xml"]), pretty=True)
+    paths["summary.md"].write_text(summary_markdown(run), encoding="utf-8")
+    try:
+        from harness.html_report import write_index_html
+    except ImportError:  # pragma: no cover - until the HTML report lands
+        return paths
+    paths["index.html"] = write_index_html(run, out_dir)
+    return paths
