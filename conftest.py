@@ -5,6 +5,8 @@
 * Hypothesis profiles: ``ci`` (default, bounded for the default suite) and
   ``nightly`` (long runs): ``PDCONFORM_HYPOTHESIS_PROFILE=nightly make test``
   or ``make nightly``.
+* ``pytest --impl NAME --scenario ID`` runs pdconform cells as tests
+  (harness.pytest_plugin, registered as a pytest11 entry point by pyproject.toml).
 """
 
 import os

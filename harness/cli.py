@@ -63,8 +63,9 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
     if as_json:
         console.print_json(json.dumps(rows))
         return
+    width = max((len(row["id"]) for row in rows), default=0) + 2
     for row in rows:
-        console.print(f"[bold]{row['id']:<24}[/]{row['title']}  [dim]{', '.join(row['requirements'])}[/]")
+        console.print(f"[bold]{row['id']:<{width}}[/]{row['title']}  [dim]{', '.join(row['requirements'])}[/]")
 
 
 def _target(sglang_src: Optional[Path], sglang_version: Optional[str]):
@@ -146,6 +147,7 @@ def run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from harness.expectations import ExpectationsError, apply_expectations, fixes, load_expectations, regressions
+    from harness.implementations import available
     from harness.report import matrix_table, reasons, reproduce_command
     from harness.report_files import write_reports
     from harness.results import dump_run
@@ -156,7 +158,7 @@ def run(
     loaded = None
     if expectations is not None:
         try:
-            loaded = load_expectations(expectations, IMPLEMENTATIONS, [s.id for s in all_scenarios()])
+            loaded = load_expectations(expectations, available(), [s.id for s in all_scenarios()])
         except ExpectationsError as exc:
             raise _usage_error(str(exc))
     out = _out_dir(out)

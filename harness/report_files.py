@@ -2,9 +2,11 @@
 
 - ``junit.xml`` (:func:`junit_xml`): one test case per cell, classname the
   implementation, name the scenario.  As with pytest's xfail, a cell whose verdict
-  is the expected non-PASS one is *skipped* with the expectation's reason; any other
-  FAIL is a ``failure``, ERROR an ``error``, UNSUPPORTED ``skipped``; WARN passes with
-  its warning in ``system-out``.  So the JUnit view is red exactly when the gate is.
+  is the expected non-PASS one is *skipped* with the expectation's reason.  Otherwise
+  FAIL is a ``failure`` (message: requirement and reason; text: the first
+  divergence), ERROR an ``error``, a PASS better than expected a ``failure``
+  ("fixed"), UNSUPPORTED ``skipped`` and WARN a ``failure`` when not expected.  So the
+  JUnit view is red exactly when ``run --expectations`` exits 1.
 - ``summary.md`` (:func:`summary_markdown`): the matrix, then the cells not as
   expected with requirement, first divergence and reproduce command, then the
   known (expected) non-PASS cells folded away; sized for a pull-request comment.
@@ -18,7 +20,7 @@ from pathlib import Path
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from harness.diff import describe as describe_divergence
-from harness.expectations import fixes, is_fix, is_regression, regressions
+from harness.expectations import fixes, is_fix, regressions
 from harness.report import reproduce_command
 from harness.results import VERDICTS, CellResult, RunResult
 
@@ -73,17 +75,10 @@ def junit_xml(run: RunResult) -> JUnitXml:
             result = Error(head, "ERROR")
             result.text = text
             case.result = [result]
-        elif cell.verdict == "UNSUPPORTED":
-            result = Skipped(f"UNSUPPORTED: {cell.reason}")
+        elif cell.verdict in ("UNSUPPORTED", "WARN"):  # not the expected verdict (that was skipped above)
+            result = Failure(f"{cell.verdict}, expected {cell.expected}: {head}", cell.verdict)
+            result.text = text
             case.result = [result]
-            if is_regression(cell) or is_fix(cell):
-                case.result = [Failure(f"UNSUPPORTED, expected {cell.expected}: {cell.reason}", "UNSUPPORTED")]
-        elif cell.verdict == "WARN":
-            out.insert(0, f"WARN: {text}")
-            if is_regression(cell) or is_fix(cell):
-                failure = Failure(f"WARN, expected {cell.expected}: {head}", "WARN")
-                failure.text = text
-                case.result = [failure]
         case.system_out = "\n".join(out)
         suite.add_testcase(case)
     xml = JUnitXml()

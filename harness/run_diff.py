@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.table import Table
+from rich.text import Text
 
 from harness.expectations import RANK
 from harness.report import VERDICT_STYLE
@@ -66,8 +67,8 @@ def changes_table(run_a: RunResult, run_b: RunResult, changes: list[CellChange])
     for column in ("scenario", "impl", "A", "B", "", "B's reason"):
         table.add_column(column)
     for c in changes:
-        table.add_row(c.scenario, c.impl, f"[{VERDICT_STYLE.get(c.before, '')}]{c.before}[/]",
-                      f"[{VERDICT_STYLE.get(c.after, '')}]{c.after}[/]", c.direction, c.reason[:120])
+        table.add_row(Text(c.scenario), Text(c.impl), Text(c.before, style=VERDICT_STYLE.get(c.before, "")),
+                      Text(c.after, style=VERDICT_STYLE.get(c.after, "")), Text(c.direction), Text(c.reason[:120]))
     return table
 
 

@@ -73,23 +73,35 @@ def installed_info() -> SglangInfo:
     return SglangInfo(version=version, path=None)
 
 
-_VERSION_RE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.M)
+_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", re.M)
 
 
 def _tree_version(package_parent: Path) -> str | None:
-    """Version of the sglang under ``package_parent``: ``sglang/version.py``, else a dist-info's METADATA."""
-    version_py = package_parent / "sglang" / "version.py"
-    if version_py.is_file():
-        match = _VERSION_RE.search(version_py.read_text(errors="replace"))
-        if match:
-            return match.group(1)
+    """Version of the sglang under ``package_parent``, without importing it.
+
+    In order: ``sglang/_version.py`` (written by the build: wheels, built checkouts),
+    ``sglang/version.py`` with a literal ``__version__`` (older releases), a
+    ``sglang-*.dist-info/METADATA``, the checkout's newest ``vX.Y.Z`` git tag.
+    """
+    for name in ("_version.py", "version.py"):
+        candidate = package_parent / "sglang" / name
+        if candidate.is_file():
+            match = _VERSION_RE.search(candidate.read_text(errors="replace"))
+            if match:
+                return match.group(1)
     for dist_info in sorted(package_parent.glob("sglang-*.dist-info")):
         meta = dist_info / "METADATA"
         if meta.is_file():
             for line in meta.read_text(errors="replace").splitlines():
                 if line.startswith("Version:"):
                     return line.split(":", 1)[1].strip()
-    return None
+    try:
+        proc = subprocess.run(["git", "-C", str(package_parent), "describe", "--tags", "--abbrev=0",
+                               "--match", "v[0-9]*"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    tag = proc.stdout.strip()
+    return tag[1:] if proc.returncode == 0 and tag else None
 
 
 def _git_commit(path: Path) -> str | None:
@@ -120,8 +132,8 @@ def source_target(path: str | Path) -> SglangTarget:
                           "give an sglang checkout, its python/ folder or an unpacked wheel)")
     version = _tree_version(parent)
     if version is None:
-        raise TargetError(f"--sglang-src {path}: cannot tell the sglang version (no sglang/version.py with "
-                          "__version__ and no sglang-*.dist-info/METADATA)")
+        raise TargetError(f"--sglang-src {path}: cannot tell the sglang version (no sglang/_version.py or "
+                          "version.py with a literal __version__, no sglang-*.dist-info, no vX.Y.Z git tag)")
     info = SglangInfo(version=version, path=str(parent / "sglang"), source="src", commit=_git_commit(parent))
     return SglangTarget(python=sys.executable, info=info, env={"PYTHONPATH": str(parent), VERSION_ENV: version})
 

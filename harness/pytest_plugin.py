@@ -1,0 +1,145 @@
+"""pytest integration: cells as pytest tests, through the same runner as ``pdconform run``.
+
+    pytest --impl mooncake --scenario dead-prefill          # one cell, one test
+    pytest --impl nixl                                      # every scenario on NIXL
+    pytest --scenario room-reuse --expectations expectations/sglang-0.5.23.toml
+
+With ``--impl`` or ``--scenario`` only the cell tests run (``tests/test_cells.py``,
+one per (scenario, impl), id ``SCENARIO[IMPL]``); without them the cell tests are
+deselected and the ordinary suite runs.  A cell passes when its verdict is the
+expected one (PASS, or the expectations file's); a non-PASS verdict that is expected
+is reported as xfail with the expectation's reason.  Each cell's logs and history go
+under ``--cells-out`` (default ``reports/out/pytest``).  Registered by the root
+``conftest.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CELL_FIXTURE = "pdconform_cell"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pdconform", "pdconform cells as tests")
+    group.addoption("--impl", action="append", default=None, metavar="NAME",
+                    help="run pdconform cells of this implementation (repeatable)")
+    group.addoption("--scenario", action="append", default=None, metavar="ID",
+                    help="run pdconform cells of this scenario (repeatable)")
+    group.addoption("--seed", type=int, default=0, help="seed of the pdconform cells (default 0)")
+    group.addoption("--sglang-src", default=None, metavar="PATH", help="run the cells against this sglang tree")
+    group.addoption("--sglang", default=None, metavar="VERSION", dest="sglang_version",
+                    help="run the cells against this released sglang (cached environment)")
+    group.addoption("--expectations", default=None, metavar="FILE", help="expected verdicts (TOML)")
+    group.addoption("--cells-out", default="reports/out/pytest", metavar="DIR",
+                    help="directory for the cells' logs and histories")
+
+
+def _requested(config: pytest.Config) -> bool:
+    return bool(config.getoption("--impl") or config.getoption("--scenario"))
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One (scenario, impl) cell to run as a test."""
+
+    scenario: str
+    impl: str
+
+    def __str__(self) -> str:
+        return f"{self.scenario}[{self.impl}]"
+
+
+def _cells(config: pytest.Config) -> list[CellSpec]:
+    """The cells the options select; pytest.UsageError (exit 4) for an unknown name."""
+    from harness.implementations import available
+    from harness.scenario import all_scenarios
+
+    impls = list(dict.fromkeys(config.getoption("--impl") or [i for i, v in available().items() if not v.test_only]))
+    known = {s.id: s for s in all_scenarios()}
+    scenarios = list(dict.fromkeys(config.getoption("--scenario") or [s.id for s in known.values()
+                                                                      if not s.test_only]))
+    unknown = [i for i in impls if i not in available()] + [s for s in scenarios if s not in known]
+    if unknown:
+        raise pytest.UsageError(f"pdconform: unknown --impl/--scenario {', '.join(unknown)} "
+                                f"(implementations: {', '.join(available())}; scenarios: `pdconform list`)")
+    return [CellSpec(s, i) for s in scenarios for i in impls]
+
+
+_CELLS = pytest.StashKey[list]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Validate --impl/--scenario before collection: an unknown name is a usage error (exit 4)."""
+    config.stash[_CELLS] = _cells(config) if _requested(config) else []
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if CELL_FIXTURE in metafunc.fixturenames:
+        cells = metafunc.config.stash[_CELLS]
+        metafunc.parametrize(CELL_FIXTURE, cells, ids=[f"{c.scenario}-{c.impl}" for c in cells])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Cell tests only with --impl/--scenario; every other test only without them."""
+    requested = _requested(config)
+    keep, drop = [], []
+    for item in items:
+        is_cell = CELL_FIXTURE in getattr(item, "fixturenames", ())
+        (keep if is_cell == requested else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def pdconform_target(request: pytest.FixtureRequest):
+    """The sglang the cells run against (harness.sglang_target), resolved once per session."""
+    from harness.sglang_target import TargetError, resolve_target
+
+    try:
+        return resolve_target(request.config.getoption("--sglang-src"), request.config.getoption("sglang_version"))
+    except TargetError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+@pytest.fixture(scope="session")
+def pdconform_expectations(request: pytest.FixtureRequest):
+    """The loaded --expectations file, or None."""
+    path = request.config.getoption("--expectations")
+    if not path:
+        return None
+    from harness.expectations import ExpectationsError, load_expectations
+    from harness.implementations import available
+    from harness.scenario import all_scenarios
+
+    try:
+        return load_expectations(path, available(), [s.id for s in all_scenarios()])
+    except ExpectationsError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -> None:
+    """Run ``cell`` with harness.runner.run_matrix and turn its verdict into a test outcome."""
+    from harness.diff import describe
+    from harness.expectations import apply_expectations
+    from harness.report import reproduce_command
+    from harness.runner import run_matrix
+    from harness.scenario import get_scenario
+
+    out = Path(config.getoption("--cells-out")).expanduser().resolve() / f"{cell.scenario}--{cell.impl}"
+    run = run_matrix([cell.impl], [get_scenario(cell.scenario)], config.getoption("--seed"), out, target=target)
+    if expectations:
+        apply_expectations(run, expectations)
+    result = run.cells[0]
+    lines = [f"{result.verdict} (expected {result.expected}): {result.reason}"]
+    if result.divergence:
+        lines.append(describe(result.divergence))
+    lines += [f"reproduce: {reproduce_command(run, result)}", f"cell directory: {result.workdir}"]
+    if not result.as_expected:
+        pytest.fail("\n".join(lines), pytrace=False)
+    if result.verdict != "PASS":
+        pytest.xfail(f"{result.verdict} as expected: {result.expected_reason} ({result.expected_link})")

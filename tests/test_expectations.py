@@ -1,0 +1,112 @@
+"""The expectations file: validation, applying it, and `run --expectations` exit codes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.expectations import (ExpectationsError, apply_expectations, fixes, is_fix, is_regression,
+                                  load_expectations, regressions)
+from harness.implementations import IMPLEMENTATIONS
+from harness.results import CellResult, RunResult, SglangInfo
+from harness.scenario import all_scenarios
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = [s.id for s in all_scenarios()]
+ENTRY = '[[expect]]\nimpl = "{impl}"\nscenario = "{scenario}"\nverdict = "{verdict}"\nreason = "{reason}"\nlink = "x#1"\n'
+
+
+def write(tmp_path, *entries, head=""):
+    path = tmp_path / "expect.toml"
+    path.write_text(head + "\n".join(ENTRY.format(**{"reason": "because", **e}) for e in entries))
+    return path
+
+
+def test_shipped_expectations_are_valid_and_reasoned():
+    exp = load_expectations(ROOT / "expectations" / "sglang-0.5.23.toml", IMPLEMENTATIONS, SCENARIOS)
+    assert exp.sglang == "0.5.23" and len(exp.entries) >= 20
+    bugs = (ROOT / "docs" / "sglang-bugs.md").read_text()
+    for (impl, scenario), e in exp.entries.items():
+        assert impl != "reference", "the reference must PASS everything: never expect otherwise"
+        assert e.verdict != "PASS" and len(e.reason) > 20
+        anchor = e.link.split("#", 1)[1]
+        assert f'<a id="{anchor}"></a>' in bugs, f"{impl} x {scenario}: {e.link} has no entry in docs/sglang-bugs.md"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[expect]]\nimpl = "bogus"\nscenario = "happy-path"\nverdict = "FAIL"\nreason = "r"\nlink = "l"\n', "unknown impl"),
+    ('[[expect]]\nimpl = "nixl"\nscenario = "nope"\nverdict = "FAIL"\nreason = "r"\nlink = "l"\n', "unknown scenario"),
+    ('[[expect]]\nimpl = "nixl"\nscenario = "happy-path"\nverdict = "RED"\nreason = "r"\nlink = "l"\n', "unknown verdict"),
+    ('[[expect]]\nimpl = "nixl"\nscenario = "happy-path"\nverdict = "FAIL"\nlink = "l"\n', "reason"),
+    ('[[expect]]\nimpl = "nixl"\nscenario = "happy-path"\nverdict = "FAIL"\nreason = " "\nlink = "l"\n', "must not be empty"),
+    ('[[expect]]\nimpl = "nixl"\nscenario = "happy-path"\nverdict = "FAIL"\nreason = "r"\nlink = "l"\ncolour = 1\n', "colour"),
+    ('[[expect]]\nimpl = "nixl"\nscenario = "happy-path"\nverdict = "FAIL"\nreason = "r"\nlink = "l"\n' * 2, "twice"),
+    ("[[expect]\n", "not valid TOML"),
+])
+def test_bad_files_are_refused_with_the_entry_named(tmp_path, text, message):
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    with pytest.raises(ExpectationsError, match=message):
+        load_expectations(path, IMPLEMENTATIONS, SCENARIOS)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ExpectationsError, match="cannot read"):
+        load_expectations(tmp_path / "nope.toml", IMPLEMENTATIONS, SCENARIOS)
+
+
+def test_apply_classifies_regressions_and_fixes(tmp_path):
+    path = write(tmp_path, {"impl": "nixl", "scenario": "room-reuse", "verdict": "FAIL"},
+                 {"impl": "mori", "scenario": "no-residue", "verdict": "WARN"},
+                 {"impl": "mooncake", "scenario": "no-residue", "verdict": "FAIL"})
+    run = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[
+        CellResult(impl="nixl", scenario="room-reuse", verdict="FAIL"),       # as expected
+        CellResult(impl="mori", scenario="no-residue", verdict="FAIL"),       # worse than WARN
+        CellResult(impl="mooncake", scenario="no-residue", verdict="PASS"),   # fixed
+        CellResult(impl="nixl", scenario="happy-path", verdict="ERROR"),      # worse than the default PASS
+        CellResult(impl="nixl", scenario="no-residue", verdict="PASS"),
+    ])
+    apply_expectations(run, load_expectations(path, IMPLEMENTATIONS, SCENARIOS))
+    assert [c.expected for c in run.cells] == ["FAIL", "WARN", "FAIL", "PASS", "PASS"]
+    assert run.cells[0].expected_reason == "because" and run.cells[0].expected_link == "x#1"
+    assert [(c.impl, c.scenario) for c in regressions(run)] == [("mori", "no-residue"), ("nixl", "happy-path")]
+    assert [(c.impl, c.scenario) for c in fixes(run)] == [("mooncake", "no-residue")]
+    assert not is_regression(run.cells[0]) and not is_fix(run.cells[0])
+    assert run.expectations == str(path) and not run.all_as_expected
+
+
+def _run(tmp_path, expectations, *scenarios):
+    args = [sys.executable, "-m", "harness.cli", "run", "--impl", "selftest", "--out", str(tmp_path / "out"),
+            "--expectations", str(expectations)]
+    for s in scenarios:
+        args += ["--scenario", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_run_exit_codes(tmp_path):
+    # selftest-role-dies FAILs (its prefill dies mid-step), selftest-noop PASSes.
+    # (the self-test implementation and scenarios are visible: conftest sets the switch)
+    as_expected = write(tmp_path, {"impl": "selftest", "scenario": "selftest-role-dies",
+                                                    "verdict": "FAIL"})
+    out = _run(tmp_path, as_expected, "selftest-role-dies", "selftest-noop")
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["expectations"] == str(as_expected)
+    assert {c["scenario"]: c["expected"] for c in data["cells"]} == {"selftest-role-dies": "FAIL", "selftest-noop": "PASS"}
+
+    regression = write(tmp_path, {"impl": "selftest", "scenario": "selftest-role-dies", "verdict": "WARN"})
+    out = _run(tmp_path, regression, "selftest-role-dies")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 regressions (worse than expected)" in out.stdout and "selftest-role-dies x selftest: FAIL" in out.stdout
+
+    fixed = write(tmp_path, {"impl": "selftest", "scenario": "selftest-noop", "verdict": "FAIL"})
+    out = _run(tmp_path, fixed, "selftest-noop")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 fixed (better than expected" in out.stdout
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[expect]]\nimpl = "selftest"\n')
+    out = _run(tmp_path, bad, "selftest-noop")
+    assert out.returncode == 2 and "missing required field" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,105 @@
+"""junit.xml and summary.md: pure functions of the result tree, readable back."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given, strategies as st
+from junitparser import Error, Failure, JUnitXml, Skipped
+
+from harness.report_files import SUMMARY_LIMIT, junit_xml, summary_markdown, write_reports
+from harness.results import VERDICTS, CellResult, RunResult, SglangInfo, dump_run, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+DIVERGENCE = {"step": 7, "step_name": "AwaitStatus", "op": "await_status", "role": "decode",
+              "requirement": "R-HB-1", "reference": "Failed", "observed": "WaitingForInput"}
+
+
+def sample_run() -> RunResult:
+    return RunResult(sglang=SglangInfo(version="0.5.23", path="/src/python/sglang", source="src",
+                                       commit="0123456789abcdef0123"), seed=4, duration_s=12.5,
+                     expectations="expectations/sglang-0.5.23.toml", cells=[
+        CellResult(impl="reference", scenario="dead-prefill", verdict="PASS", engine="reference", duration_s=1.0),
+        CellResult(impl="mooncake", scenario="dead-prefill", verdict="FAIL", engine="real", duration_s=2.0,
+                   reason="R-HB-1 waiting-room-failed: room 5 still WaitingForInput 6 s after the kill",
+                   divergence=DIVERGENCE),
+        CellResult(impl="nixl", scenario="dead-prefill", verdict="FAIL", expected="FAIL", engine="real",
+                   reason="R-HB-1 same", expected_reason="known bug", expected_link="docs/sglang-bugs.md#b1"),
+        CellResult(impl="mori", scenario="dead-prefill", verdict="ERROR", engine="standin",
+                   reason="cell exceeded its deadline of 120 s"),
+        CellResult(impl="mooncake", scenario="room-reuse", verdict="PASS", expected="FAIL", engine="real",
+                   expected_reason="B6", expected_link="docs/sglang-bugs.md#b6"),
+        CellResult(impl="nixl", scenario="room-reuse", verdict="UNSUPPORTED", expected="UNSUPPORTED",
+                   reason="no deferred release", expected_reason="r", expected_link="l"),
+        CellResult(impl="mori", scenario="room-reuse", verdict="WARN", engine="standin", reason="R-REASON-1 no reason"),
+    ])
+
+
+def test_junit_one_case_per_cell_classname_impl_name_scenario(tmp_path):
+    path = tmp_path / "junit.xml"
+    junit_xml(sample_run()).write(str(path), pretty=True)
+    (suite,) = list(JUnitXml.fromfile(str(path)))
+    cases = {(c.classname, c.name): c for c in suite}
+    assert len(cases) == 7
+    (failure,) = cases[("mooncake", "dead-prefill")].result
+    assert isinstance(failure, Failure) and failure.message.startswith("R-HB-1")
+    assert "step 7" in failure.text and "AwaitStatus" in failure.text  # the first divergence
+    (known,) = cases[("nixl", "dead-prefill")].result
+    assert isinstance(known, Skipped) and "expected FAIL: known bug" in known.message
+    assert isinstance(cases[("mori", "dead-prefill")].result[0], Error)
+    (fixed,) = cases[("mooncake", "room-reuse")].result
+    assert isinstance(fixed, Failure) and "fixed" in fixed.message  # better than expected also fails the gate
+    assert cases[("reference", "dead-prefill")].result == []
+    (warn,) = cases[("mori", "room-reuse")].result  # a WARN where PASS is expected is a regression too
+    assert isinstance(warn, Failure) and warn.message.startswith("WARN, expected PASS: R-REASON-1")
+    assert "pdconform repro dead-prefill --impl mooncake --seed 4 --sglang-src /src/python/sglang" in \
+        cases[("mooncake", "dead-prefill")].system_out
+    assert suite.failures == 3 and suite.errors == 1 and suite.skipped == 2
+
+
+def test_summary_lists_the_unexpected_cells_with_divergence_and_repro():
+    text = summary_markdown(sample_run())
+    assert text.startswith("## pdconform: **3 regression(s), 1 fix(es)**")
+    assert "sglang 0.5.23 (src, commit 0123456789ab" in text
+    assert "| `dead-prefill` | ✅ PASS | **❌ FAIL** (expected PASS) | ❌ FAIL |" in text
+    unexpected = text.split("### Not as expected")[1].split("<details>")[0]
+    assert "dead-prefill x mooncake" in unexpected and "dead-prefill x mori" in unexpected
+    assert "room-reuse x mooncake" in unexpected and "dead-prefill x nixl" not in unexpected
+    assert "step 7" in unexpected and "`pdconform repro dead-prefill --impl mooncake --seed 4" in unexpected
+    assert "Known non-PASS cells (as expected): 2" in text and "docs/sglang-bugs.md#b1" in text
+
+
+def test_summary_stays_short_enough_for_a_pr_comment():
+    run = sample_run()
+    run.cells = [CellResult(impl=f"impl{i % 4}", scenario=f"s{i}", verdict="FAIL", reason="x" * 2000)
+                 for i in range(200)]
+    text = summary_markdown(run)
+    assert len(text) <= SUMMARY_LIMIT + 200 and "truncated" in text
+
+
+def test_write_reports_writes_every_file(tmp_path):
+    paths = write_reports(sample_run(), tmp_path)
+    assert {"junit.xml", "summary.md"} <= set(paths)
+    for path in paths.values():
+        assert path.exists() and path.stat().st_size > 0
+
+
+cells = st.builds(
+    CellResult, impl=st.sampled_from(["reference", "mooncake", "nixl", "mori"]), scenario=st.text(min_size=1),
+    verdict=st.sampled_from(VERDICTS), expected=st.sampled_from(VERDICTS), expected_reason=st.text(),
+    expected_link=st.text(), engine=st.none() | st.sampled_from(["real", "standin", "reference"]),
+    duration_s=st.floats(min_value=0, max_value=1e6), bytes_verified=st.integers(min_value=0, max_value=2**40),
+    reason=st.text(), divergence=st.none() | st.dictionaries(st.text(), st.text() | st.integers() | st.none()),
+    checks=st.lists(st.dictionaries(st.text(), st.text() | st.booleans())), workdir=st.none() | st.text())
+runs = st.builds(RunResult, sglang=st.builds(SglangInfo, version=st.none() | st.text(), path=st.none() | st.text(),
+                                             source=st.sampled_from(["installed", "src", "venv"]),
+                                             commit=st.none() | st.text()),
+                 seed=st.integers(min_value=0, max_value=2**63), duration_s=st.floats(min_value=0, max_value=1e6),
+                 started_at=st.text(), expectations=st.none() | st.text(), cells=st.lists(cells, max_size=5))
+
+
+@given(runs)
+def test_results_json_round_trips(tmp_path_factory, run):
+    path = tmp_path_factory.mktemp("rt") / "results.json"
+    dump_run(run, path)
+    assert load_run(path) == run

@@ -1,0 +1,60 @@
+"""`pdconform diff RUN_A RUN_B`: the cells whose verdict changed."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.results import CellResult, RunResult, SglangInfo, dump_run
+from harness.run_diff import changed_cells, changes_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_run(version, **verdicts):
+    return RunResult(sglang=SglangInfo(version=version, path=None), seed=0, cells=[
+        CellResult(impl=key.split("__")[1], scenario=key.split("__")[0].replace("_", "-"), verdict=v,
+                   reason=f"why {v}") for key, v in verdicts.items()])
+
+
+A = make_run("0.5.17", room_reuse__nixl="FAIL", room_reuse__mori="PASS", happy_path__nixl="PASS",
+             no_residue__nixl="WARN")
+B = make_run("0.5.23", room_reuse__nixl="PASS", room_reuse__mori="FAIL", happy_path__nixl="PASS",
+             dead_prefill__nixl="PASS")
+
+
+def test_changed_cells_and_direction():
+    changes = {(c.scenario, c.impl): c for c in changed_cells(A, B)}
+    assert set(changes) == {("room-reuse", "nixl"), ("room-reuse", "mori"), ("no-residue", "nixl"),
+                            ("dead-prefill", "nixl")}
+    assert changes[("room-reuse", "nixl")].direction == "better"
+    assert changes[("room-reuse", "mori")].worse and changes[("room-reuse", "mori")].reason == "why FAIL"
+    assert changes[("no-residue", "nixl")].direction == "only in A"
+    assert changes[("dead-prefill", "nixl")].direction == "only in B" and not changes[("dead-prefill", "nixl")].worse
+    assert changed_cells(A, A) == []
+
+
+def test_markdown():
+    text = changes_markdown(A, B, changed_cells(A, B))
+    assert "4 cell(s) changed" in text and "A = sglang 0.5.17" in text
+    assert "| `room-reuse` | mori | PASS | FAIL | worse | why FAIL |" in text
+    assert "No cell changed" in changes_markdown(A, A, [])
+
+
+def test_cli_diff_exit_codes(tmp_path):
+    dump_run(A, tmp_path / "a" / "results.json")
+    dump_run(B, tmp_path / "b" / "results.json")
+
+    def diff(*args):
+        return subprocess.run([sys.executable, "-m", "harness.cli", "diff", *args], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+
+    out = diff(str(tmp_path / "a"), str(tmp_path / "b" / "results.json"))
+    assert out.returncode == 1 and "room-reuse" in out.stdout and "worse" in out.stdout  # a cell got worse
+    out = diff(str(tmp_path / "b"), str(tmp_path / "a"), "--markdown")
+    assert out.returncode == 1 and out.stdout.startswith("### pdconform diff: 4 cell(s) changed")
+    out = diff(str(tmp_path / "a"), str(tmp_path / "a"))
+    assert out.returncode == 0 and "0 cell(s) changed" in out.stdout
+    (tmp_path / "junk.json").write_text("{\"schema\": 2}")
+    for args in ([str(tmp_path / "a"), str(tmp_path / "missing")], [str(tmp_path / "a"), str(tmp_path / "junk.json")]):
+        out = diff(*args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
