@@ -26,4 +26,4 @@ doctor: setup
 	$(PDCONFORM) doctor
 
 clean:
-	rm -rf $(VENV) reports/out
+	rm -rf $(VENV) reports/out reports/artifacts

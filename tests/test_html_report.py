@@ -1,15 +1,25 @@
-"""index.html: the pure renderer (escaping, marks, engines, truncation)."""
+"""index.html: the pure renderer (escaping, marks, engines, truncation) and, in headless
+Chromium from file://, the page a person sees (matrix, colours, a cell's details, no
+console errors)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import time
 from pathlib import Path
+
+import pytest
 
 from harness.diff import first_divergence
 from harness.html_report import load_histories, render_index_html, write_index_html
 from harness.report import reproduce_command
 from harness.results import CellResult, RunResult, SglangInfo, dump_run
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("PDCONFORM_ARTIFACTS", REPO / "reports" / "artifacts"))
 
 
 def _events(status: str, fail: bool = False) -> list[dict]:
@@ -157,3 +167,71 @@ def test_load_histories_reads_the_out_directory_layout(tmp_path):
         html = (out / "index.html").read_text()
         assert '<span class="add">+step 1 AwaitStatus: await_status on decode: Failed</span>' in html
         assert html.count('<th data-impl="reference">') == 1  # dead-prefill keeps its reference column
+
+
+# --- headless Chromium --------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                    reason="no Debian chromium/chromedriver: apt-get install chromium chromium-driver")
+def test_index_html_in_headless_chromium(tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium missing: pip install -r requirements/harness.txt")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run, out = _write_out_dir(tmp_path)
+    page = write_index_html(run, out)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--window-size=1280,1400"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # an explicit driver path: Selenium Manager (which would go to the network) never runs
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        started = time.monotonic()
+        driver.get(page.as_uri())
+        rows = driver.find_elements(By.CSS_SELECTOR, "#matrix tbody tr")
+        assert [r.get_attribute("data-scenario") for r in rows] == ["happy-path", "dead-prefill"]
+        cells = driver.find_elements(By.CSS_SELECTOR, "#matrix td.cell")
+        assert [c.text.split()[0] for c in cells] == ["PASS", "FAIL", "WARN", "PASS", "UNSUPPORTED", "ERROR"]
+        colours: dict[str, set] = {}
+        for cell in cells:
+            verdict = cell.get_attribute("data-verdict")
+            assert f"v-{verdict}" in cell.get_attribute("class").split()
+            rgb = tuple(int(x) for x in re.findall(r"\d+", cell.value_of_css_property("background-color"))[:3])
+            colours.setdefault(verdict, set()).add(rgb)
+        assert all(len(c) == 1 for c in colours.values())  # one colour per verdict ...
+        colour = {verdict: next(iter(c)) for verdict, c in colours.items()}
+        assert len(set(colour.values())) == 5  # ... five different ones
+        (r, g, b), (r2, g2, b2) = colour["PASS"], colour["FAIL"]
+        assert g > r and g > b and r2 > g2 and r2 > b2  # PASS green, FAIL red
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "index.png"))
+
+        details = driver.find_element(By.ID, "cell-happy-path--mooncake")
+        repro = details.find_element(By.CSS_SELECTOR, "pre.repro")
+        assert not repro.is_displayed()
+        driver.find_element(By.CSS_SELECTOR, 'a[data-cell="cell-happy-path--mooncake"]').click()
+        WebDriverWait(driver, 5).until(EC.visibility_of(repro))
+        assert details.get_attribute("open") is not None
+        assert repro.text == reproduce_command(run, run.cells[1])
+        assert details.find_element(By.CSS_SELECTOR, "p.divergence").text.startswith("first divergence at step 1")
+        driver.save_screenshot(str(ARTIFACTS / "index-cell.png"))
+
+        logs = driver.get_log("browser")
+        assert [e for e in logs if e["level"] == "SEVERE"] == []
+        # the capture itself works: a console error does show up as SEVERE
+        driver.execute_script("console.error('pdconform-probe')")
+        assert any("pdconform-probe" in e["message"] and e["level"] == "SEVERE" for e in driver.get_log("browser"))
+        print(f"\nscreenshots: {ARTIFACTS / 'index.png'} {ARTIFACTS / 'index-cell.png'} "
+              f"({time.monotonic() - started:.1f} s in the browser)")
+    finally:
+        driver.quit()
