@@ -28,4 +28,4 @@ doctor: setup
 	$(PDCONFORM) doctor
 
 clean:
-	rm -rf $(VENV) reports/out
+	rm -rf $(VENV) reports/out reports/artifacts
