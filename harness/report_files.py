@@ -21,6 +21,7 @@ from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from harness.diff import describe as describe_divergence
 from harness.expectations import fixes, is_fix, regressions
+from harness.html_report import write_index_html
 from harness.report import reproduce_command
 from harness.results import VERDICTS, CellResult, RunResult
 
@@ -164,9 +165,5 @@ def write_reports(run: RunResult, out_dir: str | Path) -> dict[str, Path]:
     paths = {"junit.xml": out_dir / "junit.xml", "summary.md": out_dir / "summary.md"}
     junit_xml(run).write(str(paths["junit.xml"]), pretty=True)
     paths["summary.md"].write_text(summary_markdown(run), encoding="utf-8")
-    try:
-        from harness.html_report import write_index_html
-    except ImportError:  # pragma: no cover - until the HTML report lands
-        return paths
     paths["index.html"] = write_index_html(run, out_dir)
     return paths

@@ -34,6 +34,18 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 '; then
   fi
 fi
 
+# index.html's test opens the report in headless Chromium (selenium + Debian's chromium-driver);
+# without them that one test is skipped, saying so.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing chromium and chromium-driver (for the HTML report's browser test)"
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium chromium-driver >/dev/null; } || echo "setup: WARNING could not install chromium; its test will be skipped" >&2
+  else
+    echo "setup: note: chromium/chromedriver missing and not root: the HTML report's browser test will be skipped" >&2
+  fi
+fi
+
 if [[ ! -x $VENV/bin/python ]]; then
   echo "setup: creating $VENV"
   "$PY" -m venv "$VENV"
