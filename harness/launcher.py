@@ -24,6 +24,8 @@ from typing import Any
 
 import zmq
 
+from harness.zygote import ZYGOTE_ENV, ZygoteClient
+
 
 class RoleError(RuntimeError):
     """A role process failed to start, died, or answered a command with an error."""
@@ -158,8 +160,11 @@ class LocalRoleHandle(RoleHandle):
 
 
 class LocalLauncher(Launcher):
-    """Runs each role as a child process of this one, in this process group.
+    """Runs each role as a local process in this cell's process group.
 
+    With ``PDCONFORM_ZYGOTE`` set (a cell forked by harness.zygote), roles are forked
+    by the zygote, which has sglang and the engines imported already, and join this
+    process group; otherwise each is a fresh ``python -m harness.role_host`` child.
     ``workdir`` receives one ``<role name>.log`` per role.
     """
 
@@ -171,14 +176,17 @@ class LocalLauncher(Launcher):
         log_path = Path(spec.log_path) if spec.log_path else self.workdir / f"{spec.name}.log"
         ready_file = self.workdir / f"{spec.name}.endpoint"
         ready_file.unlink(missing_ok=True)
+        args = ["--impl", spec.impl, "--role", spec.role,
+                "--ready-file", str(ready_file), "--parent-pid", str(os.getpid())]
+        zygote = os.environ.get(ZYGOTE_ENV)
+        if zygote:
+            log_path.write_bytes(b"")
+            process = ZygoteClient(zygote).fork("role", args, log_path, env=dict(spec.env), pgid=os.getpgid(0))
+            return LocalRoleHandle(spec, process, ready_file, log_path)
         env = dict(os.environ)
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [
-            sys.executable, "-m", "harness.role_host",
-            "--impl", spec.impl, "--role", spec.role,
-            "--ready-file", str(ready_file), "--parent-pid", str(os.getpid()),
-        ]
+        cmd = [sys.executable, "-m", "harness.role_host", *args]
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -18,7 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -26,9 +28,11 @@ from harness import history as hist
 from harness.diff import first_divergence
 from harness.results import CellResult, RunResult, SglangInfo, load_cell
 from harness.sglang_target import SglangTarget, installed_info, installed_target
+from harness.zygote import ZYGOTE_ENV, Zygote, ZygoteError
 from harness.scenario import Scenario
 
 REFERENCE = "reference"
+ROOT = Path(__file__).resolve().parent.parent
 
 PORT_BLOCK = 8
 
@@ -103,23 +107,31 @@ class _HistoryFollower:
 
 def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
                       timeout_s: float | None = None, target: SglangTarget | None = None,
-                      on_event: Callable[[dict], None] | None = None) -> CellResult:
+                      on_event: Callable[[dict], None] | None = None, zygote: Zygote | None = None,
+                      base_port: int | None = None) -> CellResult:
     """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's).
 
     ``target``: the sglang to run against (harness.sglang_target; default the installed one).
     ``on_event``: called with each history event (harness.history) as the cell records it.
+    ``zygote``: fork the cell (and its roles) from this fork server instead of starting
+    fresh interpreters.  ``base_port``: first of the cell's PORT_BLOCK loopback ports
+    (default: a free block picked now).
     """
     target = target or installed_target()
     workdir = workdir.resolve()
     shutil.rmtree(workdir, ignore_errors=True)  # logs and history of an earlier run
     workdir.mkdir(parents=True)
     deadline = timeout_s if timeout_s is not None else scenario.timeout_s
-    cmd = [target.python, "-m", "harness.cell", "--impl", impl, "--scenario", scenario.id,
-           "--seed", str(seed), "--workdir", str(workdir), "--base-port", str(free_port_block())]
+    args = ["--impl", impl, "--scenario", scenario.id, "--seed", str(seed), "--workdir", str(workdir),
+            "--base-port", str(base_port if base_port is not None else free_port_block())]
+    cmd = [target.python, "-m", "harness.cell", *args]
     start = time.monotonic()
     with open(workdir / "cell.log", "wb") as log:
-        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env=target.cell_env(), cwd=str(Path(__file__).resolve().parent.parent))
+        if zygote is not None:
+            process = zygote.client.fork("cell", args, workdir / "cell.log", env={ZYGOTE_ENV: zygote.socket_path})
+        else:
+            process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       process_group=0, env=target.cell_env(), cwd=str(ROOT))
         follower = _HistoryFollower(workdir / "history.jsonl", on_event) if on_event else None
         try:
             if follower is None:
@@ -157,43 +169,135 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
         )
 
 
+class PortBlocks:
+    """Hands out blocks of PORT_BLOCK loopback ports to concurrent cells: never the same
+    block to two running cells, each free when handed out, all below the kernel's
+    ephemeral range (where the roles' own random ports come from)."""
+
+    LOW, HIGH = 20000, 32000
+
+    def __init__(self, seed: int = 0):
+        self._lock = threading.Lock()
+        self._in_use: set[int] = set()
+        self._rng = random.Random(seed)
+
+    def acquire(self) -> int:
+        with self._lock:
+            for _ in range(500):
+                base = self.LOW + PORT_BLOCK * self._rng.randrange((self.HIGH - self.LOW) // PORT_BLOCK)
+                if base not in self._in_use and _block_free(base):
+                    self._in_use.add(base)
+                    return base
+        raise RuntimeError("no block of free loopback ports found")
+
+    def release(self, base: int) -> None:
+        with self._lock:
+            self._in_use.discard(base)
+
+
+def _block_free(base: int, size: int = PORT_BLOCK) -> bool:
+    sockets = []
+    try:
+        for port in range(base, base + size):
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def default_jobs() -> int:
+    """The default number of cells run at once: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
 def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: Path,
                on_cell: Callable[[int, int, CellResult], None] | None = None,
                on_start: Callable[[int, int, str, Scenario], None] | None = None,
                diff: bool = True, target: SglangTarget | None = None,
-               on_event: Callable[[dict], None] | None = None) -> RunResult:
-    """Run every (scenario, impl) cell in turn; return the run's result tree.
+               on_event: Callable[[dict], None] | None = None, jobs: int = 1, fork: bool = True,
+               on_note: Callable[[str], None] | None = None) -> RunResult:
+    """Run every (scenario, impl) cell, ``jobs`` at a time; return the run's result tree.
 
-    ``on_start(i, total, impl, scenario)`` and ``on_cell(i, total, result)`` report progress.
-    With ``diff``, each backend cell of a non-test scenario gets its first divergence
-    from the reference's history for the same scenario and seed
-    (:mod:`harness.diff`); when the reference is not among ``impls``, its cell runs
-    anyway, under ``OUT/reference-for-diff/``, and is not reported.  ``target``: the
-    sglang the cells import (default: the installed one).  ``on_event``: each history
-    event of the reported cells as it is recorded (not the hidden reference cells').
+    Cells are reported in (scenario, impl) order whatever ``jobs`` is.
+    ``on_start(i, total, impl, scenario)`` and ``on_cell(done, total, result)`` report
+    progress (from worker threads when ``jobs`` > 1).  With ``diff``, each backend cell
+    of a non-test scenario gets its first divergence from the reference's history for
+    the same scenario and seed (:mod:`harness.diff`); when the reference is not among
+    ``impls``, its cell runs anyway, under ``OUT/reference-for-diff/``, and is not
+    reported.  ``target``: the sglang the cells import (default: the installed one).
+    ``on_event``: each history event of the reported cells as it is recorded (use with
+    ``jobs=1``).  ``fork``: start cells and roles from a harness.zygote fork server
+    (sglang imported once per run); if it cannot start, fresh interpreters are used and
+    ``on_note`` says why.
     """
     target = target or installed_target()
     started = time.monotonic()
     run = RunResult(sglang=target.info, seed=seed,
                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     cells = [(scenario, impl) for scenario in scenarios for impl in impls]
-    reference_history: dict[str, list[dict]] = {}
-    for i, (scenario, impl) in enumerate(cells, 1):
-        if on_start:
-            on_start(i, len(cells), impl, scenario)
-        workdir = out_dir / "cells" / f"{scenario.id}--{impl}"
-        result = run_cell_isolated(impl, scenario, seed, workdir, target=target, on_event=on_event)
-        if impl == REFERENCE:
-            reference_history[scenario.id] = hist.load(workdir / "history.jsonl")
-        elif diff and not scenario.test_only:
-            if scenario.id not in reference_history:
-                ref_dir = out_dir / "reference-for-diff" / scenario.id
-                run_cell_isolated(REFERENCE, scenario, seed, ref_dir, target=target)
-                reference_history[scenario.id] = hist.load(ref_dir / "history.jsonl")
-            attach_divergence(result, reference_history[scenario.id], workdir)
+    hidden = []  # reference cells that only serve the diff
+    if diff and REFERENCE not in impls:
+        hidden = [(scenario, REFERENCE) for scenario in scenarios if not scenario.test_only]
+    tasks = [(sc, impl, out_dir / "cells" / f"{sc.id}--{impl}", True) for sc, impl in cells]
+    tasks += [(sc, impl, out_dir / "reference-for-diff" / sc.id, False) for sc, impl in hidden]
+    ports = PortBlocks(seed)
+    lock = threading.Lock()
+    counters = {"started": 0, "done": 0}
+
+    zygote = None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if fork:
+        try:
+            zygote = Zygote(target.python, target.cell_env(), log_dir=out_dir,
+                            impls=sorted({impl for _, impl, _, _ in tasks}))
+        except (ZygoteError, OSError) as exc:
+            if on_note:
+                on_note(f"cells start as fresh interpreters: {exc}")
+
+    def work(task) -> CellResult:
+        scenario, impl, workdir, reported = task
+        if reported and on_start:
+            with lock:
+                counters["started"] += 1
+                on_start(counters["started"], len(cells), impl, scenario)
+        base = ports.acquire()
+        try:
+            result = run_cell_isolated(impl, scenario, seed, workdir, target=target,
+                                       on_event=on_event if reported else None, zygote=zygote, base_port=base)
+        finally:
+            ports.release(base)
+        if reported and on_cell:
+            with lock:
+                counters["done"] += 1
+                on_cell(counters["done"], len(cells), result)
+        return result
+
+    try:
+        if jobs <= 1:
+            results = [work(task) for task in tasks]
+        else:
+            with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pdconform-cell") as pool:
+                results = list(pool.map(work, tasks))
+    finally:
+        if zygote is not None:
+            zygote.close()
+    by_task = {(t[0].id, t[1], t[3]): r for t, r in zip(tasks, results)}
+    for (scenario, impl), result in zip(cells, results[:len(cells)]):
+        if diff and impl != REFERENCE and not scenario.test_only:
+            reported_ref = by_task.get((scenario.id, REFERENCE, True))
+            ref_dir = (out_dir / "cells" / f"{scenario.id}--{REFERENCE}") if reported_ref else \
+                (out_dir / "reference-for-diff" / scenario.id)
+            attach_divergence(result, hist.load(ref_dir / "history.jsonl"),
+                              out_dir / "cells" / f"{scenario.id}--{impl}")
         run.cells.append(result)
-        if on_cell:
-            on_cell(i, len(cells), result)
     run.duration_s = round(time.monotonic() - started, 3)
     return run
 

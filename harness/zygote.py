@@ -1,0 +1,373 @@
+"""A fork server: import sglang and the engines once, fork a fresh process per cell and per role.
+
+Importing sglang's disaggregation modules costs seconds per process, and every cell
+starts two to four role processes.  The zygote is one long-lived process per run
+(and per sglang target) that imports them once, while it is still single-threaded,
+then forks:
+
+* a **cell** process (``harness.cell``) in a new process group of its own, and
+* the cell's **role** processes (``harness.role_host``), each joining its cell's
+  process group, so that killing the group still removes the cell and every role.
+
+Isolation is the same as with a fresh interpreter per process: the zygote never
+creates a thread (beyond the one torch's import starts), a ZMQ context or an engine;
+each child starts from that clean state and leaves with ``os._exit``.  Engines whose
+import starts native threads (``mooncake.engine``) are not preloaded; the child
+imports them (tens of milliseconds).
+
+Protocol: a UNIX stream socket; one JSON line per request, one JSON line per reply
+(see :class:`ZygoteClient`).  The zygote reaps its children and keeps their exit
+status until asked.  It exits when its parent (the runner) goes away.
+
+Started with ``python -m harness.zygote --socket PATH`` by :class:`Zygote`, with
+the target's interpreter and environment (harness.sglang_target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ZYGOTE_ENV = "PDCONFORM_ZYGOTE"  # set in a forked cell: the socket its launcher forks roles through
+READY_TIMEOUT_S = 120.0
+CALL_TIMEOUT_S = 10.0
+POLL_S = 0.05
+
+
+class ZygoteError(RuntimeError):
+    """The zygote could not be started, or did not answer."""
+
+
+# --------------------------------------------------------------------------- server
+
+
+# What each implementation's roles import, preloaded once (harness.implementations names).
+PRELOAD = {
+    "reference": ["torch", "zmq", "backends.reference.adapter"],
+    "mooncake": ["torch", "zmq", "sglang.srt.disaggregation.common.conn", "sglang.srt.disaggregation.mooncake.conn",
+                 "backends.mooncake.adapter"],
+    "nixl": ["torch", "zmq", "sglang.srt.disaggregation.common.conn", "sglang.srt.disaggregation.nixl.conn",
+             "backends.nixl.adapter"],
+    "mori": ["torch", "zmq", "sglang.srt.disaggregation.common.conn", "backends.mori.adapter"],
+}
+
+
+def preload(impls: list[str]) -> list[str]:
+    """Import what the roles of ``impls`` need (sglang's disaggregation modules, torch, the adapters).
+
+    Returns the imports that failed, as "module: error" (their roles then import them
+    themselves and fail there, with the error in their log).  Never imports
+    ``mooncake.engine``: its import starts native threads, which a fork would not carry over.
+    """
+    failed: list[str] = []
+    import harness.cell  # noqa: F401
+    import harness.role_host  # noqa: F401
+
+    modules = list(dict.fromkeys(m for impl in impls for m in PRELOAD.get(impl, [])))
+    if any(m.startswith("sglang") for m in modules):
+        from harness import gpu_import_shims
+
+        gpu_import_shims.install()
+    for name in modules:
+        try:
+            __import__(name)
+        except Exception as exc:  # noqa: BLE001 - reported, the role will fail with it itself
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    if "mori" in impls:
+        try:  # Mori's conn module imports whichever mori the adapter would pick: the real one or the stand-in
+            from backends.mori.adapter import STANDIN_PATH, real_mori_error
+
+            if real_mori_error():
+                sys.path.insert(0, str(STANDIN_PATH))
+                __import__("sglang.srt.disaggregation.mori.conn")
+        except Exception as exc:  # noqa: BLE001
+            failed.append(f"sglang.srt.disaggregation.mori.conn: {type(exc).__name__}: {exc}")
+    return failed
+
+
+def _child(request: dict, listener: socket.socket, clients: list[socket.socket]) -> None:
+    """In the forked child: become the requested cell or role; never returns."""
+    code = 70
+    try:
+        listener.close()
+        for c in clients:
+            c.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.setpgid(0, request.get("pgid") or 0)
+        os.chdir(request["cwd"])
+        os.environ.update(request.get("env") or {})
+        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(null)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        if request["kind"] == "cell":
+            from harness.cell import main
+        else:
+            from harness.role_host import main
+        code = main(request["argv"]) or 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the log says what went wrong
+        traceback.print_exc()
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(path: str, parent_pid: int) -> None:
+    """Answer fork/status requests on the UNIX socket ``path`` until the parent is gone."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    clients: list[socket.socket] = []
+    buffers: dict[socket.socket, bytes] = {}
+    exited: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
+    children: set[int] = set()
+
+    def reap() -> None:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            children.discard(pid)
+            exited[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+    def answer(request: dict) -> dict:
+        op = request.get("op")
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        if op == "fork":
+            pid = os.fork()
+            if pid == 0:
+                _child(request, listener, clients)
+            children.add(pid)
+            return {"ok": True, "pid": pid}
+        if op == "status":
+            reap()
+            pid = int(request["pid"])
+            if pid in exited:
+                return {"ok": True, "returncode": exited[pid]}
+            return {"ok": True, "returncode": None if pid in children else "unknown"}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    while True:
+        if os.getppid() != parent_pid:
+            for pid in list(children):  # the runner is gone: so are its cells
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            return
+        reap()
+        readable, _, _ = select.select([listener, *clients], [], [], POLL_S)
+        for sock in readable:
+            if sock is listener:
+                conn, _ = listener.accept()
+                clients.append(conn)
+                buffers[conn] = b""
+                continue
+            data = sock.recv(65536)
+            if not data:
+                clients.remove(sock)
+                buffers.pop(sock, None)
+                sock.close()
+                continue
+            buffers[sock] += data
+            while b"\n" in buffers[sock]:
+                line, buffers[sock] = buffers[sock].split(b"\n", 1)
+                try:
+                    reply = answer(json.loads(line))
+                except Exception as exc:  # noqa: BLE001 - a bad request must not end the zygote
+                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                sock.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.zygote")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--ready-file", required=True)
+    parser.add_argument("--preload", default="", help="comma-separated implementations whose imports to preload")
+    args = parser.parse_args(argv)
+    parent = os.getppid()
+    failed = preload([i for i in args.preload.split(",") if i])
+    for line in failed:
+        print(f"zygote: preload failed: {line}", flush=True)
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    Path(args.ready_file).write_text(json.dumps({"pid": os.getpid(), "threads": threads, "failed": failed}))
+    serve(args.socket, parent)
+    return 0
+
+
+# --------------------------------------------------------------------------- client
+
+
+class ZygoteClient:
+    """Talks to a zygote: one connection per request, so it is safe across fork and threads."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def call(self, request: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        """Send ``request``; return the reply.  ZygoteError when unreachable, silent or refusing."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout_s)
+                sock.connect(self.path)
+                sock.sendall(json.dumps(request).encode() + b"\n")
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+        except OSError as exc:
+            raise ZygoteError(f"zygote at {self.path} did not answer {request.get('op')}: {exc}") from exc
+        try:
+            reply = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ZygoteError(f"zygote at {self.path} answered {request.get('op')} with {data[:200]!r}") from exc
+        if not reply.get("ok"):
+            raise ZygoteError(f"zygote refused {request.get('op')}: {reply.get('error')}")
+        return reply
+
+    def fork(self, kind: str, argv: list[str], log: str | os.PathLike, env: dict[str, str] | None = None,
+             pgid: int | None = None, cwd: str | os.PathLike | None = None) -> "ForkedProcess":
+        """Fork a ``kind`` ("cell" or "role") process running ``main(argv)`` with stdout/stderr to ``log``.
+
+        ``pgid``: the process group to join (a role joins its cell's); None: a new group.
+        """
+        if kind not in ("cell", "role"):
+            raise ValueError(f"kind must be 'cell' or 'role', got {kind!r}")
+        reply = self.call({"op": "fork", "kind": kind, "argv": list(argv), "log": str(log), "env": env or {},
+                           "pgid": pgid, "cwd": str(cwd or Path(__file__).resolve().parent.parent)})
+        return ForkedProcess(self, reply["pid"])
+
+
+class ForkedProcess:
+    """A process the zygote forked, with the parts of ``subprocess.Popen`` the harness uses."""
+
+    def __init__(self, client: ZygoteClient, pid: int):
+        self.client = client
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            code = self.client.call({"op": "status", "pid": self.pid})["returncode"]
+        except ZygoteError:
+            code = None if _exists(self.pid) else -signal.SIGKILL  # zygote gone: it took its children along
+        if code == "unknown":
+            code = -signal.SIGKILL
+        self.returncode = code
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(POLL_S)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Zygote:
+    """Starts and owns one zygote process (a context manager); ``client`` forks through it.
+
+    ``python``/``env``: the interpreter and environment of the sglang target; ``impls``:
+    the implementations whose imports to preload (:data:`PRELOAD`).  Raises ZygoteError when it is not ready within ``ready_timeout_s`` seconds.
+    """
+
+    def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None,
+                 ready_timeout_s: float = READY_TIMEOUT_S, log_dir: str | os.PathLike | None = None,
+                 impls: list[str] | tuple[str, ...] = ()):
+        import tempfile
+
+        self._dir = tempfile.mkdtemp(prefix="pdconform-zygote-")
+        self.socket_path = os.path.join(self._dir, "zygote.sock")
+        ready = Path(self._dir) / "ready.json"
+        log_path = Path(log_dir or self._dir) / "zygote.log"
+        self._log = open(log_path, "ab")
+        self.process = subprocess.Popen(
+            [python, "-m", "harness.zygote", "--socket", self.socket_path, "--ready-file", str(ready),
+             "--preload", ",".join(impls)],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0,
+            cwd=str(Path(__file__).resolve().parent.parent))
+        deadline = time.monotonic() + ready_timeout_s
+        while not ready.exists():
+            if self.process.poll() is not None:
+                self.close()
+                raise ZygoteError(f"zygote exited with code {self.process.returncode} while importing "
+                                  f"(log: {log_path})")
+            if time.monotonic() > deadline:
+                self.close()
+                raise ZygoteError(f"zygote not ready within {ready_timeout_s:.0f} s (log: {log_path})")
+            time.sleep(POLL_S)
+        self.info: dict[str, Any] = json.loads(ready.read_text())
+        self.client = ZygoteClient(self.socket_path)
+
+    def close(self) -> None:
+        """Stop the zygote (its group) and remove its socket."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self._log.close()
+        import shutil
+
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "Zygote":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
