@@ -141,6 +141,10 @@ def run(
                                                 "(see expectations/); exit 1 on a regression or a fix."),
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: the number "
+                                       "of cores). Verdicts do not depend on it."),
+    fork: bool = typer.Option(True, "--fork/--no-fork", help="Fork cells and roles from one process that imported "
+                              "sglang once (default), or start a fresh interpreter for each."),
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into --out."""
@@ -151,10 +155,11 @@ def run(
     from harness.report import matrix_table, reasons, reproduce_command
     from harness.report_files import write_reports
     from harness.results import dump_run
-    from harness.runner import run_matrix
+    from harness.runner import default_jobs, run_matrix
     from harness.scenario import all_scenarios
 
     impls, scenarios = _select(impl, scenario)
+    jobs = jobs or default_jobs()
     loaded = None
     if expectations is not None:
         try:
@@ -187,7 +192,8 @@ def run(
             progress.advance(task)
 
         try:
-            result = run_matrix(impls, scenarios, seed, out, on_cell=on_cell, on_start=on_start, target=target)
+            result = run_matrix(impls, scenarios, seed, out, on_cell=on_cell, on_start=on_start, target=target,
+                                jobs=jobs, fork=fork, on_note=lambda note: err.print(f"[yellow]note:[/] {note}"))
         except KeyboardInterrupt:
             progress.stop()
             err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")

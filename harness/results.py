@@ -35,6 +35,7 @@ class CellResult(msgspec.Struct, kw_only=True):
     expected_link: str = ""  # the issue/PR that tracks it
     engine: Optional[str] = None  # real | standin | reference (None: no role started)
     duration_s: float = 0.0
+    inherent_wait_s: float = 0.0  # the scenario's own sleeps and timeouts (Scenario.inherent_wait_s)
     bytes_verified: int = 0
     reason: str = ""
     divergence: Optional[dict[str, Any]] = None
@@ -44,6 +45,11 @@ class CellResult(msgspec.Struct, kw_only=True):
     @property
     def as_expected(self) -> bool:
         return self.verdict == self.expected
+
+    @property
+    def overhead_s(self) -> float:
+        """Wall time the harness and implementation added to the scenario's inherent waits (seconds)."""
+        return round(self.duration_s - self.inherent_wait_s, 3)
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)

@@ -274,6 +274,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                                        on_event=on_event if reported else None, zygote=zygote, base_port=base)
         finally:
             ports.release(base)
+        result.inherent_wait_s = scenario.inherent_wait_s(seed)
         if reported and on_cell:
             with lock:
                 counters["done"] += 1

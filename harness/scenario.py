@@ -21,15 +21,33 @@ from harness.steps import Step
 
 @dataclass(frozen=True)
 class Scenario:
+    """One scenario; see the module docstring.
+
+    ``timeout_s``: the cell's deadline (seconds; the runner kills it then).
+    ``timeout_wait_s``: seconds the scenario must wait, beyond its ``Sleep`` steps,
+    for a timeout, heartbeat window or engine delay it sets up itself (for example a
+    3 s bootstrap timeout); with the sleeps it makes :meth:`inherent_wait_s`, which the
+    runner subtracts from a cell's wall time to report the harness's overhead.
+    """
+
     id: str
     title: str
     requirements: tuple[str, ...]
     steps: Callable[[int], list[Step]]  # seed -> steps
     checks: Callable[[int], list[Check]]  # seed -> checks
     timeout_s: float = 120.0
+    timeout_wait_s: float = 0.0
     test_only: bool = False
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+    def inherent_wait_s(self, seed: int) -> float:
+        """Seconds any conforming implementation spends waiting in this scenario for ``seed``:
+        its ``Sleep`` steps plus ``timeout_wait_s``."""
+        from harness.steps import Sleep
+
+        return round(sum(step.seconds for step in self.steps(seed) if isinstance(step, Sleep)) + self.timeout_wait_s, 3)
 
 
 _REGISTRY: dict[str, Scenario] = {}

@@ -67,5 +67,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=150.0,
+        timeout_wait_s=TIMEOUT_S,
     )
 )

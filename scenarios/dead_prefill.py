@@ -72,5 +72,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=180.0,
+        timeout_wait_s=4.0,  # the decode heartbeat window: 2 s x 2 misses (harness.role_context.ROLE_ENV)
     )
 )

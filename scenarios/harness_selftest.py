@@ -81,6 +81,48 @@ register(
     )
 )
 
+def _observe_after(room: int):
+    from harness.steps import Observe
+
+    return lambda seed: [*_open_room_steps(room)(seed), Observe(("prefill", "decode"))]
+
+
+register(
+    Scenario(
+        id="selftest-leak-thread",
+        title="The prefill leaves a non-daemon thread running and module state changed (harness self-test)",
+        requirements=(),
+        steps=_observe_after(1003),  # backends.selftest.adapter.LEAK_ROOM
+        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
+        timeout_s=30.0,
+        test_only=True,
+    )
+)
+
+register(
+    Scenario(
+        id="selftest-native-crash",
+        title="The prefill crashes natively (SIGSEGV) inside a call (harness self-test)",
+        requirements=(),
+        steps=_open_room_steps(1004),  # backends.selftest.adapter.CRASH_ROOM
+        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
+        timeout_s=30.0,
+        test_only=True,
+    )
+)
+
+register(
+    Scenario(
+        id="selftest-clean",
+        title="An ordinary room, then an observation of the roles' threads and module state (harness self-test)",
+        requirements=(),
+        steps=_observe_after(7),
+        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
+        timeout_s=30.0,
+        test_only=True,
+    )
+)
+
 register(
     Scenario(
         id="selftest-role-hangs",

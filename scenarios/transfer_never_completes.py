@@ -72,5 +72,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=180.0,
+        timeout_wait_s=TIMEOUT_S,
     )
 )

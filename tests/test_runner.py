@@ -120,3 +120,36 @@ def test_relative_out_works_from_any_directory(tmp_path):
     assert out.returncode == 0, out.stderr + out.stdout
     data = json.loads((tmp_path / "rel" / "out" / "results.json").read_text())
     assert data["cells"][0]["verdict"] == "PASS"
+
+
+def _observations(workdir):
+    from harness import history as hist
+
+    return [e["value"] for e in hist.load(workdir / "history.jsonl") if e["op"] == "observe-mid" and e["type"] == "ok"]
+
+
+def test_forked_cells_are_isolated_from_a_leaking_or_crashing_cell(tmp_path):
+    # One fork server serves all three cells, one at a time: what the first two leave
+    # behind (a running non-daemon thread, changed module state, a native crash) must
+    # not reach the third, and no process of theirs may outlive them.
+    scenarios = [get_scenario(s) for s in ("selftest-leak-thread", "selftest-native-crash", "selftest-clean")]
+    run = run_matrix(["selftest"], scenarios, seed=0, out_dir=tmp_path, jobs=1, fork=True)
+    leak, crash, clean = run.cells
+    assert leak.verdict == "PASS", leak.reason
+    leaked = _observations(tmp_path / "cells" / "selftest-leak-thread--selftest")
+    assert any("pdconform-leaked-thread" in o["threads"] and o["leaked"] for o in leaked)  # the leak happened
+    assert crash.verdict == "FAIL" and "killed by SIGSEGV" in crash.reason, crash.reason
+    assert clean.verdict == "PASS", clean.reason
+    for o in _observations(tmp_path / "cells" / "selftest-clean--selftest"):
+        assert "pdconform-leaked-thread" not in o["threads"] and o["leaked"] == []
+    assert not _role_processes(tmp_path)
+
+
+def test_parallel_cells_give_the_same_verdicts(tmp_path):
+    scenarios = [get_scenario(s) for s in ("selftest-noop", "selftest-role-dies", "selftest-clean",
+                                            "selftest-native-crash")]
+    serial = run_matrix(["selftest"], scenarios, seed=0, out_dir=tmp_path / "serial", jobs=1)
+    parallel = run_matrix(["selftest"], scenarios, seed=0, out_dir=tmp_path / "parallel", jobs=4)
+    assert [(c.scenario, c.verdict) for c in serial.cells] == [(c.scenario, c.verdict) for c in parallel.cells]
+    assert [c.verdict for c in parallel.cells] == ["PASS", "FAIL", "PASS", "FAIL"]
+    assert not _role_processes(tmp_path)

@@ -4,18 +4,26 @@ It imports no sglang and no engine, so tests of role processes, deadlines and
 cleanup run in a second instead of twenty.  Only visible when
 ``PDCONFORM_TEST_SCENARIOS=1``.  Room ids with a meaning of their own:
 ``HANG_ROOM`` makes ``open_sender`` block forever, ``DIE_ROOM`` makes the role
-process exit in the middle of ``open_sender``.
+process exit in the middle of ``open_sender``, ``LEAK_ROOM`` leaves a non-daemon
+thread running and module state changed, ``CRASH_ROOM`` crashes the process natively
+(SIGSEGV from C).  ``observe`` reports the live threads and the module state, so a
+test can see that nothing of an earlier cell reached a later one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
 import time
 
 from harness.adapter import SUCCESS, WAITING_FOR_INPUT, RoleAdapter, RoleRecorder
 
 HANG_ROOM = 1001
 DIE_ROOM = 1002
+LEAK_ROOM = 1003
+CRASH_ROOM = 1004
+LEAKED: list[str] = []  # module state a leaking cell changes
 
 
 class SelftestRole(RoleAdapter):
@@ -43,6 +51,11 @@ class SelftestRole(RoleAdapter):
             time.sleep(3600)
         if room == DIE_ROOM:
             os._exit(9)
+        if room == LEAK_ROOM:
+            threading.Thread(target=time.sleep, args=(3600,), name="pdconform-leaked-thread").start()
+            LEAKED.append(f"room {room} in pid {os.getpid()}")
+        if room == CRASH_ROOM:
+            ctypes.string_at(0)  # reads address 0: SIGSEGV in C, no Python exception
         self.status[room] = WAITING_FOR_INPUT
 
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
@@ -74,4 +87,7 @@ class SelftestRole(RoleAdapter):
         pass
 
     def observe(self) -> dict:
-        return self.recorder.observation(self.role, [])
+        observation = self.recorder.observation(self.role, [])
+        observation["threads"] = sorted(t.name for t in threading.enumerate())
+        observation["leaked"] = list(LEAKED)
+        return observation
