@@ -18,7 +18,7 @@ test: setup
 
 # Benchmarks and long property runs: not part of `make test`.
 bench: setup
-	$(VENV)/bin/python benchmarks/simulate_rate.py
+	$(PDCONFORM) bench
 
 nightly: setup
 	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q

@@ -312,6 +312,77 @@ def diff(
 
 
 @app.command()
+def bench(
+    repeat: int = typer.Option(3, "--repeat", min=1, help="Samples of each figure (full matrix runs, simulator runs)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: cores)."),
+    impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementations of the timed matrix (default all)."),
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenarios of the timed matrix (default all)."),
+    seeds: int = typer.Option(2000, "--seeds", min=1, help="Simulator seeds per sample."),
+    engine_mib: int = typer.Option(64, "--engine-mib", min=1, help="MiB per engine throughput sample."),
+    skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines."),
+    out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
+) -> None:
+    """Measure the matrix wall time, per-cell overhead, simulator rate and engine throughput
+    (median and spread of --repeat samples), against the project's goals; write bench.json."""
+    from rich.table import Table
+
+    from harness.bench import GOALS, bench_engines, bench_matrix, bench_simulator, machine
+    from harness.runner import default_jobs
+
+    skip = set(skip or [])
+    unknown = skip - {"matrix", "simulator", "engines"}
+    if unknown:
+        raise _usage_error(f"unknown --skip {', '.join(sorted(unknown))} (known: matrix, simulator, engines)")
+    impls, scenarios = _select(impl, scenario)
+    jobs = jobs or default_jobs()
+    out = _out_dir(out)
+    figures = []
+    _stop_on_signals()
+    try:
+        if "matrix" not in skip:
+            target = _target(None, None)
+            wall, overhead, runs = bench_matrix(impls, scenarios, repeat, jobs, out, target=target,
+                                                on_progress=lambda m: err.print(f"[dim]{m}[/]"))
+            figures += [wall, overhead]
+        if "simulator" not in skip:
+            err.print(f"[dim]simulator: {repeat} x {seeds} seeds[/]")
+            figures.append(bench_simulator(seeds, repeat))
+        if "engines" not in skip:
+            err.print(f"[dim]engines: {repeat} x {engine_mib} MiB raw and instrumented[/]")
+            figures += bench_engines(engine_mib * 2**20, repeat)
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]")
+        raise typer.Exit(code=130)
+    info = machine()
+    table = Table(title=f"pdconform bench: {info['cores']} cores, {info['cpu']}, Python {info['python']}, "
+                        f"jobs {jobs}, {repeat} samples")
+    for column in ("figure", "median", "spread", "goal", ""):
+        table.add_column(column)
+
+    def fmt(value, unit):
+        if value is None:
+            return "-"
+        if unit == "B/s":
+            return f"{value / 2**20:,.1f} MiB/s"
+        if unit == "s":
+            return f"{value:.3f} s"
+        return f"{value:,.1f} {unit}"
+
+    for f in figures:
+        goal = GOALS.get(f.name)
+        mark = {True: "[green]met[/]", False: "[red]NOT met[/]", None: ""}[f.meets_goal()]
+        spread = f"{fmt(f.spread[0], f.unit)} .. {fmt(f.spread[1], f.unit)}" if f.spread else "-"
+        table.add_row(f.name, fmt(f.median, f.unit), spread, f"{goal[0]} {fmt(goal[1], f.unit)}" if goal else "",
+                      mark + (f" {f.note}" if f.note else ""))
+    console.print(table)
+    import json as _json
+
+    (out / "bench.json").write_text(_json.dumps({"machine": info, "jobs": jobs, "repeat": repeat,
+                                                 "figures": [f.to_dict() for f in figures]}, indent=2))
+    console.print(f"bench.json: {out / 'bench.json'}", highlight=False)
+
+
+@app.command()
 def simulate(
     seeds: int = typer.Option(1000, "--seeds", min=1, help="How many consecutive seeds to run."),
     seed: int = typer.Option(0, "--seed", min=0, help="First seed (alone with --seeds 1: replay that seed)."),

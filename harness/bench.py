@@ -1,0 +1,125 @@
+"""``pdconform bench``: how fast the harness is, measured, never asserted in a unit test.
+
+Four figures, each the median and spread of several samples:
+
+- matrix wall time (seconds): the selected matrix, run ``repeat`` times;
+- per-cell overhead (seconds): a cell's wall time minus its scenario's inherent waits
+  (its sleeps and the timeouts it sets, harness.scenario.Scenario.inherent_wait_s),
+  over every cell of every repeat;
+- reference simulator throughput (seeded lifecycle runs per minute);
+- KV bytes per second through each real engine, raw and through the harness's
+  instrumentation, on the same transfer (harness.engine_bench).
+
+:data:`GOALS` are the project's targets (issue "Speed"); the report marks each.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+GOALS = {
+    "matrix_wall_s": ("<=", 60.0),
+    "cell_overhead_s": ("<=", 0.150),
+    "simulator_runs_per_min": (">=", 2000.0),
+    "instrumentation_overhead_pct": ("<=", 5.0),
+}
+
+
+@dataclass
+class Figure:
+    """Samples of one measured quantity and how they compare with a goal."""
+
+    name: str
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        return (min(self.samples), max(self.samples)) if self.samples else None
+
+    def meets_goal(self) -> bool | None:
+        """True/False against GOALS[name]; None when there is no goal or no sample."""
+        goal = GOALS.get(self.name)
+        if goal is None or self.median is None:
+            return None
+        op, bound = goal
+        return self.median <= bound if op == "<=" else self.median >= bound
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "unit": self.unit, "median": self.median, "spread": self.spread,
+                "samples": self.samples, "goal": GOALS.get(self.name), "meets_goal": self.meets_goal(),
+                "note": self.note}
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    import os
+
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_dir: Path, target=None,
+                 on_progress: Callable[[str], None] | None = None) -> tuple[Figure, Figure, list]:
+    """Run the matrix ``repeat`` times; return (wall time figure, per-cell overhead figure, the runs)."""
+    from harness.runner import run_matrix
+
+    wall = Figure("matrix_wall_s", "s")
+    overhead = Figure("cell_overhead_s", "s")
+    runs = []
+    for i in range(repeat):
+        if on_progress:
+            on_progress(f"matrix run {i + 1}/{repeat} ({len(impls) * len(scenarios)} cells, {jobs} at a time)")
+        run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs)
+        runs.append(run)
+        wall.samples.append(run.duration_s)
+        overhead.samples.extend(c.overhead_s for c in run.cells)
+    verdict_sets = {tuple(c.verdict for c in r.cells) for r in runs}
+    if len(verdict_sets) > 1:
+        changed = sorted({f"{a.scenario} x {a.impl}" for r in runs[1:] for a, b in zip(runs[0].cells, r.cells)
+                          if a.verdict != b.verdict})
+        wall.note = f"verdicts differed between repeats: {', '.join(changed)}"
+    return wall, overhead, runs
+
+
+def bench_simulator(seeds: int, repeat: int) -> Figure:
+    """Seeded reference lifecycle runs per minute (backends.reference.simulator), ``repeat`` samples."""
+    from backends.reference.simulator import simulate
+
+    figure = Figure("simulator_runs_per_min", "runs/min")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        bad = sum(not simulate(seed).ok for seed in range(seeds))
+        figure.samples.append(round(seeds / (time.perf_counter() - start) * 60, 1))
+        if bad:
+            figure.note = f"{bad} of {seeds} runs had violations"
+    return figure
+
+
+def bench_engines(total_bytes: int, repeat: int) -> list[Figure]:
+    """KV bytes/s per real engine, raw and instrumented, and the instrumentation's cost in %."""
+    try:
+        from harness.engine_bench import compare
+    except ImportError as exc:
+        return [Figure("instrumentation_overhead_pct", "%", note=f"engine benchmark unavailable: {exc}")]
+    figures = []
+    for engine in ("mooncake", "nixl"):
+        try:
+            result = compare(engine, total_bytes=total_bytes, repeats=repeat)
+        except Exception as exc:  # noqa: BLE001 - reported in the table, the other figures still count
+            figures.append(Figure("instrumentation_overhead_pct", "%", note=f"{engine}: {type(exc).__name__}: {exc}"))
+            continue
+        figures.append(Figure(f"{engine}_raw_bytes_per_s", "B/s", list(result["raw"])))
+        figures.append(Figure(f"{engine}_instrumented_bytes_per_s", "B/s", list(result["instrumented"])))
+        figures.append(Figure("instrumentation_overhead_pct", "%", [result["overhead_pct"]], note=engine))
+    return figures
