@@ -85,15 +85,22 @@ class StartRoles:
     decode_attn_tp: int = 1
 
 
+# Default bound (seconds) of a step that a conforming implementation completes in well
+# under a second (a status change, a room opening): generous for two busy cores with
+# roles forked ready, and the time a broken implementation costs per stuck step.
+STEP_TIMEOUT_S = 6.0
+
+
 @dataclass(frozen=True)
 class OpenRoom:
     """Create the prefill sender, then the decode receiver, for ``room`` (the decode's
-    only, with ``open_sender`` False: a room the prefill never serves)."""
+    only, with ``open_sender`` False: a room the prefill never serves).  ``timeout_s``:
+    see :data:`STEP_TIMEOUT_S`."""
 
     room: int
     prefill: str = "prefill"
     decode: str = "decode"
-    timeout_s: float = 15.0
+    timeout_s: float = STEP_TIMEOUT_S
     open_sender: bool = True
 
 
@@ -159,13 +166,14 @@ class RequestKV:
 class AwaitStatus:
     """Poll ``role``'s room until its KVPoll is in ``statuses`` or ``timeout_s`` passes.
 
-    The history records the last status seen and whether it was reached.
+    The history records the last status seen and whether it was reached.  Default
+    ``timeout_s``: :data:`STEP_TIMEOUT_S`.
     """
 
     room: int
     role: str
     statuses: tuple[int, ...]
-    timeout_s: float = 15.0
+    timeout_s: float = STEP_TIMEOUT_S
 
 
 @dataclass(frozen=True)
