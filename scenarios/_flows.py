@@ -69,8 +69,11 @@ def send_all(p: RoomPlan) -> list:
             *[SendChunk(p.room, chunk, prefill=p.prefill) for chunk in p.chunks]]
 
 
-def await_done(p: RoomPlan) -> list:
-    return [AwaitStatus(p.room, p.prefill, DONE), AwaitStatus(p.room, p.decode, DONE)]
+def await_done(p: RoomPlan, timeout_s: float | None = None) -> list:
+    """Await a terminal status on the prefill, then the decode (``timeout_s``: each;
+    default harness.steps.STEP_TIMEOUT_S)."""
+    bound = {} if timeout_s is None else {"timeout_s": timeout_s}
+    return [AwaitStatus(p.room, p.prefill, DONE, **bound), AwaitStatus(p.room, p.decode, DONE, **bound)]
 
 
 def full_room(p: RoomPlan) -> list:

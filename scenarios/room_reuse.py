@@ -57,7 +57,9 @@ def steps(seed: int):
         AwaitStatus(room, "prefill", (SUCCESS, FAILED), timeout_s=0.0),  # prefill poll 4
         EngineFaults("prefill"),
         *send_all(second),
-        *await_done(second),
+        # lifecycle 1's writes (2 s each, one after another on an engine worker) may still
+        # hold the worker the second lifecycle's writes queue behind: allow them to drain
+        *await_done(second, timeout_s=15.0),
         verify([second], unchecked_kv=first.dst, unchecked_aux=(first.aux_dst,)),
     ]
 
