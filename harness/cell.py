@@ -32,7 +32,7 @@ from harness.results import CellResult
 from harness.scenario import Scenario, get_scenario
 
 CALL_TIMEOUT_S = 30.0
-POLL_INTERVAL_S = 0.02
+POLL_INTERVAL_S = 0.05  # between KVPoll reads of an AwaitStatus (seconds): a 50 ms latency floor, not 20 ms of pickled round trips
 
 
 class CellAborted(Exception):
