@@ -1,12 +1,19 @@
-"""End to end: sglang 0.5.23's real backends in role processes (about 15-20 s per cell).
+"""End to end: sglang 0.5.23's real backends in role processes.
+
+The cells are forked from one fork server for the module (harness.zygote: sglang
+imported once), as `pdconform run` does; the byte-check test starts fresh
+interpreters (`--no-fork`), so both paths stay covered.
 
 Expected bytes for happy-path: 5 pages x 256 B x (3 layers x K,V) + one 64 B aux slot.
 """
+
+import os
 
 import psutil
 import pytest
 
 from harness.runner import run_cell_isolated
+from harness.zygote import Zygote
 from harness.scenario import get_scenario
 from scenarios import happy_path
 
@@ -16,17 +23,31 @@ EXPECTED_BYTES = happy_path.NUM_PAGES * happy_path.LAYOUT.page_bytes * 2 * happy
     + happy_path.LAYOUT.aux_bytes
 
 
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    with Zygote(impls=["reference", "mooncake", "nixl", "mori"], log_dir=tmp_path_factory.mktemp("zygote")) as z:
+        yield z
+
+
 def _leftovers(workdir):
-    """Cell and role processes of this test still running (other runs are not ours)."""
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if any(m in " ".join(p.info["cmdline"] or []) for m in ("harness.role_host", "harness.cell"))
-            and str(workdir) in " ".join(p.info["cmdline"] or [])]
+    """Cell and role processes of this test still running (other runs are not ours): started
+    ones name ``workdir`` on their command line, forked ones write their output there."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "pid"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        try:
+            stdout = os.readlink(f"/proc/{p.info['pid']}/fd/1")
+        except OSError:
+            stdout = ""
+        if "harness." in cmd and (str(workdir) in cmd or stdout.startswith(str(workdir))):
+            found.append(p.pid)
+    return found
 
 
 @pytest.mark.parametrize("impl, engine", [("reference", "reference"), ("mooncake", "real"), ("nixl", "real"),
                                           ("mori", "standin")])
-def test_happy_path(impl, engine, tmp_path):
-    cell = run_cell_isolated(impl, get_scenario("happy-path"), seed=1, workdir=tmp_path)
+def test_happy_path(impl, engine, tmp_path, zygote):
+    cell = run_cell_isolated(impl, get_scenario("happy-path"), seed=1, workdir=tmp_path, zygote=zygote)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert cell.engine == engine
     assert cell.bytes_verified == EXPECTED_BYTES
@@ -47,9 +68,9 @@ SEED_SCENARIOS = ["dead-prefill", "stale-chunk-after-clear", "early-watermark", 
 
 
 @pytest.mark.parametrize("scenario", SEED_SCENARIOS)
-def test_reference_passes_the_seed_scenarios(scenario, tmp_path):
+def test_reference_passes_the_seed_scenarios(scenario, tmp_path, zygote):
     """The oracle conforms to its own spec under every fault the scenarios inject."""
-    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path)
+    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path, zygote=zygote)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert cell.bytes_verified > 0
     assert not _leftovers(tmp_path)
@@ -61,9 +82,9 @@ FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "a
 
 
 @pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
-def test_reference_passes_the_field_scenarios(scenario, tmp_path):
+def test_reference_passes_the_field_scenarios(scenario, tmp_path, zygote):
     """The twelve field scenarios: the oracle PASSes each (timeouts, ABORTs, restarts, residue)."""
-    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path)
+    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path, zygote=zygote)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert all(check["ok"] for check in cell.checks), cell.checks
     assert not _leftovers(tmp_path)
