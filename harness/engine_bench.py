@@ -626,8 +626,9 @@ def measure(engine: str, *, total_bytes: int = DEFAULT_TOTAL_BYTES, block_bytes:
 def compare(engine: str, *, total_bytes: int = DEFAULT_TOTAL_BYTES, block_bytes: int = DEFAULT_BLOCK_BYTES,
             repeats: int = DEFAULT_REPEATS, timeout_s: float = TRANSFER_TIMEOUT_S) -> dict:
     """Raw against instrumented on the same engines, buffers and transfer:
-    ``repeats`` of each, interleaved raw, instrumented, raw, instrumented, ... so
-    that drift (other load, caches) falls on both alike.
+    ``repeats`` of each, interleaved in pairs whose order flips each time (raw,
+    instrumented, instrumented, raw, raw, ...) so that drift (other load, caches)
+    falls on both alike, a steady one included.
 
     Returns a dict: the facts of :func:`measure` (``engine``, ``total_bytes``,
     ``block_bytes``, ``blocks``, ``setup``, ``checksum``, ``warmup_s``), ``repeats``,
@@ -649,9 +650,11 @@ def compare(engine: str, *, total_bytes: int = DEFAULT_TOTAL_BYTES, block_bytes:
     raw_s: list[float] = []
     instr_s: list[float] = []
     with _Session(engine, total_bytes, block_bytes, timeout_s) as session:
-        for _ in range(repeats):
-            raw_s.append(session.run(instrumented=False))
-            instr_s.append(session.run(instrumented=True))
+        for k in range(repeats):
+            # raw, instr | instr, raw | raw, instr ...: a steady drift would always
+            # favour the second of a pair; flipping each pair cancels it
+            for instrumented in ((False, True) if k % 2 == 0 else (True, False)):
+                (instr_s if instrumented else raw_s).append(session.run(instrumented))
         wrapper = session.wrapper_stats()
         cost = session.src.call("wrapper_cost", STARTUP_TIMEOUT_S, calls=WRAPPER_COST_CALLS)
         facts, verified = session.facts(), session.verified_runs

@@ -108,3 +108,39 @@ def test_table_shows_both_rates_and_the_overhead():
               "overhead_pct": 2.0, "paired_overhead_pct": 1.5, "wrapper_cost": {"added_s": 12e-6}}
     table = engine_bench.format_table([result])
     assert "mooncake" in table and "1000" in table and "980" in table and "+2.0" in table
+
+
+def test_compare_interleaves_in_flipped_pairs_and_computes_the_overhead(monkeypatch):
+    order = []
+
+    class FakeSession:
+        verified_runs = 0
+
+        def __init__(self, engine, total_bytes, block_bytes, timeout_s):
+            self.src = _FakeChild({"wrapper_cost": {"raw_s": 1e-6, "wrapped_s": 3e-6, "added_s": 2e-6}})
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, instrumented):
+            order.append("i" if instrumented else "r")
+            self.verified_runs += 1
+            return 0.011 if instrumented else 0.010  # 1 MB in 10 ms raw, 11 ms instrumented
+
+        def wrapper_stats(self):
+            return {"transfers": 2, "groups": 2, "faults_logged": 0}
+
+        def facts(self):
+            return {"engine": "nixl"}
+
+    monkeypatch.setattr(engine_bench, "_Session", FakeSession)
+    result = compare("nixl", total_bytes=1_000_000, block_bytes=1000, repeats=4)
+    assert "".join(order) == "riirriir"
+    assert result["raw"]["median_bytes_per_s"] == pytest.approx(1e8)
+    assert result["overhead_pct"] == pytest.approx(100 / 11)  # 1 - 10/11 of the raw rate
+    assert result["paired_overhead_pct"] == pytest.approx(10.0)
+    assert result["wrapper_cost"]["added_pct"] == pytest.approx(0.02)
+    assert result["verified_runs"] == 8
