@@ -677,11 +677,18 @@ def format_table(results: list[dict]) -> str:
               f"{'overhead %':>10} {'paired %':>8} {'wrapper us':>10}")
     rows = [header, "-" * len(header)]
     for r in results:
-        rows.append(f"{r['engine']:<9} {r['total_bytes'] >> 20:>5}MiB {r['block_bytes'] >> 10:>5}KiB {r['repeats']:>4} "
-                    f"{r['raw']['median_bytes_per_s'] / 1e6:>9.0f} {r['instrumented']['median_bytes_per_s'] / 1e6:>10.0f} "
-                    f"{r['overhead_pct']:>+10.1f} {r['paired_overhead_pct']:>+8.1f} "
+        raw, instr = r["raw"]["median_bytes_per_s"] / 1e6, r["instrumented"]["median_bytes_per_s"] / 1e6
+        rows.append(f"{r['engine']:<9} {_size(r['total_bytes']):>8} {_size(r['block_bytes']):>8} {r['repeats']:>4} "
+                    f"{raw:>9.0f} {instr:>10.0f} {r['overhead_pct']:>+10.1f} {r['paired_overhead_pct']:>+8.1f} "
                     f"{r['wrapper_cost']['added_s'] * 1e6:>10.1f}")
     return "\n".join(rows)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
 
 
 def main(argv: list[str] | None = None) -> int:
