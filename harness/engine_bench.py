@@ -1,0 +1,719 @@
+"""KV bytes per second through the real transfer engines, raw and under the harness's wrappers.
+
+The question this answers: what does the harness's steady-state instrumentation
+(the engine fault wrappers with a plan that injects nothing) cost on the engine's
+data path?  Each engine that runs on a CPU machine is measured on one transfer:
+
+* **Mooncake** (TCP on loopback): sglang's ``MooncakeTransferEngine``
+  (``distributed/device_communicators/mooncake_transfer_engine.py``) and its
+  ``batch_transfer_sync(session_id, src_addrs, dst_addrs, lengths)``, the call every
+  KV write of ``MooncakeKVManager`` ends in;
+* **NIXL** (UCX over TCP on ``lo``): a ``nixl_agent`` configured as
+  ``NixlKVManager`` configures it, driven as its transfer worker drives it:
+  ``get_xfer_descs`` for both sides, ``initialize_xfer("WRITE", ...)``, ``transfer``
+  and then ``check_xfer_state`` until ``"DONE"`` (``time.sleep(0)`` between polls).
+
+**raw** calls the engine object directly; **instrumented** makes the same calls
+through :class:`backends.mooncake.adapter.FaultyMooncakeEngine` /
+:class:`backends.nixl.adapter.FaultyNixlAgent` wrapped around the *same* engine
+object, with an :class:`harness.faults.EngineFaultCounter` whose plan is
+``EngineFaultPlan()`` (injects nothing).
+
+Setup (two processes, like a prefill and a decode)
+    The caller's process only coordinates.  A *source* child (the prefill side)
+    owns the sending engine and a source buffer of ``total_bytes`` random bytes; a
+    *destination* child (the decode side) owns a second engine instance and a
+    destination buffer of ``total_bytes``, both numpy ``uint8`` arrays registered
+    with their engine as host memory.  The transfer writes block ``i`` of the
+    source (``block_bytes`` each) to block ``perm[i]`` of the destination, a fixed
+    seeded permutation: the blocks land scattered like decode pages, and each is
+    an entry of its own (sglang merges only pages contiguous on both sides).  The destination side uses the bare engine
+    (Mooncake's ``TransferEngine`` initialised and registered with the same calls
+    sglang's wrapper makes; NIXL's agent as ``NixlKVManager`` makes it for a
+    decode): it only receives, and sglang's Python code is not on its data path,
+    which spares it sglang's import (seconds of CPU).
+
+Every run is verified
+    Before each timed transfer the destination is zeroed; after it, the
+    destination's CRC-32 must equal the CRC-32 of the expected destination image
+    (computed once by the source), or :class:`EngineBenchError` is raised.  So no
+    figure comes from a transfer that did not move its bytes.  One untimed, verified
+    warm-up transfer comes first (it opens the engines' connections).
+
+What is timed (seconds, ``time.perf_counter``)
+    Mooncake: the ``batch_transfer_sync`` calls that carry the transfer (at most
+    :data:`MOONCAKE_MAX_BATCH_ENTRIES` blocks per call: shared/notes/sglang-on-cpu.md
+    records a batch of 4096 entries failing over TCP with a queue-full error).  NIXL: from
+    ``get_xfer_descs`` to the ``check_xfer_state`` that returns ``"DONE"`` (the
+    per-transfer work ``NixlKVManager`` does; the handle is released after the
+    clock stops).  Rates are ``total_bytes / seconds`` in bytes per second.
+
+Children leave with ``os._exit`` (NIXL 1.5.1's agent segfaults at interpreter
+exit); every wait on a child is bounded and a child that does not answer in time
+is killed.  Errors: :class:`EngineUnavailable` (the engine cannot be imported or
+started here), :class:`EngineBenchError` (anything else: a failed or unverified
+transfer, a child that timed out or died), ``ValueError`` for bad sizes.
+
+``python -m harness.engine_bench [--engine mooncake|nixl] [--total-mib N]
+[--block-kib N] [--repeats N]`` prints a table of :func:`compare` results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zlib
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("mooncake", "nixl")
+DEFAULT_TOTAL_BYTES = 64 << 20  # 64 MiB
+DEFAULT_BLOCK_BYTES = 64 << 10  # 64 KiB: a KV page of a few tokens across heads
+DEFAULT_REPEATS = 5
+#: blocks per Mooncake batch_transfer_sync call (a batch of ~4096 fails over TCP)
+MOONCAKE_MAX_BATCH_ENTRIES = 1024
+#: seconds a child may take to import its engine and register its buffer
+#: (sglang's import alone takes 5-10 s on a loaded 2-core machine)
+STARTUP_TIMEOUT_S = 120.0
+#: seconds one transfer (plus the destination's zeroing and checksum) may take
+TRANSFER_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+#: stub transfers per round when timing the wrapper's own cost (compare's ``wrapper_cost``)
+WRAPPER_COST_CALLS = 1000
+SEED = 20240517
+ROOT = Path(__file__).resolve().parent.parent
+LOOPBACK = "127.0.0.1"
+
+SETUP = {
+    "mooncake": ("two processes: source = sglang MooncakeTransferEngine (TCP, P2PHANDSHAKE) in a child that "
+                 "imported sglang; destination = a second Mooncake TransferEngine (same initialize/register "
+                 "calls, no sglang) in another child; buffers are registered numpy uint8 arrays"),
+    "nixl": ("two processes: source = nixl_agent configured as NixlKVManager's prefill (UCX, 8 threads, "
+             "STRICT sync); destination = nixl_agent as its decode (UCX, 0 threads); UCX_TLS=tcp on lo; "
+             "buffers are numpy uint8 arrays registered as DRAM"),
+}
+
+
+class EngineBenchError(RuntimeError):
+    """A benchmark run failed: a transfer failed or did not deliver the expected bytes,
+    or a child process timed out or died (the message carries its log's tail)."""
+
+
+class EngineUnavailable(EngineBenchError):
+    """The engine cannot be imported or started on this machine."""
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _check_sizes(engine: str, total_bytes: int, block_bytes: int, repeats: int) -> int:
+    """Validate the arguments; return the number of blocks.  ValueError when wrong."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    for name, value in (("total_bytes", total_bytes), ("block_bytes", block_bytes), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if total_bytes % block_bytes:
+        raise ValueError(f"total_bytes ({total_bytes}) must be a multiple of block_bytes ({block_bytes})")
+    return total_bytes // block_bytes
+
+
+def _permutation(blocks: int):
+    """The destination block of each source block: a fixed seeded permutation."""
+    import numpy as np
+
+    return np.random.default_rng(SEED).permutation(blocks)
+
+
+# --------------------------------------------------------------------------- child side
+
+
+class _Side:
+    """One engine instance and its registered buffer, inside a child process."""
+
+    def __init__(self, total_bytes: int, block_bytes: int):
+        import numpy as np
+
+        self.total_bytes, self.block_bytes = total_bytes, block_bytes
+        self.blocks = total_bytes // block_bytes
+        self.buf = np.zeros(total_bytes, dtype=np.uint8)
+        self.addr = int(self.buf.ctypes.data)
+
+    # destination commands
+    def clear(self) -> None:
+        self.buf.fill(0)
+
+    def checksum(self) -> int:
+        return zlib.crc32(self.buf)
+
+
+class _SourceMixin:
+    """Source-side state shared by both engines: random bytes, the expected image."""
+
+    def _fill_source(self) -> dict:
+        import numpy as np
+
+        rng = np.random.default_rng(SEED + 1)
+        self.buf[:] = np.frombuffer(rng.bytes(self.total_bytes), dtype=np.uint8)
+        self.perm = _permutation(self.blocks)
+        expected = np.empty_like(self.buf)
+        expected.reshape(self.blocks, self.block_bytes)[self.perm] = self.buf.reshape(self.blocks, self.block_bytes)
+        return {"expected_crc": zlib.crc32(expected)}
+
+    def _make_wrapper_counter(self):
+        from harness.faults import EngineFaultCounter, EngineFaultPlan
+
+        self.counter = EngineFaultCounter(EngineFaultPlan())
+
+    def wrapper_stats(self) -> dict:
+        return {"transfers": self.counter.transfers, "groups": self.counter.groups,
+                "faults_logged": len(self.counter.snapshot())}
+
+    # the engine calls of one transfer, on ``engine`` (raw, wrapped or a stub)
+    def _drive(self, engine, deadline: float):
+        raise NotImplementedError
+
+    def _after(self, handle) -> None:
+        """Untimed clean-up of one transfer (NIXL: release the handle)."""
+
+    def transfer(self, instrumented: bool, timeout_s: float) -> float:
+        """One transfer through the raw engine or its wrapper; returns its seconds."""
+        engine = self.wrapped if instrumented else self.raw
+        start = time.perf_counter()
+        handle = self._drive(engine, start + timeout_s)
+        seconds = time.perf_counter() - start
+        self._after(handle)
+        return seconds
+
+    def wrapper_cost(self, calls: int) -> dict:
+        """Seconds the wrapper adds to one transfer's engine calls, measured on a stub
+        engine that answers at once (no I/O): the same calls as :meth:`transfer`, raw
+        stub against the wrapper around it, best of 5 rounds of ``calls`` transfers.
+        NIXL: the stub's transfer is done when posted, and one ``check_xfer_state``
+        (the poll that sees ``"DONE"``) is added to both; ``added_s_per_poll`` is what
+        the wrapper adds to each poll (polls before the last overlap the transfer)."""
+        from harness.faults import EngineFaultCounter, EngineFaultPlan
+
+        stub = self._stub()
+        wrapped = type(self.wrapped)(stub, EngineFaultCounter(EngineFaultPlan()))
+
+        def best(engine, step) -> float:
+            rounds = []
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    step(engine)
+                rounds.append((time.perf_counter() - start) / calls)
+            return min(rounds)
+
+        far = time.perf_counter() + 3600
+        raw_s = best(stub, lambda e: self._drive(e, far))
+        wrapped_s = best(wrapped, lambda e: self._drive(e, far))
+        cost = {"raw_s": raw_s, "wrapped_s": wrapped_s}
+        if hasattr(stub, "check_xfer_state"):
+            # the stub's transfer is DONE at once (no poll loop, whose sleep(0) would
+            # drown the difference); a real one ends with the poll that sees DONE
+            handle = object()
+            raw_poll = best(stub, lambda e: e.check_xfer_state(handle))
+            wrapped_poll = best(wrapped, lambda e: e.check_xfer_state(handle))
+            cost["added_s_per_poll"] = wrapped_poll - raw_poll
+            cost["raw_s"] += raw_poll
+            cost["wrapped_s"] += wrapped_poll
+        cost["added_s"] = cost["wrapped_s"] - cost["raw_s"]
+        return cost
+
+
+class _MooncakeDestination(_Side):
+    def __init__(self, total_bytes: int, block_bytes: int):
+        super().__init__(total_bytes, block_bytes)
+        from mooncake.engine import TransferEngine
+
+        self.engine = TransferEngine()
+        protocol = os.environ.get("MOONCAKE_PROTOCOL", "tcp")
+        if self.engine.initialize(LOOPBACK, "P2PHANDSHAKE", protocol, "") != 0:
+            raise RuntimeError("Mooncake TransferEngine.initialize failed")
+        if self.engine.register_memory(self.addr, total_bytes) != 0:
+            raise RuntimeError("Mooncake register_memory failed on the destination")
+
+    def info(self) -> dict:
+        return {"session_id": f"{LOOPBACK}:{self.engine.get_rpc_port()}", "addr": self.addr}
+
+    def close(self) -> None:
+        self.engine.unregister_memory(self.addr)
+
+
+class _MooncakeSource(_Side, _SourceMixin):
+    def __init__(self, total_bytes: int, block_bytes: int):
+        super().__init__(total_bytes, block_bytes)
+        from harness import gpu_import_shims
+
+        gpu_import_shims.install()  # before the first sglang import
+        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import MooncakeTransferEngine
+
+        from backends.mooncake.adapter import FaultyMooncakeEngine
+
+        self.fill = self._fill_source()
+        self.raw = MooncakeTransferEngine(hostname=LOOPBACK, gpu_id=None, ib_device=None)
+        # MooncakeKVManager.register_buffer_to_engine registers its pools this way
+        if self.raw.batch_register([self.addr], [total_bytes]) != 0:
+            raise RuntimeError("Mooncake batch_register failed on the source")
+        self._make_wrapper_counter()
+        self.wrapped = FaultyMooncakeEngine(self.raw, self.counter)
+
+    def connect(self, peer: dict) -> None:
+        self.session_id = peer["session_id"]
+        bb = self.block_bytes
+        src = [self.addr + i * bb for i in range(self.blocks)]
+        dst = [peer["addr"] + int(j) * bb for j in self.perm]
+        step = MOONCAKE_MAX_BATCH_ENTRIES
+        # (src_addrs, dst_addrs, lengths) per call, built once: not timed
+        self.batches = [(src[k:k + step], dst[k:k + step], [bb] * len(src[k:k + step]))
+                        for k in range(0, self.blocks, step)]
+
+    def _drive(self, engine, deadline: float) -> None:
+        # synchronous: bounded by Mooncake's own MC_TRANSFER_TIMEOUT (set by the parent)
+        session = self.session_id
+        for src, dst, lengths in self.batches:
+            ret = engine.batch_transfer_sync(session, src, dst, lengths)
+            if ret != 0:
+                raise RuntimeError(f"batch_transfer_sync of {len(src)} blocks returned {ret}")
+
+    @staticmethod
+    def _stub():
+        class StubMooncake:
+            def batch_transfer_sync(self, session_id, buffers, peer_buffer_addresses, lengths) -> int:
+                return 0
+
+        return StubMooncake()
+
+    def close(self) -> None:
+        self.raw.batch_deregister([self.addr])
+
+
+def _nixl_agent(prefill: bool):
+    """A nixl_agent configured as NixlKVManager configures its own: no backends in the
+    config, STRICT thread sync, 8 worker threads on a prefill (0 on a decode), then
+    ``create_backend("UCX", {"num_threads": "8"})`` (``{}`` on a decode)."""
+    import uuid
+
+    from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+    threads = 8 if prefill else 0
+    agent = nixl_agent(str(uuid.uuid4()), nixl_agent_config(
+        backends=[], num_threads=threads, sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT))
+    agent.create_backend("UCX", {"num_threads": str(threads)} if threads else {})
+    return agent
+
+
+class _NixlDestination(_Side):
+    def __init__(self, total_bytes: int, block_bytes: int):
+        super().__init__(total_bytes, block_bytes)
+        self.agent = _nixl_agent(prefill=False)
+        self.descs = self.agent.register_memory([(self.addr, total_bytes, 0, "")], "DRAM")
+        if not self.descs:
+            raise RuntimeError("NIXL register_memory failed on the destination")
+
+    def info(self) -> dict:
+        return {"metadata": self.agent.get_agent_metadata(), "addr": self.addr}
+
+    def close(self) -> None:
+        self.agent.deregister_memory(self.descs)
+
+
+class _NixlSource(_Side, _SourceMixin):
+    def __init__(self, total_bytes: int, block_bytes: int):
+        super().__init__(total_bytes, block_bytes)
+        from backends.nixl.adapter import FaultyNixlAgent
+
+        self.fill = self._fill_source()
+        self.raw = _nixl_agent(prefill=True)
+        self.descs = self.raw.register_memory([(self.addr, total_bytes, 0, "")], "DRAM")
+        if not self.descs:
+            raise RuntimeError("NIXL register_memory failed on the source")
+        self._make_wrapper_counter()
+        self.wrapped = FaultyNixlAgent(self.raw, self.counter)
+
+    def connect(self, peer: dict) -> None:
+        import numpy as np
+
+        self.peer_name = self.raw.add_remote_agent(peer["metadata"])
+        bb = self.block_bytes
+
+        def reqs(base: int, index) -> Any:  # rows of (addr, len, device id), as sglang builds them
+            index = np.asarray(index, dtype=np.uint64)
+            return np.column_stack((base + index * bb, np.full_like(index, bb), np.zeros_like(index)))
+
+        self.src_reqs = reqs(self.addr, np.arange(self.blocks))
+        self.dst_reqs = reqs(peer["addr"], self.perm)
+
+    def _drive(self, agent, deadline: float):
+        src = agent.get_xfer_descs(self.src_reqs, "DRAM")
+        dst = agent.get_xfer_descs(self.dst_reqs, "DRAM")
+        handle = agent.initialize_xfer("WRITE", src, dst, self.peer_name)
+        if not handle:
+            raise RuntimeError("initialize_xfer returned no handle")
+        state = agent.transfer(handle)
+        while state != "DONE":
+            if state == "ERR":
+                raise RuntimeError("NIXL transfer reported ERR")
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"NIXL transfer not DONE within its time limit (state {state})")
+            time.sleep(0)
+            state = agent.check_xfer_state(handle)
+        return handle
+
+    def _after(self, handle) -> None:
+        self.raw.release_xfer_handle(handle)
+
+    @staticmethod
+    def _stub():
+        class StubNixlAgent:  # every transfer completes as it is posted
+            def get_xfer_descs(self, descs, mem_type="DRAM"):
+                return descs
+
+            def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent):
+                return True
+
+            def transfer(self, handle):
+                return "DONE"
+
+            def check_xfer_state(self, handle):
+                return "DONE"
+
+        return StubNixlAgent()
+
+    def close(self) -> None:
+        self.raw.deregister_memory(self.descs)
+
+
+_SIDES = {("mooncake", "source"): _MooncakeSource, ("mooncake", "destination"): _MooncakeDestination,
+          ("nixl", "source"): _NixlSource, ("nixl", "destination"): _NixlDestination}
+
+
+def _child_main(engine: str, role: str, fd: int) -> None:
+    """Serve one side over the connection on ``fd`` until ``stop`` or EOF; never returns
+    (``os._exit``).  Requests are ``(command, kwargs)``; replies ``("ok", value)`` or
+    ``("error" | "unavailable", text)``."""
+    conn = Connection(fd)
+    side = None
+    code = 0
+    try:
+        from harness import role_context
+
+        role_context.apply_role_env()
+        while True:
+            try:
+                command, kwargs = conn.recv()
+            except (EOFError, OSError):
+                code = 1  # the parent went away
+                break
+            try:
+                if command == "init":
+                    try:
+                        side = _SIDES[(engine, role)](**kwargs)
+                    except ImportError as exc:
+                        conn.send(("unavailable", f"{type(exc).__name__}: {exc}"))
+                        continue
+                    reply = dict(getattr(side, "fill", {}))
+                    if role == "destination":
+                        reply.update(side.info())
+                    conn.send(("ok", reply))
+                elif command == "stop":
+                    if side is not None:
+                        side.close()
+                    conn.send(("ok", None))
+                    break
+                else:
+                    conn.send(("ok", getattr(side, command)(**kwargs)))
+            except Exception:  # noqa: BLE001 - reported to the parent, which raises
+                conn.send(("error", traceback.format_exc(limit=6)))
+    finally:
+        try:
+            conn.close()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+class _Child:
+    """A child process serving one side; its stdout and stderr go to a temporary log."""
+
+    def __init__(self, engine: str, role: str):
+        self.engine, self.role = engine, role
+        self.log = tempfile.TemporaryFile(mode="w+b")
+        parent_sock, child_sock = socket.socketpair()
+        code = ("import sys; from harness.engine_bench import _child_main; "
+                "_child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
+        env = dict(os.environ)
+        env.setdefault("MC_TRANSFER_TIMEOUT", str(int(TRANSFER_TIMEOUT_S)))
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code, engine, role, str(child_sock.fileno())],
+                cwd=str(ROOT), env=env, pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
+                stdout=self.log, stderr=subprocess.STDOUT)
+        except BaseException:
+            parent_sock.close()
+            self.log.close()
+            raise
+        finally:
+            child_sock.close()
+        self.conn = Connection(parent_sock.detach())
+
+    def send(self, command: str, **kwargs) -> None:
+        try:
+            self.conn.send((command, kwargs))
+        except OSError as exc:
+            raise EngineBenchError(f"{self.engine} {self.role} child is gone ({exc}){self.tail()}") from None
+
+    def reply(self, what: str, timeout_s: float) -> Any:
+        """The answer to the last request; EngineBenchError after ``timeout_s`` seconds
+        or when the child died, EngineUnavailable when its engine cannot load."""
+        try:
+            ready = self.conn.poll(timeout_s)
+            status, value = self.conn.recv() if ready else (None, None)
+        except (EOFError, OSError):
+            status, value = "died", None
+        if status == "ok":
+            return value
+        if status is None:
+            self.kill()
+            raise EngineBenchError(f"{self.engine} {self.role}: {what} gave no answer within {timeout_s:.0f} s"
+                                   f"{self.tail()}")
+        if status == "unavailable":
+            raise EngineUnavailable(f"{self.engine} cannot load here: {value}")
+        if status == "died":
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+            raise EngineBenchError(f"{self.engine} {self.role} child died during {what} "
+                                   f"(exit {self.proc.returncode}){self.tail()}")
+        raise EngineBenchError(f"{self.engine} {self.role}: {what} failed:\n{value}")
+
+    def call(self, command: str, wait_s: float, **kwargs) -> Any:
+        """Send ``command`` and return its answer, waiting at most ``wait_s`` seconds."""
+        self.send(command, **kwargs)
+        return self.reply(command, wait_s)
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            self.log.seek(0)
+            text = self.log.read().decode(errors="replace").splitlines()[-lines:]
+        except (OSError, ValueError):
+            return ""
+        return ("\n--- child log (tail) ---\n" + "\n".join(text)) if text else ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        """Ask the child to deregister and leave; kill it when it does not within
+        :data:`STOP_TIMEOUT_S` seconds."""
+        if self.proc.poll() is None:
+            try:
+                self.conn.send(("stop", {}))
+                if self.conn.poll(STOP_TIMEOUT_S):
+                    self.conn.recv()
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except (OSError, EOFError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.conn.close()
+        self.log.close()
+
+
+class _Session:
+    """Both sides of one engine, connected and warmed up (one verified transfer)."""
+
+    def __init__(self, engine: str, total_bytes: int, block_bytes: int, timeout_s: float):
+        self.engine, self.total_bytes, self.block_bytes = engine, total_bytes, block_bytes
+        self.timeout_s = timeout_s
+        self.children: list[_Child] = []
+        try:
+            self.dst = _Child(engine, "destination")
+            self.children.append(self.dst)
+            self.src = _Child(engine, "source")
+            self.children.append(self.src)
+            for child in self.children:  # both import and register at the same time
+                child.send("init", total_bytes=total_bytes, block_bytes=block_bytes)
+            peer = self.dst.reply("init", STARTUP_TIMEOUT_S)
+            self.expected_crc = self.src.reply("init", STARTUP_TIMEOUT_S)["expected_crc"]
+            self.src.call("connect", timeout_s, peer=peer)
+            self.verified_runs = 0
+            self.warmup_s = self.run(instrumented=False)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, instrumented: bool) -> float:
+        """One verified transfer; returns its seconds."""
+        self.dst.call("clear", self.timeout_s)
+        seconds = self.src.call("transfer", self.timeout_s + 5, instrumented=instrumented, timeout_s=self.timeout_s)
+        crc = self.dst.call("checksum", self.timeout_s)
+        if crc != self.expected_crc:
+            raise EngineBenchError(f"{self.engine}: destination CRC-32 {crc:08x} after a "
+                                   f"{'instrumented' if instrumented else 'raw'} transfer, expected "
+                                   f"{self.expected_crc:08x}: the bytes did not all arrive")
+        self.verified_runs += 1
+        return seconds
+
+    def wrapper_stats(self) -> dict:
+        return self.src.call("wrapper_stats", self.timeout_s)
+
+    def facts(self) -> dict:
+        return {"engine": self.engine, "total_bytes": self.total_bytes, "block_bytes": self.block_bytes,
+                "blocks": self.total_bytes // self.block_bytes, "setup": SETUP[self.engine],
+                "checksum": f"crc32:{self.expected_crc:08x}", "warmup_s": self.warmup_s}
+
+    def close(self) -> None:
+        for child in reversed(self.children):
+            child.close()
+        self.children = []
+
+    def __enter__(self) -> "_Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _samples(total_bytes: int, seconds: list[float]) -> dict:
+    rates = [total_bytes / s for s in seconds]
+    return {"seconds": seconds, "bytes_per_s": rates, "median_bytes_per_s": statistics.median(rates)}
+
+
+def measure(engine: str, *, total_bytes: int = DEFAULT_TOTAL_BYTES, block_bytes: int = DEFAULT_BLOCK_BYTES,
+            repeats: int = DEFAULT_REPEATS, instrumented: bool, timeout_s: float = TRANSFER_TIMEOUT_S) -> dict:
+    """Time ``repeats`` verified transfers of ``total_bytes`` bytes in blocks of
+    ``block_bytes`` bytes through ``engine`` (``"mooncake"`` or ``"nixl"``), raw or
+    through the harness's wrapper (``instrumented``), after one untimed warm-up.
+
+    Returns a dict: ``engine``, ``mode`` (``"raw"``/``"instrumented"``),
+    ``total_bytes``, ``block_bytes``, ``blocks``, ``repeats``, ``seconds`` (one per
+    repeat), ``bytes_per_s`` (one per repeat), ``median_bytes_per_s``,
+    ``verified_runs`` (transfers whose destination CRC-32 matched, warm-up
+    included), ``checksum``, ``setup``, ``warmup_s`` and, when instrumented,
+    ``wrapper`` (the counter's ``transfers``, ``groups``, ``faults_logged``).
+
+    ``timeout_s`` bounds each transfer (seconds).  Raises ValueError for bad sizes,
+    EngineUnavailable when the engine cannot load here, EngineBenchError when a
+    transfer fails, is not verified, or a child does not answer in time.
+    """
+    _check_sizes(engine, total_bytes, block_bytes, repeats)
+    with _Session(engine, total_bytes, block_bytes, timeout_s) as session:
+        seconds = [session.run(instrumented) for _ in range(repeats)]
+        result = {**session.facts(), "mode": "instrumented" if instrumented else "raw", "repeats": repeats,
+                  **_samples(total_bytes, seconds), "verified_runs": session.verified_runs}
+        if instrumented:
+            result["wrapper"] = session.wrapper_stats()
+    return result
+
+
+def compare(engine: str, *, total_bytes: int = DEFAULT_TOTAL_BYTES, block_bytes: int = DEFAULT_BLOCK_BYTES,
+            repeats: int = DEFAULT_REPEATS, timeout_s: float = TRANSFER_TIMEOUT_S) -> dict:
+    """Raw against instrumented on the same engines, buffers and transfer:
+    ``repeats`` of each, interleaved in pairs whose order flips each time (raw,
+    instrumented, instrumented, raw, raw, ...) so that drift (other load, caches)
+    falls on both alike, a steady one included.
+
+    Returns a dict: the facts of :func:`measure` (``engine``, ``total_bytes``,
+    ``block_bytes``, ``blocks``, ``setup``, ``checksum``, ``warmup_s``), ``repeats``,
+    ``raw`` and ``instrumented`` (each ``seconds``, ``bytes_per_s``,
+    ``median_bytes_per_s``), ``overhead_pct`` (how much lower the instrumented median
+    rate is than the raw one, in percent of the raw median; negative when it is
+    higher), ``paired_overhead_pct`` (the median over the pairs of
+    ``instrumented_s / raw_s - 1``, in percent), ``verified_runs``, ``wrapper`` (the
+    counter's ``transfers``, ``groups``, ``faults_logged``) and ``wrapper_cost``: the
+    seconds the wrapper adds to one transfer's engine calls, timed on a stub engine
+    in the source process (``raw_s``, ``wrapped_s``, ``added_s``; ``added_pct``:
+    ``added_s`` in percent of the raw median transfer time; NIXL also
+    ``added_s_per_poll`` for one ``check_xfer_state``).  On a shared machine the
+    measured overheads carry the run-to-run noise of the transfers (several percent);
+    ``wrapper_cost`` is the noise-free estimate of what the wrapper itself costs.
+    Errors as :func:`measure`.
+    """
+    _check_sizes(engine, total_bytes, block_bytes, repeats)
+    raw_s: list[float] = []
+    instr_s: list[float] = []
+    with _Session(engine, total_bytes, block_bytes, timeout_s) as session:
+        for k in range(repeats):
+            # raw, instr | instr, raw | raw, instr ...: a steady drift would always
+            # favour the second of a pair; flipping each pair cancels it
+            for instrumented in ((False, True) if k % 2 == 0 else (True, False)):
+                (instr_s if instrumented else raw_s).append(session.run(instrumented))
+        wrapper = session.wrapper_stats()
+        cost = session.src.call("wrapper_cost", STARTUP_TIMEOUT_S, calls=WRAPPER_COST_CALLS)
+        facts, verified = session.facts(), session.verified_runs
+    raw, instr = _samples(total_bytes, raw_s), _samples(total_bytes, instr_s)
+    overhead = (raw["median_bytes_per_s"] - instr["median_bytes_per_s"]) / raw["median_bytes_per_s"] * 100
+    paired = statistics.median((i / r - 1) * 100 for r, i in zip(raw_s, instr_s))
+    cost["added_pct"] = cost["added_s"] / statistics.median(raw_s) * 100
+    return {**facts, "repeats": repeats, "raw": raw, "instrumented": instr, "overhead_pct": overhead,
+            "paired_overhead_pct": paired, "verified_runs": verified, "wrapper": wrapper, "wrapper_cost": cost}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def format_table(results: list[dict]) -> str:
+    """A small text table of :func:`compare` results: median rates (MB = 10**6 bytes),
+    the overhead from the medians, the paired overhead, and the wrapper's own cost per
+    transfer (microseconds, timed on a stub engine)."""
+    header = (f"{'engine':<9} {'total':>8} {'block':>8} {'reps':>4} {'raw MB/s':>9} {'instr MB/s':>10} "
+              f"{'overhead %':>10} {'paired %':>8} {'wrapper us':>10}")
+    rows = [header, "-" * len(header)]
+    for r in results:
+        raw, instr = r["raw"]["median_bytes_per_s"] / 1e6, r["instrumented"]["median_bytes_per_s"] / 1e6
+        rows.append(f"{r['engine']:<9} {_size(r['total_bytes']):>8} {_size(r['block_bytes']):>8} {r['repeats']:>4} "
+                    f"{raw:>9.0f} {instr:>10.0f} {r['overhead_pct']:>+10.1f} {r['paired_overhead_pct']:>+8.1f} "
+                    f"{r['wrapper_cost']['added_s'] * 1e6:>10.1f}")
+    return "\n".join(rows)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.engine_bench",
+                                     description="KV bytes/s through the real engines, raw vs the harness's wrappers")
+    parser.add_argument("--engine", choices=ENGINES, action="append",
+                        help="engine to measure (repeatable; default: all)")
+    parser.add_argument("--total-mib", type=int, default=DEFAULT_TOTAL_BYTES >> 20, help="bytes per transfer, MiB")
+    parser.add_argument("--block-kib", type=int, default=DEFAULT_BLOCK_BYTES >> 10, help="block (page) size, KiB")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timed transfers per mode")
+    args = parser.parse_args(argv)
+    results, code = [], 0
+    for engine in args.engine or ENGINES:
+        try:
+            results.append(compare(engine, total_bytes=args.total_mib << 20, block_bytes=args.block_kib << 10,
+                                   repeats=args.repeats))
+        except EngineUnavailable as exc:
+            print(f"{engine}: skipped: {exc}", file=sys.stderr)
+        except (EngineBenchError, ValueError) as exc:
+            print(f"{engine}: failed: {exc}", file=sys.stderr)
+            code = 1
+    if results:
+        print(format_table(results))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
