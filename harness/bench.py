@@ -80,7 +80,8 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
     for i in range(repeat):
         if on_progress:
             on_progress(f"matrix run {i + 1}/{repeat} ({len(impls) * len(scenarios)} cells, {jobs} at a time)")
-        run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs)
+        hint = {(c.scenario, c.impl): c.duration_s for c in runs[-1].cells} if runs else None
+        run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs, duration_hint=hint)
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)

@@ -173,6 +173,13 @@ def run(
                   f"this run uses {target.info.version}")
 
     results_path = out / "results.json"
+    hint = None
+    try:  # an earlier run's cell durations: the longest cells start first
+        from harness.results import load_run
+
+        hint = {(c.scenario, c.impl): c.duration_s for c in load_run(results_path).cells}
+    except (OSError, ValueError):
+        pass
     # An interrupted run must not leave an old verdict behind, nor cells or reports of another run.
     for name in ("results.json", "junit.xml", "summary.md", "index.html"):
         (out / name).unlink(missing_ok=True)
@@ -193,7 +200,8 @@ def run(
 
         try:
             result = run_matrix(impls, scenarios, seed, out, on_cell=on_cell, on_start=on_start, target=target,
-                                jobs=jobs, fork=fork, on_note=lambda note: err.print(f"[yellow]note:[/] {note}"))
+                                jobs=jobs, fork=fork, on_note=lambda note: err.print(f"[yellow]note:[/] {note}"),
+                                duration_hint=hint)
         except KeyboardInterrupt:
             progress.stop()
             err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")

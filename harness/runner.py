@@ -223,7 +223,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                on_start: Callable[[int, int, str, Scenario], None] | None = None,
                diff: bool = True, target: SglangTarget | None = None,
                on_event: Callable[[dict], None] | None = None, jobs: int = 1, fork: bool = True,
-               on_note: Callable[[str], None] | None = None) -> RunResult:
+               on_note: Callable[[str], None] | None = None,
+               duration_hint: dict[tuple[str, str], float] | None = None) -> RunResult:
     """Run every (scenario, impl) cell, ``jobs`` at a time; return the run's result tree.
 
     Cells are reported in (scenario, impl) order whatever ``jobs`` is.
@@ -236,7 +237,9 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     ``on_event``: each history event of the reported cells as it is recorded (use with
     ``jobs=1``).  ``fork``: start cells and roles from a harness.zygote fork server
     (sglang imported once per run); if it cannot start, fresh interpreters are used and
-    ``on_note`` says why.
+    ``on_note`` says why.  With ``jobs`` > 1 the longest cells start first (seconds per
+    (scenario, impl) from ``duration_hint``, e.g. an earlier run; else the scenario's
+    deadline), which shortens the run's tail; the reported order does not change.
     """
     target = target or installed_target()
     started = time.monotonic()
@@ -285,8 +288,12 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         if jobs <= 1:
             results = [work(task) for task in tasks]
         else:
+            hint = duration_hint or {}
+            order = sorted(range(len(tasks)), key=lambda i: -hint.get((tasks[i][0].id, tasks[i][1]),
+                                                                     tasks[i][0].timeout_s))
             with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pdconform-cell") as pool:
-                results = list(pool.map(work, tasks))
+                futures = {i: pool.submit(work, tasks[i]) for i in order}
+                results = [futures[i].result() for i in range(len(tasks))]
     finally:
         if zygote is not None:
             zygote.close()
