@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from harness.implementations import IMPLEMENTATIONS
 
@@ -30,7 +31,7 @@ DEFAULT_OUT = Path("reports/out/latest")
 
 
 def _usage_error(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code=2)
 
 
@@ -101,19 +102,29 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]]):
     return impls, [known[s] for s in wanted]
 
 
+REPORT_FILES = ("results.json", "junit.xml", "summary.md", "index.html")
+
+
 def _out_dir(out: Path) -> Path:
-    if not str(out).strip() or str(out) == ".":
-        raise _usage_error("--out needs a directory path (got an empty one)")
-    out = out.expanduser().resolve()  # cells run with the repository as working directory
-    if out.exists() and not out.is_dir():
-        raise _usage_error(f"--out {out} is a file, not a directory")
+    """Check --out and create it; every problem is a usage error (exit 2)."""
+    if str(out).strip() in ("", "."):  # typer turns an empty --out into "."
+        raise _usage_error("--out needs a directory path (got an empty one, or the current directory)")
     try:
+        out = out.expanduser().resolve()  # cells run with the repository as working directory
+        if out.exists() and not out.is_dir():
+            raise _usage_error(f"--out {out} is a file, not a directory")
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
         probe.write_text("")
         probe.unlink()
-    except OSError as exc:
-        raise _usage_error(f"cannot write to --out {out}: {exc.strerror or exc}")
+        for name in REPORT_FILES:
+            if (out / name).is_dir():
+                raise _usage_error(f"--out {out}: {name} there is a directory")
+        for name in ("cells", "reference-for-diff"):
+            if (out / name).exists() and not (out / name).is_dir():
+                raise _usage_error(f"--out {out}: {name} there is not a directory")
+    except (OSError, RuntimeError) as exc:  # symlink loops, unknown ~user, names too long, no permission
+        raise _usage_error(f"cannot use --out {out}: {getattr(exc, 'strerror', None) or exc}")
     return out
 
 
@@ -181,7 +192,7 @@ def run(
     except (OSError, ValueError):
         pass
     # An interrupted run must not leave an old verdict behind, nor cells or reports of another run.
-    for name in ("results.json", "junit.xml", "summary.md", "index.html"):
+    for name in REPORT_FILES:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "cells", ignore_errors=True)
     shutil.rmtree(out / "reference-for-diff", ignore_errors=True)
@@ -243,10 +254,15 @@ def repro(
     from harness.results import dump_run
     from harness.runner import run_matrix
 
+    from harness.scenario import all_scenarios
+
+    if scenario not in {s.id for s in all_scenarios()}:
+        raise _usage_error(f"unknown scenario {scenario} (see `pdconform list`)")
     impls, scenarios = _select([impl], [scenario])
     sc = scenarios[0]
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)
+    (out / "results.json").unlink(missing_ok=True)  # an interrupted repro must not leave an older verdict
     console.print(f"[bold]{sc.id}[/] x [bold]{impl}[/], seed {seed}, sglang {target.info.version} "
                   f"({target.info.source}: {target.info.path})", highlight=False)
     console.print(f"{sc.title}  [dim]{', '.join(sc.requirements)}[/]")

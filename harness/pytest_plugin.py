@@ -5,7 +5,7 @@
     pytest --scenario room-reuse --expectations expectations/sglang-0.5.23.toml
 
 With ``--impl`` or ``--scenario`` only the cell tests run (``tests/test_cells.py``,
-one per (scenario, impl), id ``SCENARIO[IMPL]``); without them the cell tests are
+one per (scenario, impl), id ``test_cell[SCENARIO-IMPL]``); without them the cell tests are
 deselected and the ordinary suite runs.  A cell passes when its verdict is the
 expected one (PASS, or the expectations file's); a non-PASS verdict that is expected
 is reported as xfail with the expectation's reason.  Each cell's logs and history go

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from rich.table import Table
 from rich.text import Text
 
@@ -33,7 +36,7 @@ def matrix_table(run: RunResult) -> Table:
     impls = list(dict.fromkeys(c.impl for c in run.cells))
     scenarios = list(dict.fromkeys(c.scenario for c in run.cells))
     by_key = {(c.scenario, c.impl): c for c in run.cells}
-    table = Table(title=f"pdconform: sglang {run.sglang.version}, seed {run.seed}, {run.duration_s:.1f} s",
+    table = Table(title=Text(f"pdconform: sglang {run.sglang.version}, seed {run.seed}, {run.duration_s:.1f} s"),
                   show_lines=True)
     table.add_column("scenario", style="bold")
     for impl in impls:
@@ -51,7 +54,8 @@ def reproduce_command(run: RunResult, cell: CellResult) -> str:
     """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed."""
     target = ""
     if run.sglang.source == "src" and run.sglang.path:
-        target = f" --sglang-src {run.sglang.path}"
+        # the folder that holds the sglang package: --sglang-src accepts it like the checkout
+        target = f" --sglang-src {shlex.quote(str(Path(run.sglang.path).parent))}"
     elif run.sglang.source == "venv" and run.sglang.version:
         target = f" --sglang {run.sglang.version}"
     return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"

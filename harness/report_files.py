@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
@@ -28,6 +29,15 @@ from harness.results import VERDICTS, CellResult, RunResult
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
 SUMMARY_LIMIT = 60_000
 MARK = {"PASS": "✅", "WARN": "⚠️", "UNSUPPORTED": "➖", "FAIL": "❌", "ERROR": "💥"}
+
+
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """``text`` without the characters XML 1.0 cannot carry (terminal escapes, NULs from
+    role logs end up in reasons); each becomes ``?``."""
+    return _XML_INVALID.sub("?", text)
 
 
 def failure_text(cell: CellResult) -> str:
@@ -82,6 +92,13 @@ def junit_xml(run: RunResult) -> JUnitXml:
             case.result = [result]
         case.system_out = "\n".join(out)
         suite.add_testcase(case)
+    for case in suite:
+        for result in case.result:
+            if result.message:
+                result.message = xml_safe(result.message)
+            if result.text:
+                result.text = xml_safe(result.text)
+        case.system_out = xml_safe(case.system_out or "")
     xml = JUnitXml()
     xml.add_testsuite(suite)
     return xml
@@ -151,6 +168,8 @@ def summary_markdown(run: RunResult) -> str:
     text = "\n".join(lines) + "\n"
     if len(text) > SUMMARY_LIMIT:
         cut = text[:SUMMARY_LIMIT].rsplit("\n", 1)[0]
+        if cut.count("<details>") > cut.count("</details>"):
+            cut += "\n\n</details>"
         text = cut + "\n\n… (truncated: the full list is in results.json and index.html)\n"
     return text
 

@@ -63,7 +63,7 @@ def _label(run: RunResult) -> str:
 
 def changes_table(run_a: RunResult, run_b: RunResult, changes: list[CellChange]) -> Table:
     """The changes as a rich table (A's and B's sglang in the title)."""
-    table = Table(title=f"{len(changes)} cell(s) changed: A = {_label(run_a)}, B = {_label(run_b)}")
+    table = Table(title=Text(f"{len(changes)} cell(s) changed: A = {_label(run_a)}, B = {_label(run_b)}"))
     for column in ("scenario", "impl", "A", "B", "", "B's reason"):
         table.add_column(column)
     for c in changes:

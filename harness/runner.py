@@ -62,13 +62,17 @@ def free_port_block(size: int = PORT_BLOCK, rng: random.Random | None = None) ->
     raise RuntimeError("no block of free loopback ports found")
 
 
-def _killpg(process: subprocess.Popen) -> None:
+def _killpg(process) -> None:
+    """Kill the process group led by ``process`` (a Popen or a zygote's ForkedProcess); wait at most 10 s."""
     try:
         os.killpg(process.pid, signal.SIGCONT)
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    process.wait()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _last_step(workdir: Path) -> str:
@@ -81,6 +85,22 @@ def _last_step(workdir: Path) -> str:
     if last["op"] == "step":
         return step
     return f"{step}, last event: {last['op']} on {last.get('role')} ({last['type']})"
+
+
+_RUNNING: set = set()  # cell processes running now (Popen or ForkedProcess), for kill_running_cells
+_RUNNING_LOCK = threading.Lock()
+
+
+def kill_running_cells() -> None:
+    """SIGKILL the process group of every cell running now (an interrupted run)."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for process in running:
+        try:
+            os.killpg(process.pid, signal.SIGCONT)
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class _HistoryFollower:
@@ -127,11 +147,19 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     cmd = [target.python, "-m", "harness.cell", *args]
     start = time.monotonic()
     with open(workdir / "cell.log", "wb") as log:
+        process = None
         if zygote is not None:
-            process = zygote.client.fork("cell", args, workdir / "cell.log", env={ZYGOTE_ENV: zygote.socket_path})
-        else:
+            try:
+                process = zygote.client.fork("cell", args, workdir / "cell.log",
+                                             env={ZYGOTE_ENV: zygote.socket_path})
+            except ZygoteError as exc:  # the fork server is gone: this cell starts a fresh interpreter
+                log.write(f"pdconform: fork server unusable ({exc}); fresh interpreter\n".encode())
+                log.flush()
+        if process is None:
             process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                        process_group=0, env=target.cell_env(), cwd=str(ROOT))
+        with _RUNNING_LOCK:
+            _RUNNING.add(process)
         follower = _HistoryFollower(workdir / "history.jsonl", on_event) if on_event else None
         try:
             if follower is None:
@@ -154,6 +182,8 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
             )
         finally:
             # the cell's roles are in its process group: none may outlive it
+            with _RUNNING_LOCK:
+                _RUNNING.discard(process)
             try:
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -176,10 +206,10 @@ class PortBlocks:
 
     LOW, HIGH = 20000, 32000
 
-    def __init__(self, seed: int = 0):
+    def __init__(self):
         self._lock = threading.Lock()
         self._in_use: set[int] = set()
-        self._rng = random.Random(seed)
+        self._rng = random.Random()  # not the run's seed: two runs at once must not draw the same blocks
 
     def acquire(self) -> int:
         with self._lock:
@@ -251,7 +281,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         hidden = [(scenario, REFERENCE) for scenario in scenarios if not scenario.test_only]
     tasks = [(sc, impl, out_dir / "cells" / f"{sc.id}--{impl}", True) for sc, impl in cells]
     tasks += [(sc, impl, out_dir / "reference-for-diff" / sc.id, False) for sc, impl in hidden]
-    ports = PortBlocks(seed)
+    ports = PortBlocks()
     lock = threading.Lock()
     counters = {"started": 0, "done": 0}
 
@@ -265,8 +295,12 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
             if on_note:
                 on_note(f"cells start as fresh interpreters: {exc}")
 
+    stopping = threading.Event()
+
     def work(task) -> CellResult:
         scenario, impl, workdir, reported = task
+        if stopping.is_set():
+            return CellResult(impl=impl, scenario=scenario.id, verdict="ERROR", reason="run interrupted")
         if reported and on_start:
             with lock:
                 counters["started"] += 1
@@ -291,9 +325,20 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
             hint = duration_hint or {}
             order = sorted(range(len(tasks)), key=lambda i: -hint.get((tasks[i][0].id, tasks[i][1]),
                                                                      tasks[i][0].timeout_s))
-            with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pdconform-cell") as pool:
+            pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pdconform-cell")
+            try:
                 futures = {i: pool.submit(work, tasks[i]) for i in order}
                 results = [futures[i].result() for i in range(len(tasks))]
+            except BaseException:  # an interrupt: stop every running cell now, start no other
+                stopping.set()
+                kill_running_cells()
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        stopping.set()
+        kill_running_cells()
+        raise
     finally:
         if zygote is not None:
             zygote.close()

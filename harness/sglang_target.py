@@ -121,8 +121,12 @@ def source_target(path: str | Path) -> SglangTarget:
     Raises TargetError when ``path`` holds no ``sglang`` package or its version cannot
     be read (``sglang/version.py`` or a ``sglang-*.dist-info``).
     """
-    path = Path(path).expanduser().resolve()
-    if not path.is_dir():
+    try:
+        path = Path(path).expanduser().resolve()
+        is_dir = path.is_dir()
+    except (OSError, RuntimeError) as exc:  # symlink loop, unknown ~user, name too long
+        raise TargetError(f"--sglang-src {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    if not is_dir:
         raise TargetError(f"--sglang-src {path}: not a directory")
     for parent in (path / "python", path):
         if (parent / "sglang" / "__init__.py").is_file():

@@ -134,11 +134,9 @@ def _child(request: dict, listener: socket.socket, clients: list[socket.socket])
             os._exit(code)
 
 
-def serve(path: str, parent_pid: int) -> None:
-    """Answer fork/status requests on the UNIX socket ``path`` until the parent is gone."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
+def serve(listener: socket.socket, parent_pid: int) -> None:
+    """Answer fork/status requests on the bound, listening UNIX socket ``listener``
+    until the parent is gone."""
     clients: list[socket.socket] = []
     buffers: dict[socket.socket, bytes] = {}
     exited: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
@@ -164,6 +162,7 @@ def serve(path: str, parent_pid: int) -> None:
             if pid == 0:
                 _child(request, listener, clients)
             children.add(pid)
+            exited.pop(pid, None)  # a reused pid: an older child's exit status is not this one's
             return {"ok": True, "pid": pid}
         if op == "status":
             reap()
@@ -212,12 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", default="", help="comma-separated implementations whose imports to preload")
     args = parser.parse_args(argv)
     parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(args.socket)  # before "ready": a path the kernel refuses fails the start, not the first fork
+    listener.listen(64)
     failed = preload([i for i in args.preload.split(",") if i])
     for line in failed:
         print(f"zygote: preload failed: {line}", flush=True)
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-    Path(args.ready_file).write_text(json.dumps({"pid": os.getpid(), "threads": threads, "failed": failed}))
-    serve(args.socket, parent)
+    tmp = args.ready_file + ".tmp"
+    Path(tmp).write_text(json.dumps({"pid": os.getpid(), "threads": threads, "failed": failed}))
+    os.replace(tmp, args.ready_file)
+    serve(listener, parent)
     return 0
 
 
@@ -331,23 +335,25 @@ class Zygote:
         self.socket_path = os.path.join(self._dir, "zygote.sock")
         ready = Path(self._dir) / "ready.json"
         log_path = Path(log_dir or self._dir) / "zygote.log"
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             [python, "-m", "harness.zygote", "--socket", self.socket_path, "--ready-file", str(ready),
              "--preload", ",".join(impls)],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0,
             cwd=str(Path(__file__).resolve().parent.parent))
         deadline = time.monotonic() + ready_timeout_s
-        while not ready.exists():
-            if self.process.poll() is not None:
-                self.close()
-                raise ZygoteError(f"zygote exited with code {self.process.returncode} while importing "
-                                  f"(log: {log_path})")
-            if time.monotonic() > deadline:
-                self.close()
-                raise ZygoteError(f"zygote not ready within {ready_timeout_s:.0f} s (log: {log_path})")
-            time.sleep(POLL_S)
-        self.info: dict[str, Any] = json.loads(ready.read_text())
+        try:
+            while not ready.exists():
+                if self.process.poll() is not None:
+                    raise ZygoteError(f"zygote exited with code {self.process.returncode} while importing "
+                                      f"(log: {log_path})")
+                if time.monotonic() > deadline:
+                    raise ZygoteError(f"zygote not ready within {ready_timeout_s:.0f} s (log: {log_path})")
+                time.sleep(POLL_S)
+            self.info: dict[str, Any] = json.loads(ready.read_text())
+        except BaseException:  # also an interrupt while it imports: nothing may stay behind
+            self.close()
+            raise
         self.client = ZygoteClient(self.socket_path)
 
     def close(self) -> None:
@@ -356,7 +362,10 @@ class Zygote:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.process.wait()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         self._log.close()
         import shutil
 

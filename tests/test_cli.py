@@ -18,9 +18,12 @@ def pdconform(*args, cwd=None, timeout=180):
     (["run", "--seed", "-1"], "--seed"),
     (["run", "--seed", "abc"], "--seed"),
     (["frobnicate"], "No such command"),
-    (["run", "--out", "/proc/pdconform-cannot-write"], "cannot write to --out"),
+    (["run", "--out", "/proc/pdconform-cannot-write"], "cannot use --out"),
     (["run", "--out", ""], "--out needs a directory path"),
     (["run", "--out", "/etc/hostname"], "is a file, not a directory"),
+    (["run", "--impl", "reference", "--scenario", "[/x]"], "unknown --scenario [/x]"),  # no rich markup
+    (["repro", "[/x]", "--impl", "reference"], "unknown scenario [/x]"),
+    (["run", "--impl", "reference", "--out", "~no-such-user-pdconform/x"], "cannot use --out"),
 ])
 def test_usage_errors_exit_2(args, message):
     out = pdconform(*args)
@@ -58,3 +61,10 @@ def test_doctor_table():
     out = pdconform("doctor")
     for word in ("python", "sglang", "mooncake", "nixl", "mori", "standin"):
         assert word in out.stdout
+
+
+def test_out_symlink_loop_is_a_usage_error(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    out = pdconform("run", "--impl", "reference", "--scenario", "happy-path", "--out", str(loop))
+    assert out.returncode == 2 and "cannot use --out" in out.stderr and "Traceback" not in out.stderr

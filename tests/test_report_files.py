@@ -52,7 +52,7 @@ def test_junit_one_case_per_cell_classname_impl_name_scenario(tmp_path):
     assert cases[("reference", "dead-prefill")].result == []
     (warn,) = cases[("mori", "room-reuse")].result  # a WARN where PASS is expected is a regression too
     assert isinstance(warn, Failure) and warn.message.startswith("WARN, expected PASS: R-REASON-1")
-    assert "pdconform repro dead-prefill --impl mooncake --seed 4 --sglang-src /src/python/sglang" in \
+    assert "pdconform repro dead-prefill --impl mooncake --seed 4 --sglang-src /src/python" in \
         cases[("mooncake", "dead-prefill")].system_out
     assert suite.failures == 3 and suite.errors == 1 and suite.skipped == 2
 
@@ -103,3 +103,13 @@ def test_results_json_round_trips(tmp_path_factory, run):
     path = tmp_path_factory.mktemp("rt") / "results.json"
     dump_run(run, path)
     assert load_run(path) == run
+
+
+def test_junit_survives_control_characters_in_reasons(tmp_path):
+    run = sample_run()
+    run.cells[1].reason = "role log tail: \x1b[31mbroken\x1b[0m \x00 sglang"
+    path = tmp_path / "junit.xml"
+    junit_xml(run).write(str(path), pretty=True)
+    (suite,) = list(JUnitXml.fromfile(str(path)))
+    case = next(c for c in suite if c.classname == "mooncake" and c.name == "dead-prefill")
+    assert "broken" in case.result[0].text and "\x1b" not in case.result[0].text

@@ -153,3 +153,43 @@ def test_parallel_cells_give_the_same_verdicts(tmp_path):
     assert [(c.scenario, c.verdict) for c in serial.cells] == [(c.scenario, c.verdict) for c in parallel.cells]
     assert [c.verdict for c in parallel.cells] == ["PASS", "FAIL", "PASS", "FAIL"]
     assert not _role_processes(tmp_path)
+
+
+def test_sigterm_with_parallel_jobs_stops_every_running_cell_at_once(tmp_path):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--impl", "selftest", "--jobs", "2",
+                             "--scenario", "selftest-role-hangs", "--scenario", "selftest-hang", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("cells/*/prefill.endpoint")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the hanging role is up
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - sent < 2.5  # not the cells' deadlines
+    time.sleep(1.0)
+    assert not _role_processes(tmp_path)
+
+
+def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
+    from harness.runner import run_matrix as rm
+
+    killed = []
+
+    def kill_zygote(i, total, impl, scenario):
+        if i == 2 and not killed:  # after the first cell: the fork server dies
+            for proc in psutil.process_iter(["cmdline"]):
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if "harness.zygote" in cmd and str(tmp_path) in " ".join(
+                        os.readlink(f"/proc/{proc.pid}/fd/1") for _ in [0] if os.path.exists(f"/proc/{proc.pid}/fd/1")):
+                    proc.kill()
+                    killed.append(proc.pid)
+
+    run = rm(["selftest"], [get_scenario("selftest-noop"), get_scenario("selftest-clean")], seed=0, out_dir=tmp_path,
+             jobs=1, on_start=kill_zygote)
+    assert killed
+    assert [c.verdict for c in run.cells] == ["PASS", "PASS"]
+    assert "fork server unusable" in (tmp_path / "cells" / "selftest-clean--selftest" / "cell.log").read_text()
+    assert not _role_processes(tmp_path)
