@@ -53,7 +53,8 @@ def test_a_range_reads_as_its_spans():
 
 def test_the_reason_names_the_release_the_range_and_why():
     reason = im.IMPLEMENTATIONS["nixl"].unsupported_sglang("0.5.20")
-    assert reason.startswith("sglang 0.5.20 is outside the releases the nixl adapter supports (0.5.17 - 0.5.18, >= 0.5.22;")
+    assert reason.startswith(
+        "sglang 0.5.20 is outside the releases the nixl adapter supports (0.5.17 - 0.5.18, >= 0.5.22;")
     assert "0.5.19 - 0.5.21 have neither shape" in reason
     assert "sglang is not installed" in im.IMPLEMENTATIONS["mori"].unsupported_sglang(None)
 
