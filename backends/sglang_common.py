@@ -14,11 +14,20 @@ The adapter drives the managers the way sglang's schedulers do
 * decode: ``Receiver(mgr, bootstrap_addr, room)`` ->
   ``mgr.try_ensure_parallel_info(addr)`` until true -> ``init(prefill_dp_rank=0)``
   -> ``send_metadata(page_indices, aux_index, state_indices=None)``.
+
+Two shapes of the Common classes are supported (``harness.implementations``
+declares the releases): the current one (sglang >= 0.5.22: ``AbortNotification``,
+``handle_abort_ack_message``, deferred decode release) and the one before it
+(0.5.17 - 0.5.18).  Where they differ the adapter checks for the capability in the
+imported sglang, not the version string, and says which file and release the
+other branch mirrors; a step the older release cannot take raises
+:class:`Unsupported` naming the release and what it lacks.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import socket
 import threading
 import time
@@ -82,6 +91,25 @@ def room_residue(obj: Any, rooms: list[int]) -> dict[int, list[str]]:
     return found
 
 
+class ReceiveTap:
+    """Pass-through around a manager's ZMQ receive socket (``server_socket``) that
+    shows every message the control thread takes to ``on_message`` (the message
+    frames, a list of bytes) before returning it; everything else goes to the
+    real socket.  sglang 0.5.17 - 0.5.18 managers only call ``recv_multipart`` on it."""
+
+    def __init__(self, sock, on_message):
+        self._sock = sock
+        self._on_message = on_message
+
+    def recv_multipart(self, *args, **kwargs):
+        msg = self._sock.recv_multipart(*args, **kwargs)
+        self._on_message(msg)
+        return msg
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
 class SglangCommonRole(RoleAdapter):
     """Drives one side of a Common-protocol sglang backend inside a role process.
 
@@ -122,18 +150,31 @@ class SglangCommonRole(RoleAdapter):
         self.prepare_imports()
         gpu_import_shims.install()
         self.conn = importlib.import_module(self.conn_module)
+        self.sglang_version = role_context.sglang_version()
         self.manager = None
         self.bootstrap_server = None
         self.buffers: list[tuple[pattern.BufferSpec, Any]] = []
         self.senders: dict[int, Any] = {}
         self.receivers: dict[int, Any] = {}
         self.rooms_seen: list[int] = []
+        self.tp_rank = 0
         self._threads: list[threading.Thread] = []
         self._fault_counter: EngineFaultCounter | None = None
         self._past_counters: list[EngineFaultCounter] = []
         self._acks: list[dict] = []
         self._acks_lock = threading.Lock()
         self.POINTS = self.points_for()
+        # Control-thread points whose wrapped method this release's manager lacks:
+        # point -> why (arm_point answers Unsupported with it).
+        self.missing_points: dict[str, str] = {}
+        manager_cls = getattr(self.conn, self.manager_class)
+        for point, method in (("prefill-control-started", self.prefill_control_method),
+                              ("decode-control-started", self.decode_control_method)):
+            if not hasattr(manager_cls, method):
+                self.missing_points[point] = (
+                    f"sglang {self.sglang_version}: {self.manager_class} has no {method}() "
+                    f"({self.conn_module.replace('.', '/')}.py){self.missing_method_note(method)}")
+                self.POINTS.pop(point, None)
 
     # ---- hooks -----------------------------------------------------------
     def prepare_imports(self) -> None:
@@ -144,6 +185,18 @@ class SglangCommonRole(RoleAdapter):
 
     def fill_backend_kv_args(self, kv_args: Any) -> None:
         """Set KVArgs fields only this backend reads."""
+
+    def missing_method_note(self, method: str) -> str:
+        """What it means for this backend that its manager lacks ``method`` (a control
+        thread starter); appended to the Unsupported reason.  Empty by default."""
+        return ""
+
+    def arm_point(self, point: str, action: str, frames: list | None = None, hold_s: float = 20.0) -> None:
+        """As :meth:`RoleAdapter.arm_point`; a control-thread point whose method this
+        sglang release does not have is Unsupported with the release and the method."""
+        if point in self.missing_points:
+            raise Unsupported(self.missing_points[point])
+        super().arm_point(point, action, frames, hold_s)
 
     # ---- lifecycle -------------------------------------------------------
     def _kv_args(self, layout: Layout, kv: list, aux: tuple, tp_rank: int = 0):
@@ -194,6 +247,7 @@ class SglangCommonRole(RoleAdapter):
 
         layout = Layout(**layout_dict)
         tp_size, tp_rank = (int(x) for x in attn_tp)
+        self.tp_rank = tp_rank
         server_args = role_context.prepare_role(
             role_context.RoleSettings(
                 mode=mode, backend=self.backend, bootstrap_port=bootstrap_port, page_size=layout.page_size,
@@ -203,7 +257,7 @@ class SglangCommonRole(RoleAdapter):
         before = set(threading.enumerate())
         self._install_point_hooks()
         self.init_engine()
-        facts: dict[str, Any] = {"mode": mode}
+        facts: dict[str, Any] = {"mode": mode, "sglang": self.sglang_version}
         if tp_size > 1:
             facts["attn_tp"] = [tp_size, tp_rank]
         if mode == "prefill":
@@ -234,24 +288,30 @@ class SglangCommonRole(RoleAdapter):
 
         points, host = self.points, self.host
         manager_cls = getattr(self.conn, self.manager_class)
+        # sglang >= 0.5.22 hands every ABORT_ACK to handle_abort_ack_message
+        # (common/conn.py); 0.5.17 - 0.5.18 have no such method: Mooncake's decode
+        # control thread takes the ACK inline (mooncake/conn.py start_decode_thread),
+        # so the adapter reads it from the socket that thread receives on.
+        tap_acks = not hasattr(manager_cls, "handle_abort_ack_message")
         for point, name in (("prefill-control-started", self.prefill_control_method),
                             ("decode-control-started", self.decode_control_method)):
-            original = getattr(manager_cls, name)
-            if getattr(original, "__pdconform_point__", False):
+            original = getattr(manager_cls, name, None)
+            if original is None or getattr(original, "__pdconform_point__", False):
                 continue
 
             def started(mgr, *args, _original=original, _point=point, _name=name, **kwargs):
+                if tap_acks and _point == "decode-control-started":
+                    mgr.server_socket = ReceiveTap(mgr.server_socket, self._note_if_ack)
                 result = _original(mgr, *args, **kwargs)
                 points.hit(_point, endpoint=f"tcp://{host}:{mgr.rank_port}", method=_name)
                 return result
 
             started.__pdconform_point__ = True
             setattr(manager_cls, name, started)
-        original_ack = manager_cls.handle_abort_ack_message
-        if not getattr(original_ack, "__pdconform_point__", False):
+        original_ack = getattr(manager_cls, "handle_abort_ack_message", None)
+        if original_ack is not None and not getattr(original_ack, "__pdconform_point__", False):
             def handle_abort_ack_message(mgr, msg, _original=original_ack):
-                if msg and msg[0] == b"ABORT_ACK":
-                    self._note_ack(msg)
+                self._note_if_ack(msg)
                 return _original(mgr, msg)
 
             handle_abort_ack_message.__pdconform_point__ = True
@@ -262,12 +322,18 @@ class SglangCommonRole(RoleAdapter):
             def get(queue):
                 item = original_get(queue)
                 room = getattr(item, "room", None)
+                if room is None:  # sglang 0.5.17 - 0.5.18 Mori queues _TransferChunk(sender, ...) (mori/conn.py)
+                    room = getattr(getattr(item, "sender", None), "bootstrap_room", None)
                 if room is not None:
                     points.hit(self.WORKER_POINT, room=room)
                 return item
 
             get.__pdconform_point__ = True
             FastQueue.get = get
+
+    def _note_if_ack(self, msg: list) -> None:
+        if msg and msg[0] == b"ABORT_ACK":
+            self._note_ack(msg)
 
     def _note_ack(self, msg: list) -> None:
         """Record an ABORT_ACK as the decode's control thread takes it (Common wire:
@@ -288,9 +354,14 @@ class SglangCommonRole(RoleAdapter):
     def abort_frames(self, room: int) -> list[bytes]:
         """Common's ``AbortNotification(room, local_ip, rank_port, generation).to_zmq()``
         (common/conn.py) with this decode's address; the generation is the one the
-        room's receiver armed for deferred release, if any."""
-        from sglang.srt.disaggregation.common.conn import AbortNotification
-
+        room's receiver armed for deferred release, if any.  sglang 0.5.17 - 0.5.18
+        have no AbortNotification: ``CommonKVReceiver._send_abort_notification``
+        sends ``[ABORT, room, local_ip, rank_port]`` (no generation)."""
+        common = importlib.import_module("sglang.srt.disaggregation.common.conn")
+        AbortNotification = getattr(common, "AbortNotification", None)
+        if AbortNotification is None:
+            return [b"ABORT", str(room).encode("ascii"), self.manager.local_ip.encode("ascii"),
+                    str(self.manager.rank_port).encode("ascii")]
         receiver = self.receivers.get(room)
         generation = getattr(receiver, "_abort_generation", None) if receiver is not None else None
         return AbortNotification(room=room, decode_ip=self.manager.local_ip, decode_port=self.manager.rank_port,
@@ -392,7 +463,14 @@ class SglangCommonRole(RoleAdapter):
         # each decode rank's metadata (``required_dst_info_num``, which the decode
         # derives from its attention TP over the prefill's) and waits for all of them.
         self.rooms_seen.append(room)
-        self.senders[room] = getattr(self.conn, self.sender_class)(self.manager, bootstrap_addr, room)
+        sender_cls = getattr(self.conn, self.sender_class)
+        if "dest_tp_ranks" in inspect.signature(sender_cls.__init__).parameters:
+            # sglang 0.5.17 - 0.5.18 senders also take the destination TP ranks and the
+            # PP rank; prefill.py create_sender passes dest_tp_ranks=[tp_rank], pp_rank.
+            self.senders[room] = sender_cls(self.manager, bootstrap_addr, room, dest_tp_ranks=[self.tp_rank],
+                                            pp_rank=0)
+        else:
+            self.senders[room] = sender_cls(self.manager, bootstrap_addr, room)
 
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
         self.senders[room].init(num_pages, aux_slot)
@@ -458,6 +536,10 @@ class SglangCommonRole(RoleAdapter):
                 obj.failure_exception()
             except Exception:  # noqa: BLE001 - KVTransferError carries the reason, already recorded
                 pass
+            if room in self.receivers and not hasattr(self.manager, "clear_deferred_abort_state"):
+                # sglang 0.5.17 - 0.5.18 decode.py: failure_exception() and then
+                # kv_receiver.clear(); NIXL's receiver failure_exception does not clear.
+                obj.clear()
             # decode.py: a failure the decode did not initiate still arms the deferred
             # ABORT/ACK flow before release (writes of other ranks may be in flight)
             if (room in self.receivers and getattr(self.manager, "enable_deferred_decode_kv_release", False)

@@ -212,7 +212,8 @@ class CellDriver:
         if facts is None:
             raise CellAborted(f"RequireFact: {step.role} has not started")
         if not facts.get(step.fact):
-            raise CellAborted(f"{step.reason} ({step.role} reports {step.fact}={facts.get(step.fact)!r})",
+            release = f" on sglang {facts['sglang']}" if facts.get("sglang") else ""
+            raise CellAborted(f"{step.reason} ({step.role} reports {step.fact}={facts.get(step.fact)!r}{release})",
                               unsupported=True)
 
     def _do_RestartRole(self, step: s.RestartRole) -> None:

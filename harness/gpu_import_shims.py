@@ -12,10 +12,14 @@ where pdconform papers over that:
 * before doing so it primes the capability caches of torch
   (``torch.utils._triton.has_triton_package``) and transformers
   (``is_torchvision_available``) so that those libraries keep treating the
-  modules as absent and never try to use the stand-ins;
+  modules as absent and never try to use the stand-ins; the one exception is a
+  transformers older than 5.18, which cannot even register an image processor
+  without torchvision (:func:`transformers_must_see_torchvision`);
 * every attribute of a stand-in module is a :class:`GpuOnly` placeholder that
   works as a decorator or base class at import time and raises
-  :class:`GpuOnlyError` if anything actually tries to *run* it.
+  :class:`GpuOnlyError` if anything actually tries to *run* it; the few
+  attributes in :data:`RAISE_ON_ACCESS` raise as soon as they are read, as the
+  real module does on a machine without a GPU.
 
 Nothing else in pdconform may fake an import.
 """
@@ -29,6 +33,19 @@ import sys
 import types
 
 SHIMMED_TOP_LEVEL = ("triton", "torchvision")
+
+#: first transformers release whose file-name backend rule leaves AutoImageProcessor
+#: alone when torchvision is absent (see :func:`transformers_must_see_torchvision`)
+TRANSFORMERS_FILE_RULE_FIXED = (5, 18, 0)
+
+# Attributes that raise on access, as the real module does on a machine without a
+# GPU: triton's ``runtime.driver.active`` looks for an active GPU driver and raises
+# RuntimeError when there is none.  sglang 0.5.17 probes it at import time inside a
+# ``try`` (``sglang/kernels/ops/attention/fla/utils.py`` get_available_device) and
+# falls back to "cpu"; a placeholder there would be taken for a device name.
+RAISE_ON_ACCESS = {
+    "triton.runtime.driver.active": "0 active drivers: triton finds no GPU driver on this machine",
+}
 
 
 class GpuOnlyError(RuntimeError):
@@ -60,7 +77,7 @@ class GpuOnly:
     def __getattr__(self, name: str) -> "GpuOnly":
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return GpuOnly(f"{self._qualname}.{name}")
+        return _placeholder(f"{self._qualname}.{name}")
 
     def __getitem__(self, item) -> "GpuOnly":
         return GpuOnly(f"{self._qualname}[...]")
@@ -83,11 +100,18 @@ class GpuOnly:
         raise GpuOnlyError(f"{self._qualname} is a GPU-only stand-in on this machine")
 
 
+def _placeholder(qualname: str) -> GpuOnly:
+    """The placeholder for ``qualname``; GpuOnlyError for a name in RAISE_ON_ACCESS."""
+    if qualname in RAISE_ON_ACCESS:
+        raise GpuOnlyError(f"{qualname}: {RAISE_ON_ACCESS[qualname]} (GPU-only stand-in)")
+    return GpuOnly(qualname)
+
+
 class _ShimModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return GpuOnly(f"{self.__name__}.{name}")
+        return _placeholder(f"{self.__name__}.{name}")
 
 
 class _ShimLoader(importlib.abc.Loader):
@@ -129,6 +153,32 @@ def is_shimmed(name: str) -> bool:
     return bool(module is not None and getattr(module, "__pdconform_shim__", False))
 
 
+def transformers_must_see_torchvision() -> bool:
+    """True when the installed transformers turns ``AutoImageProcessor`` into a
+    torchvision-only dummy whenever torchvision is absent (releases before
+    :data:`TRANSFORMERS_FILE_RULE_FIXED`).
+
+    Those releases give every class of a file named ``image_processing_*`` that
+    mentions ``TorchvisionBackend`` a torchvision requirement
+    (``transformers/utils/import_utils.py`` ``BASE_FILE_REQUIREMENTS``), which
+    catches ``image_processing_auto.py`` itself; 5.18 narrowed the rule to files
+    that subclass it.  sglang 0.5.17 pins transformers 5.12.1 and calls
+    ``AutoImageProcessor.register`` while importing (``sglang/srt/configs/utils.py``),
+    so there transformers' probe must find the torchvision stand-in.  Registration
+    only fills a mapping; any transform that would run still raises GpuOnlyError.
+    False when transformers is not installed.
+    """
+    from importlib import metadata
+
+    from harness.role_context import release_of
+
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return False
+    return release_of(version) < TRANSFORMERS_FILE_RULE_FIXED
+
+
 def install() -> list[str]:
     """Install the stand-ins for whichever of ``triton``/``torchvision`` cannot be imported.
 
@@ -146,12 +196,13 @@ def install() -> list[str]:
     from torch.utils import _triton as torch_triton
 
     torch_triton.has_triton_package()
-    try:
-        from transformers.utils import import_utils as tf_import_utils
+    if not transformers_must_see_torchvision():
+        try:
+            from transformers.utils import import_utils as tf_import_utils
 
-        tf_import_utils.is_torchvision_available()
-    except ImportError:
-        pass
+            tf_import_utils.is_torchvision_available()
+        except ImportError:
+            pass
     sys.meta_path.append(_ShimFinder(missing))
     for name in missing:
         __import__(name)

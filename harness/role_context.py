@@ -19,6 +19,7 @@ and before any sglang KV manager is built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -91,6 +92,26 @@ def sglang_version() -> str:
     return os.environ.get("PDCONFORM_SGLANG_VERSION") or metadata.version("sglang")
 
 
+def release_of(version: str) -> tuple[int, int, int]:
+    """The release a version string belongs to, as ``(major, minor, patch)``: the
+    leading digits of its first three dot-separated pieces, so ``"0.5.18.post1"``,
+    ``"0.5.18rc2"`` and ``"0.5.18+cpu"`` are all ``(0, 5, 18)``; missing pieces are 0.
+    Raises ValueError when the first piece has no leading digit."""
+    numbers = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            if not numbers:
+                raise ValueError(f"not a release version: {version!r}")
+            break
+        numbers.append(int(digits))
+    return tuple(numbers + [0] * (3 - len(numbers)))  # type: ignore[return-value]
+
+
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
     for piece in version.split("+")[0].split("."):
@@ -101,7 +122,13 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ContextStrategy:
-    """How one range of sglang releases builds its role context."""
+    """How one range of sglang releases builds its role context.
+
+    ``min_version``/``max_version`` are release tuples, both ends included;
+    ``max_version`` None: no upper end.  A post release belongs to its release
+    (``0.5.18.post1`` is within ``max_version=(0, 5, 18)``).  ``prepare`` builds the
+    context for one role and returns its ServerArgs.
+    """
 
     name: str
     min_version: tuple[int, ...]
@@ -109,8 +136,9 @@ class ContextStrategy:
     prepare: Callable[[RoleSettings], Any]
 
     def covers(self, version: str) -> bool:
+        """True when ``version`` (a version string such as ``"0.5.17"``) is in range."""
         v = _version_tuple(version)
-        return v >= self.min_version and (self.max_version is None or v <= self.max_version)
+        return v >= self.min_version and (self.max_version is None or v[:len(self.max_version)] <= self.max_version)
 
 
 def _server_args(settings: RoleSettings):
@@ -145,8 +173,63 @@ def _prepare_published_context(settings: RoleSettings):
     return server_args
 
 
+# The parallel override that _prepare_parallel_globals enters and never leaves:
+# it must outlive the call (the managers read it for the life of the process).
+_HELD_OVERRIDE: contextlib.ExitStack | None = None
+
+
+def _prepare_parallel_globals(settings: RoleSettings):
+    """sglang 0.5.17 - 0.5.18: the context a scheduler process builds while it sets up
+    model parallelism, for this role's rank only.
+
+    Those releases have no ``SpawnRanks`` and no ``override_permanently``
+    (``sglang/srt/runtime_context.py``); their ``CommonKVManager.__init__``
+    (``disaggregation/common/conn.py``) reads:
+
+    * the published ServerArgs' config bags (``runtime_context.publish``, no ranks);
+    * ``get_parallel().attn_tp_size/attn_tp_rank/attn_cp_size/attn_cp_rank`` and
+      (0.5.18) ``attn_dcp_size/attn_dcp_rank``: live getters over
+      ``distributed/parallel_state.py``'s groups, which this process never builds, so
+      they are pinned with ``ParallelContext.override`` (entered and held for the
+      life of the process);
+    * ``get_attention_dp_size()/get_attention_dp_rank()`` from
+      ``layers/dp_attention.py``'s module globals, set to what
+      ``initialize_dp_attention`` computes for this rank
+      (``compute_dp_attention_world_info``: no DP attention, so DP size 1, rank 0);
+    * ``get_pp_group()`` imported straight from ``sglang.srt.distributed``: the
+      ``parallel_state._PP`` slot gets the single-rank stand-in.
+    """
+    global _HELD_OVERRIDE
+    from sglang.srt import runtime_context
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.layers import dp_attention
+
+    server_args = _server_args(settings)
+    runtime_context.publish(server_args, role="scheduler")
+    attn_tp_rank, attn_tp_size, attn_dp_rank, attn_dp_size = dp_attention.compute_dp_attention_world_info(
+        server_args.enable_dp_attention, settings.attn_tp_rank, settings.attn_tp_size, server_args.dp_size,
+        server_args.attn_cp_size,
+    )
+    dp_attention._ATTN_DP_RANK, dp_attention._ATTN_DP_SIZE = attn_dp_rank, attn_dp_size
+    pp_group = _SingleRankPPGroup()
+    parallel_state._PP = pp_group
+    if _HELD_OVERRIDE is not None:  # a second prepare in one process replaces the first
+        _HELD_OVERRIDE.close()
+    _HELD_OVERRIDE = contextlib.ExitStack()
+    _HELD_OVERRIDE.enter_context(runtime_context.get_parallel().override(
+        world_size=settings.attn_tp_size, world_rank=settings.attn_tp_rank,
+        tp_size=settings.attn_tp_size, tp_rank=settings.attn_tp_rank,
+        attn_tp_size=attn_tp_size, attn_tp_rank=attn_tp_rank,
+        attn_cp_size=1, attn_cp_rank=0, attn_dp_size=attn_dp_size, attn_dp_rank=attn_dp_rank,
+        dcp_enabled=False, dcp_size=1, dcp_rank=0, attn_dcp_size=1, attn_dcp_rank=0,
+        pp_size=1, pp_rank=0, pp_group=pp_group,
+    ))
+    return server_args
+
+
 STRATEGIES = [
     ContextStrategy("published-runtime-context", (0, 5, 19), None, _prepare_published_context),
+    ContextStrategy("parallel-state-globals", (0, 5, 17), (0, 5, 18), _prepare_parallel_globals),
 ]
 
 

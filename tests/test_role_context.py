@@ -24,3 +24,29 @@ def test_attention_tp_rank_outside_the_width_is_rejected_before_touching_sglang(
     with pytest.raises(ValueError, match="rank 2 is not a rank of 2"):
         rc.prepare_role(rc.RoleSettings(mode="decode", backend="mooncake", bootstrap_port=1,
                                         attn_tp_size=2, attn_tp_rank=2))
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.18", "0.5.18.post1"])
+def test_releases_before_the_published_context_use_the_parallel_state_globals(version):
+    assert rc.strategy_for(version).name == "parallel-state-globals"
+
+
+def test_the_published_context_strategy_keeps_its_range():
+    published = rc.strategy_for("0.5.19")
+    assert published.name == "published-runtime-context"
+    assert (published.min_version, published.max_version) == ((0, 5, 19), None)
+
+
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.16.post3", "0.4.9"])
+def test_releases_before_0_5_17_name_both_ranges(version):
+    with pytest.raises(rc.UnsupportedSglang) as raised:
+        rc.strategy_for(version)
+    assert "published-runtime-context: >= 0.5.19" in str(raised.value)
+    assert "parallel-state-globals: >= 0.5.17, <= 0.5.18" in str(raised.value)
+
+
+def test_an_upper_end_includes_post_releases_of_that_release():
+    strategy = rc.ContextStrategy("s", (0, 5, 17), (0, 5, 18), lambda settings: None)
+    assert strategy.covers("0.5.18.post2")
+    assert not strategy.covers("0.5.19")
+    assert not strategy.covers("0.5.16.post1")

@@ -9,6 +9,7 @@ put on ``sys.path`` and results say ``engine: standin``.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 
@@ -57,13 +58,18 @@ class MoriRole(SglangCommonRole):
     def plan_one(self, shell, mla: bool, n_src: int, n_dst: int) -> list[tuple[int, int]]:
         """Mori's pairing: ``MoriKVManager._get_mha_mem_desc_slices`` /
         ``_get_mla_mem_desc_slices`` (mori/conn.py), fed descriptor stand-ins that are
-        buffer indices (the functions only slice the lists)."""
+        buffer indices (the functions only slice the lists) and, where the release
+        takes them, the peer's layer ids (none: plain pools publish none)."""
         shell.kv_mem_descs = list(range(n_src))
         dst = list(range(n_dst))
+        # sglang 0.5.17 - 0.5.18 take the destination descriptors only (mori/conn.py);
+        # the peer's layer ids were added as a second argument in 0.5.22.
+        takes_layer_ids = "dst_kv_layer_ids" in inspect.signature(shell._get_mha_mem_desc_slices).parameters
+        peer_layer_ids = ([],) if takes_layer_ids else ()
         if mla:
-            src_d, dst_d, layers = shell._get_mla_mem_desc_slices(dst, [])
+            src_d, dst_d, layers = shell._get_mla_mem_desc_slices(dst, *peer_layer_ids)
             return [(src_d[i], dst_d[i]) for i in range(layers)]
-        s_k, s_v, d_k, d_v, layers = shell._get_mha_mem_desc_slices(dst, [])
+        s_k, s_v, d_k, d_v, layers = shell._get_mha_mem_desc_slices(dst, *peer_layer_ids)
         return [(s_k[i], d_k[i]) for i in range(layers)] + [(s_v[i], d_v[i]) for i in range(layers)]
 
     def set_engine_faults(self, **plan) -> dict:

@@ -77,12 +77,25 @@ class NixlRole(SglangCommonRole):
     def fill_backend_kv_args(self, kv_args: Any) -> None:
         kv_args.kv_data_mem_kinds = ["DRAM"] * len(kv_args.kv_data_ptrs)
 
+    def missing_method_note(self, method: str) -> str:
+        if method == self.decode_control_method:
+            return ("; before 0.5.19 a NIXL decode starts no control thread (transfer results "
+                    "arrive as NIXL notifications), so there is no such point to reach")
+        return ""
+
     def plan_one(self, shell, mla: bool, n_src: int, n_dst: int) -> list[tuple[int, int]]:
         """NIXL's pairing: ``NixlKVManager._build_transfer_dst_indices`` (called from
         ``_prepare_payload_xfer`` when a decode registers), one destination index per
-        source entry."""
+        source entry.  sglang 0.5.17 - 0.5.18 have no such method: their
+        ``_prepare_payload_xfer`` pairs inline with ``build_transfer_entry_pairs``
+        (``disaggregation/utils.py``), positional fallback allowed when PP is 1."""
         from types import SimpleNamespace
 
+        if not hasattr(shell, "_build_transfer_dst_indices"):
+            from sglang.srt.disaggregation.utils import build_transfer_entry_pairs
+
+            return [tuple(p) for p in build_transfer_entry_pairs(
+                shell.kv_args.kv_layer_ids, [], n_src, n_dst, allow_positional_fallback=shell.pp_size == 1)]
         peer = SimpleNamespace(dst_kv_layer_ids=[], dst_kv_item_lens=[256] * n_dst)
         indices = shell._build_transfer_dst_indices(peer_info=peer, n_src=n_src, n_dst=n_dst)
         return list(enumerate(indices))
