@@ -24,9 +24,10 @@ def write(tmp_path, *entries, head=""):
     return path
 
 
-def test_shipped_expectations_are_valid_and_reasoned():
-    exp = load_expectations(ROOT / "expectations" / "sglang-0.5.23.toml", IMPLEMENTATIONS, SCENARIOS)
-    assert exp.sglang == "0.5.23" and len(exp.entries) >= 20
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_shipped_expectations_are_valid_and_reasoned(version):
+    exp = load_expectations(ROOT / "expectations" / f"sglang-{version}.toml", IMPLEMENTATIONS, SCENARIOS)
+    assert exp.sglang == version and len(exp.entries) >= 20
     bugs = (ROOT / "docs" / "sglang-bugs.md").read_text()
     for (impl, scenario), e in exp.entries.items():
         assert impl != "reference", "the reference must PASS everything: never expect otherwise"
