@@ -72,6 +72,9 @@ def preload(impls: list[str]) -> list[str]:
     failed: list[str] = []
     import harness.cell  # noqa: F401
     import harness.role_host  # noqa: F401
+    from harness.scenario import all_scenarios
+
+    all_scenarios(include_test_only=True)  # every scenario module: a cell looks its scenario up first
 
     modules = list(dict.fromkeys(m for impl in impls for m in PRELOAD.get(impl, [])))
     if any(m.startswith("sglang") for m in modules):

@@ -7,13 +7,11 @@ interpreters (`--no-fork`), so both paths stay covered.
 Expected bytes for happy-path: 5 pages x 256 B x (3 layers x K,V) + one 64 B aux slot.
 """
 
-import os
-
-import psutil
 import pytest
 
 from harness.runner import run_cell_isolated
 from harness.zygote import Zygote
+from procs import harness_processes
 from harness.scenario import get_scenario
 from scenarios import happy_path
 
@@ -30,18 +28,7 @@ def zygote(tmp_path_factory):
 
 
 def _leftovers(workdir):
-    """Cell and role processes of this test still running (other runs are not ours): started
-    ones name ``workdir`` on their command line, forked ones write their output there."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "pid"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        try:
-            stdout = os.readlink(f"/proc/{p.info['pid']}/fd/1")
-        except OSError:
-            stdout = ""
-        if "harness." in cmd and (str(workdir) in cmd or stdout.startswith(str(workdir))):
-            found.append(p.pid)
-    return found
+    return [p.pid for p in harness_processes(workdir)]
 
 
 @pytest.mark.parametrize("impl, engine", [("reference", "reference"), ("mooncake", "real"), ("nixl", "real"),

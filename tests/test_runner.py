@@ -9,24 +9,12 @@ import time
 import psutil
 
 from harness.runner import run_matrix
+from procs import harness_processes
 from harness.scenario import get_scenario
 
 
 def _role_processes(workdir):
-    """Cell, role and zygote processes of this test (other runs on the machine are not ours):
-    started ones name ``workdir`` on their command line; ones forked by the zygote keep
-    the zygote's command line but write their output into ``workdir``."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "pid"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        try:
-            stdout = os.readlink(f"/proc/{proc.info['pid']}/fd/1")
-        except OSError:
-            stdout = ""
-        ours = str(workdir) in cmd or stdout.startswith(str(workdir))
-        if ours and any(m in cmd for m in ("harness.cell", "harness.role_host", "harness.zygote")):
-            found.append(proc)
-    return found
+    return harness_processes(workdir)
 
 
 def test_hanging_cell_is_killed_and_the_run_continues(tmp_path):

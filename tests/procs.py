@@ -1,0 +1,22 @@
+"""Finding the harness processes a test left behind (shared by the runner and e2e tests)."""
+
+import os
+
+import psutil
+
+
+def harness_processes(workdir) -> list:
+    """Cell, role and zygote processes of one test (other runs on the machine are not ours):
+    started ones name ``workdir`` on their command line; ones forked by the zygote keep the
+    zygote's command line but write their output into ``workdir``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "pid"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        try:
+            stdout = os.readlink(f"/proc/{proc.info['pid']}/fd/1")
+        except OSError:
+            stdout = ""
+        ours = str(workdir) in cmd or stdout.startswith(str(workdir))
+        if ours and any(m in cmd for m in ("harness.cell", "harness.role_host", "harness.zygote")):
+            found.append(proc)
+    return found
