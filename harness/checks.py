@@ -286,12 +286,17 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
     """``room`` on ``role`` was first seen Failed between ``low_s`` and ``high_s``
     seconds after ``since_role``'s first ``since_op`` for the room (e.g. ``open_sender``),
     with a failure reason (containing one of ``reason_words``, when given) unless
-    ``need_reason`` is False."""
+    ``need_reason`` is False.  The implementation's clock may start anywhere inside
+    that call, so "too early" counts from the call's start (its ``invoke`` event) and
+    "too late" from its end."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         start = first_event(events, since_op, since_role, room)
         if start is None:
             return False, f"{since_role} never completed {since_op} for room {room}"
+        called = next((e for e in reversed(events[:events.index(start)]) if e["type"] == "invoke"
+                       and e["op"] == since_op and e["role"] == since_role
+                       and (e.get("args") or {}).get("room") == room), start)
         waits = [e for e in completions(events, op="await_status", role=role, room=room)
                  if e["type"] == "ok" and e["seq"] > start["seq"]]
         failed = next((e for e in waits if e["value"]["status"] == FAILED), None)
@@ -301,8 +306,9 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
         latency = failed["t"] - start["t"]
         reason = failed["value"].get("failure_reason") or ""
         problems = []
-        if latency < low_s:
-            problems.append(f"Failed {latency:.1f} s after {since_op}, before the {low_s:g} s deadline")
+        if failed["t"] - called["t"] < low_s:
+            problems.append(f"Failed {failed['t'] - called['t']:.1f} s after {since_op} was called, "
+                            f"before the {low_s:g} s deadline")
         elif latency > high_s:
             problems.append(f"Failed only {latency:.1f} s after {since_op} (allowed up to {high_s:g} s)")
         if not reason and (need_reason or reason_words):

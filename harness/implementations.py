@@ -55,7 +55,7 @@ class SglangRange:
 # Mooncake, NIXL and Mori drive the same Common classes through backends/sglang_common.py.
 SGLANG_COMMON_RANGE = SglangRange(
     spans=(((0, 5, 17), (0, 5, 18)), ((0, 5, 22), None)),
-    why="0.5.17 - 0.5.18: Common protocol before AbortNotification (run on 0.5.17, 0.5.18 read); "
+    why="0.5.17 - 0.5.18: Common protocol before AbortNotification (matrix run on 0.5.17, three scenarios on 0.5.18); "
         ">= 0.5.22: AbortNotification, handle_abort_ack_message, SpawnRanks (run on 0.5.23); "
         "0.5.19 - 0.5.21 have neither shape",
 )

@@ -31,6 +31,19 @@ def test_failed_within_judges_the_window_and_the_reason():
     assert not ok and "names none of abort" in detail
 
 
+def test_failed_within_counts_too_early_from_the_start_of_the_call():
+    """The implementation's timer may start inside open_sender: a Failed seen 2.999 s
+    after the call returned but 3.002 s after it began is not early for a 3 s timeout."""
+    h = History()
+    _event(h, "invoke", "open_sender", "prefill", 10.000, args={"room": 5})
+    _event(h, "ok", "open_sender", "prefill", 10.003, args={"room": 5})
+    _event(h, "ok", "await_status", "prefill", 13.002, args={"room": 5},
+           value={"status": FAILED, "failure_reason": "timed out after 3.0s"})
+    assert c.failed_within(5, "prefill", "open_sender", "prefill", 3, 8)(h.events)[0]
+    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 3.5, 8)(h.events)
+    assert not ok and "after open_sender was called, before the 3.5 s deadline" in detail
+
+
 def test_failed_within_reason_optional_only_when_asked():
     events = _failed_history(1.0, None)
     assert not c.failed_within(5, "prefill", "open_sender", "prefill", 0, 2)(events)[0]

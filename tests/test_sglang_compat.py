@@ -152,7 +152,8 @@ try:
 except RuntimeError as exc:
     out["pp"] = str(exc)
 # Common 0.5.17: no AbortNotification; the ABORT is four frames
-del common.AbortNotification
+if hasattr(common, "AbortNotification"):
+    del common.AbortNotification
 role = object.__new__(NixlRole)
 role.manager, role.receivers = SimpleNamespace(local_ip="127.0.0.1", rank_port=4242), {}
 out["abort"] = [f.decode() for f in role.abort_frames(9)]
