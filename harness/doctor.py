@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.runner import sglang_info
+from harness.sglang_target import installed_info
 
 PROBE_TIMEOUT_S = 60.0
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def engine_statuses() -> list[EngineStatus]:
 
 def diagnose() -> dict:
     """Everything doctor reports, as JSON-ready data."""
-    info = sglang_info()
+    info = installed_info()
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "sglang": {"version": info.version, "path": info.path},

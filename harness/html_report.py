@@ -27,7 +27,7 @@ from harness import history as hist
 from harness.diff import describe as describe_divergence
 from harness.diff import normalize
 from harness.report import reproduce_command
-from harness.results import VERDICTS, CellResult, RunResult
+from harness.results import VERDICTS, CellResult, RunResult, cell_dir, cell_dir_name, reference_for_diff_dir
 
 REFERENCE = "reference"
 MAX_EVENTS = 400  # history rows shown per cell
@@ -43,11 +43,6 @@ _env = jinja2.Environment(
 )
 
 
-def cell_dir_name(scenario: str, impl: str) -> str:
-    """The cell's folder under ``OUT/cells/``: ``SCENARIO--IMPL``."""
-    return f"{scenario}--{impl}"
-
-
 def load_histories(out_dir: str | Path, run: RunResult) -> dict[tuple[str, str], list[dict]]:
     """Every history of ``run`` that ``out_dir`` holds, keyed by ``(scenario, impl)``.
 
@@ -60,10 +55,10 @@ def load_histories(out_dir: str | Path, run: RunResult) -> dict[tuple[str, str],
     out_dir = Path(out_dir)
     paths: dict[tuple[str, str], Path] = {}
     for cell in run.cells:
-        paths[(cell.scenario, cell.impl)] = out_dir / "cells" / cell_dir_name(cell.scenario, cell.impl) / "history.jsonl"
+        paths[(cell.scenario, cell.impl)] = cell_dir(out_dir, cell.scenario, cell.impl) / "history.jsonl"
     for scenario in dict.fromkeys(c.scenario for c in run.cells):
         if (scenario, REFERENCE) not in paths:
-            paths[(scenario, REFERENCE)] = out_dir / "reference-for-diff" / scenario / "history.jsonl"
+            paths[(scenario, REFERENCE)] = reference_for_diff_dir(out_dir, scenario) / "history.jsonl"
     return {key: hist.load(path) for key, path in paths.items() if path.is_file()}
 
 

@@ -127,10 +127,11 @@ def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -
     from harness.diff import describe
     from harness.expectations import apply_expectations
     from harness.report import reproduce_command
+    from harness.results import cell_dir_name
     from harness.runner import run_matrix
     from harness.scenario import get_scenario
 
-    out = Path(config.getoption("--cells-out")).expanduser().resolve() / f"{cell.scenario}--{cell.impl}"
+    out = Path(config.getoption("--cells-out")).expanduser().resolve() / cell_dir_name(cell.scenario, cell.impl)
     run = run_matrix([cell.impl], [get_scenario(cell.scenario)], config.getoption("--seed"), out, target=target)
     if expectations:
         apply_expectations(run, expectations)

@@ -61,10 +61,9 @@ def reproduce_command(run: RunResult, cell: CellResult) -> str:
     return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
 
 
-def reasons(run: RunResult, seed: int | None = None) -> list[str]:
+def reasons(run: RunResult) -> list[str]:
     """For each cell that did not PASS: why, its first divergence from the reference
     (harness.diff) and the command that reproduces it."""
-    seed = run.seed if seed is None else seed
     lines = []
     for c in run.cells:
         if c.verdict == "PASS":

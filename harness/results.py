@@ -85,6 +85,21 @@ class RunResult(msgspec.Struct, kw_only=True):
         return all(cell.as_expected for cell in self.cells)
 
 
+def cell_dir_name(scenario: str, impl: str) -> str:
+    """A cell's folder name under ``OUT/cells/``: ``SCENARIO--IMPL``."""
+    return f"{scenario}--{impl}"
+
+
+def cell_dir(out_dir: str | Path, scenario: str, impl: str) -> Path:
+    """A reported cell's work directory in a run's out directory."""
+    return Path(out_dir) / "cells" / cell_dir_name(scenario, impl)
+
+
+def reference_for_diff_dir(out_dir: str | Path, scenario: str) -> Path:
+    """Where the reference cell runs that only serves the diff (the reference not among the run's impls)."""
+    return Path(out_dir) / "reference-for-diff" / scenario
+
+
 def dump_run(run: RunResult, path: str | Path) -> None:
     """Write ``run`` as pretty JSON to ``path`` (parents created)."""
     path = Path(path)

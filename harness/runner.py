@@ -26,8 +26,8 @@ from typing import Callable
 
 from harness import history as hist
 from harness.diff import first_divergence
-from harness.results import CellResult, RunResult, SglangInfo, load_cell
-from harness.sglang_target import SglangTarget, installed_info, installed_target
+from harness.results import CellResult, RunResult, cell_dir, load_cell, reference_for_diff_dir
+from harness.sglang_target import SglangTarget, installed_target
 from harness.zygote import ZYGOTE_ENV, Zygote, ZygoteError
 from harness.scenario import Scenario
 
@@ -35,11 +35,6 @@ REFERENCE = "reference"
 ROOT = Path(__file__).resolve().parent.parent
 
 PORT_BLOCK = 8
-
-
-def sglang_info() -> SglangInfo:
-    """Installed sglang version and package directory, without importing it."""
-    return installed_info()
 
 
 def free_port_block(size: int = PORT_BLOCK, rng: random.Random | None = None) -> int:
@@ -52,13 +47,18 @@ def free_port_block(size: int = PORT_BLOCK, rng: random.Random | None = None) ->
     raise RuntimeError("no block of free loopback ports found")
 
 
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (SIGCONT first: a frozen role still dies)."""
+    try:
+        os.killpg(pid, signal.SIGCONT)
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _killpg(process) -> None:
     """Kill the process group led by ``process`` (a Popen or a zygote's ForkedProcess); wait at most 10 s."""
-    try:
-        os.killpg(process.pid, signal.SIGCONT)
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _kill_group(process.pid)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -86,11 +86,7 @@ def kill_running_cells() -> None:
     with _RUNNING_LOCK:
         running = list(_RUNNING)
     for process in running:
-        try:
-            os.killpg(process.pid, signal.SIGCONT)
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(process.pid)
 
 
 class _HistoryFollower:
@@ -269,8 +265,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     hidden = []  # reference cells that only serve the diff
     if diff and REFERENCE not in impls:
         hidden = [(scenario, REFERENCE) for scenario in scenarios if not scenario.test_only]
-    tasks = [(sc, impl, out_dir / "cells" / f"{sc.id}--{impl}", True) for sc, impl in cells]
-    tasks += [(sc, impl, out_dir / "reference-for-diff" / sc.id, False) for sc, impl in hidden]
+    tasks = [(sc, impl, cell_dir(out_dir, sc.id, impl), True) for sc, impl in cells]
+    tasks += [(sc, impl, reference_for_diff_dir(out_dir, sc.id), False) for sc, impl in hidden]
     ports = PortBlocks()
     lock = threading.Lock()
     counters = {"started": 0, "done": 0}
@@ -325,21 +321,14 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                 raise
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
-    except BaseException:
-        stopping.set()
-        kill_running_cells()
-        raise
-    finally:
+    finally:  # (with one job at a time, run_cell_isolated itself kills an interrupted cell's group)
         if zygote is not None:
             zygote.close()
-    by_task = {(t[0].id, t[1], t[3]): r for t, r in zip(tasks, results)}
     for (scenario, impl), result in zip(cells, results[:len(cells)]):
         if diff and impl != REFERENCE and not scenario.test_only:
-            reported_ref = by_task.get((scenario.id, REFERENCE, True))
-            ref_dir = (out_dir / "cells" / f"{scenario.id}--{REFERENCE}") if reported_ref else \
-                (out_dir / "reference-for-diff" / scenario.id)
-            attach_divergence(result, hist.load(ref_dir / "history.jsonl"),
-                              out_dir / "cells" / f"{scenario.id}--{impl}")
+            ref_dir = cell_dir(out_dir, scenario.id, REFERENCE) if REFERENCE in impls else \
+                reference_for_diff_dir(out_dir, scenario.id)
+            attach_divergence(result, hist.load(ref_dir / "history.jsonl"), cell_dir(out_dir, scenario.id, impl))
         run.cells.append(result)
     run.duration_s = round(time.monotonic() - started, 3)
     return run

@@ -11,6 +11,14 @@ from harness import checks as c
 from harness.scenario import Scenario, register
 from harness.steps import ArmPoint, Sleep, VerifyPools
 
+
+def _selftest(id: str, title: str, steps, timeout_s: float) -> None:
+    """Register a test-only scenario whose one check is that every step completed."""
+    register(Scenario(id=id, title=title, requirements=(), steps=steps,
+                      checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
+                      timeout_s=timeout_s, test_only=True))
+
+
 register(
     Scenario(
         id="selftest-hang",
@@ -23,17 +31,9 @@ register(
     )
 )
 
-register(
-    Scenario(
-        id="selftest-noop",
-        title="A cell that does nothing (harness self-test)",
-        requirements=(),
-        steps=lambda seed: [],
-        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
-        timeout_s=30.0,
-        test_only=True,
-    )
-)
+
+_selftest("selftest-noop", "A cell that does nothing (harness self-test)",
+          lambda seed: [], 30.0)
 
 
 def _misplaced_steps(seed: int):
@@ -69,17 +69,9 @@ def _open_room_steps(room: int):
     return lambda seed: [StartRoles(ready_timeout_s=30), OpenRoom(room), AwaitStatus(room, "prefill", (SUCCESS, FAILED), 2)]
 
 
-register(
-    Scenario(
-        id="selftest-role-dies",
-        title="The prefill role process exits in the middle of a call (harness self-test, impl selftest)",
-        requirements=(),
-        steps=_open_room_steps(1002),  # backends.selftest.adapter.DIE_ROOM
-        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
-        timeout_s=60.0,
-        test_only=True,
-    )
-)
+_selftest("selftest-role-dies", "The prefill role process exits in the middle of a call (harness self-test, impl selftest)",
+          _open_room_steps(1002), 60.0)  # backends.selftest.adapter.DIE_ROOM
+
 
 def _observe_after(room: int):
     from harness.steps import Observe
@@ -87,53 +79,17 @@ def _observe_after(room: int):
     return lambda seed: [*_open_room_steps(room)(seed), Observe(("prefill", "decode"))]
 
 
-register(
-    Scenario(
-        id="selftest-leak-thread",
-        title="The prefill leaves a non-daemon thread running and module state changed (harness self-test)",
-        requirements=(),
-        steps=_observe_after(1003),  # backends.selftest.adapter.LEAK_ROOM
-        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
-        timeout_s=30.0,
-        test_only=True,
-    )
-)
+_selftest("selftest-leak-thread", "The prefill leaves a non-daemon thread running and module state changed (harness self-test)",
+          _observe_after(1003), 30.0)  # backends.selftest.adapter.LEAK_ROOM
 
-register(
-    Scenario(
-        id="selftest-native-crash",
-        title="The prefill crashes natively (SIGSEGV) inside a call (harness self-test)",
-        requirements=(),
-        steps=_open_room_steps(1004),  # backends.selftest.adapter.CRASH_ROOM
-        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
-        timeout_s=30.0,
-        test_only=True,
-    )
-)
+_selftest("selftest-native-crash", "The prefill crashes natively (SIGSEGV) inside a call (harness self-test)",
+          _open_room_steps(1004), 30.0)  # backends.selftest.adapter.CRASH_ROOM
 
-register(
-    Scenario(
-        id="selftest-clean",
-        title="An ordinary room, then an observation of the roles' threads and module state (harness self-test)",
-        requirements=(),
-        steps=_observe_after(7),
-        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
-        timeout_s=30.0,
-        test_only=True,
-    )
-)
+_selftest("selftest-clean", "An ordinary room, then an observation of the roles' threads and module state (harness self-test)",
+          _observe_after(7), 30.0)
 
-register(
-    Scenario(
-        id="selftest-role-hangs",
-        title="The prefill role blocks forever inside a call (harness self-test, impl selftest)",
-        requirements=(),
-        steps=_open_room_steps(1001),  # backends.selftest.adapter.HANG_ROOM
-        checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
-        timeout_s=6.0,
-        test_only=True,
-    )
-)
+_selftest("selftest-role-hangs", "The prefill role blocks forever inside a call (harness self-test, impl selftest)",
+          _open_room_steps(1001), 6.0)  # backends.selftest.adapter.HANG_ROOM
 
 
 # ---- fault mechanisms, exercised on the reference (tests/test_faults.py) --------------
