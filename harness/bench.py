@@ -70,8 +70,11 @@ def machine() -> dict[str, Any]:
 
 
 def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_dir: Path, target=None,
-                 on_progress: Callable[[str], None] | None = None) -> tuple[Figure, Figure, list]:
-    """Run the matrix ``repeat`` times; return (wall time figure, per-cell overhead figure, the runs)."""
+                 on_progress: Callable[[str], None] | None = None,
+                 nixl_progress_delay_us: int | None = None) -> tuple[Figure, Figure, list]:
+    """Run the matrix ``repeat`` times; return (wall time figure, per-cell overhead figure, the runs).
+
+    ``nixl_progress_delay_us``: passed to harness.runner.run_matrix (None: its default)."""
     from harness.runner import run_matrix
 
     wall = Figure("matrix_wall_s", "s")
@@ -81,7 +84,9 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
         if on_progress:
             on_progress(f"matrix run {i + 1}/{repeat} ({len(impls) * len(scenarios)} cells, {jobs} at a time)")
         hint = {(c.scenario, c.impl): c.duration_s for c in runs[-1].cells} if runs else None
-        run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs, duration_hint=hint)
+        extra = {} if nixl_progress_delay_us is None else {"nixl_progress_delay_us": nixl_progress_delay_us}
+        run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs,
+                         duration_hint=hint, **extra)
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)

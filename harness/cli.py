@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.implementations import IMPLEMENTATIONS
+from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Conformance harness for SGLang PD-disaggregation transfer backends.")
@@ -140,6 +141,10 @@ SGLANG_SRC_OPTION = typer.Option(None, "--sglang-src", help="Run against this sg
                                  "or unpacked wheel instead of the installed sglang.")
 SGLANG_VERSION_OPTION = typer.Option(None, "--sglang", help="Run against this released sglang version, set up once "
                                      "into the cached environment .venv-sglang-VERSION.")
+NIXL_DELAY_OPTION = typer.Option(
+    DEFAULT_NIXL_PROGRESS_DELAY_US, "--nixl-progress-delay-us", min=0,
+    help="Microseconds the NIXL agent's progress thread sleeps between polls; 0 is sglang's busy loop, "
+         "which keeps a core busy per NIXL role (see docs/performance.md).")
 
 
 @app.command()
@@ -156,6 +161,7 @@ def run(
                                        "of cores). Verdicts do not depend on it."),
     fork: bool = typer.Option(True, "--fork/--no-fork", help="Fork cells and roles from one process that imported "
                               "sglang once (default), or start a fresh interpreter for each."),
+    nixl_progress_delay_us: int = NIXL_DELAY_OPTION,
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into --out."""
@@ -212,7 +218,7 @@ def run(
         try:
             result = run_matrix(impls, scenarios, seed, out, on_cell=on_cell, on_start=on_start, target=target,
                                 jobs=jobs, fork=fork, on_note=lambda note: err.print(f"[yellow]note:[/] {note}"),
-                                duration_hint=hint)
+                                duration_hint=hint, nixl_progress_delay_us=nixl_progress_delay_us)
         except KeyboardInterrupt:
             progress.stop()
             err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")
@@ -245,6 +251,7 @@ def repro(
     out: Path = typer.Option(Path("reports/out/repro"), "--out", help="Directory for the cell's logs and history."),
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    nixl_progress_delay_us: int = NIXL_DELAY_OPTION,
 ) -> None:
     """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
 
@@ -276,7 +283,8 @@ def repro(
 
     _stop_on_signals()
     try:
-        result = run_matrix([impl], [sc], seed, out, target=target, on_event=on_event)
+        result = run_matrix([impl], [sc], seed, out, target=target, on_event=on_event,
+                            nixl_progress_delay_us=nixl_progress_delay_us)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: the cell and its roles were stopped")
         raise typer.Exit(code=130)
@@ -345,6 +353,7 @@ def bench(
     engine_mib: int = typer.Option(64, "--engine-mib", min=1, help="MiB per engine throughput sample."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines."),
     out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
+    nixl_progress_delay_us: int = NIXL_DELAY_OPTION,
 ) -> None:
     """Measure the matrix wall time, per-cell overhead, simulator rate and engine throughput
     (median and spread of --repeat samples), against the project's goals; write bench.json."""
@@ -366,7 +375,8 @@ def bench(
         if "matrix" not in skip:
             target = _target(None, None)
             wall, overhead, runs = bench_matrix(impls, scenarios, repeat, jobs, out, target=target,
-                                                on_progress=lambda m: err.print(f"[dim]{m}[/]"))
+                                                on_progress=lambda m: err.print(f"[dim]{m}[/]"),
+                                                nixl_progress_delay_us=nixl_progress_delay_us)
             figures += [wall, overhead]
         if "simulator" not in skip:
             err.print(f"[dim]simulator: {repeat} x {seeds} seeds[/]")

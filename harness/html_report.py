@@ -26,7 +26,7 @@ import jinja2
 from harness import history as hist
 from harness.diff import describe as describe_divergence
 from harness.diff import normalize
-from harness.report import reproduce_command
+from harness.report import engine_settings_line, reproduce_command
 from harness.results import VERDICTS, CellResult, RunResult, cell_dir, cell_dir_name, reference_for_diff_dir
 
 REFERENCE = "reference"
@@ -162,6 +162,7 @@ def render_index_html(run: RunResult, histories: Mapping[tuple[str, str], list[d
     return _env.get_template("index.html.j2").render(
         run=run, columns=columns, scenarios=scenarios, views=views, counts=counts,
         unexpected=sum(1 for c in run.cells if not c.as_expected), max_events=max_events,
+        engine_settings=engine_settings_line(run) if "nixl" in impls else "",
     )
 
 

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from harness.diff import describe as describe_divergence
 from harness.results import CellResult, RunResult
+from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
                  "UNSUPPORTED": "cyan", "ERROR": "bold magenta"}
@@ -58,7 +59,20 @@ def reproduce_command(run: RunResult, cell: CellResult) -> str:
         target = f" --sglang-src {shlex.quote(str(Path(run.sglang.path).parent))}"
     elif run.sglang.source == "venv" and run.sglang.version:
         target = f" --sglang {run.sglang.version}"
+    delay = run.engine_settings.get("nixl_progress_delay_us", DEFAULT_NIXL_PROGRESS_DELAY_US)
+    if cell.impl == "nixl" and delay != DEFAULT_NIXL_PROGRESS_DELAY_US:
+        target += f" --nixl-progress-delay-us {delay}"
     return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
+
+
+def engine_settings_line(run: RunResult) -> str:
+    """The run's engine settings that differ from sglang's, in words ("" when none are recorded)."""
+    delay = run.engine_settings.get("nixl_progress_delay_us")
+    if delay is None:
+        return ""
+    if delay == 0:
+        return "NIXL progress thread: busy loop, as sglang runs it"
+    return f"NIXL progress thread: sleeps {delay} us between polls (sglang: busy loop; --nixl-progress-delay-us 0)"
 
 
 def reasons(run: RunResult) -> list[str]:

@@ -23,7 +23,7 @@ from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 from harness.diff import describe as describe_divergence
 from harness.expectations import fixes, is_fix, regressions
 from harness.html_report import write_index_html
-from harness.report import reproduce_command
+from harness.report import engine_settings_line, reproduce_command
 from harness.results import VERDICTS, CellResult, RunResult
 
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
@@ -149,6 +149,8 @@ def summary_markdown(run: RunResult) -> str:
              f"{sglang_line(run)}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
              + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
              + (f"; expectations `{run.expectations}`" if run.expectations else ""), ""]
+    if any(c.impl == "nixl" for c in run.cells) and engine_settings_line(run):
+        lines[-1:-1] = ["", engine_settings_line(run)]
     lines += _matrix_markdown(run)
     if regs or fixed:
         lines += ["", "### Not as expected", ""]

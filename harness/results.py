@@ -3,7 +3,7 @@
 ``results.json`` is :class:`RunResult` encoded as JSON (schema 2)::
 
     {"schema": 2, "sglang": {"version", "path", "source", "commit"}, "seed", "duration_s",
-     "expectations": "path or null",
+     "expectations": "path or null", "engine_settings": {"nixl_progress_delay_us": 100},
      "cells": [{"impl", "scenario", "verdict", "expected", "expected_reason", "expected_link",
                 "engine", "duration_s", "bytes_verified", "reason", "divergence", ...}]}
 
@@ -78,6 +78,9 @@ class RunResult(msgspec.Struct, kw_only=True):
     duration_s: float = 0.0
     started_at: str = ""
     expectations: Optional[str] = None  # the expectations file the cells were judged against
+    # engine settings of this run that differ from how sglang runs the engine, e.g.
+    # {"nixl_progress_delay_us": 100} (harness.role_context); {} in runs made before it existed
+    engine_settings: dict[str, Any] = msgspec.field(default_factory=dict)
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property

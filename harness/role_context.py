@@ -44,6 +44,12 @@ ROLE_ENV = {
 }
 
 
+# The NIXL agent's progress thread: microseconds it sleeps between polls in a role
+# (backends/nixl/adapter.py says why the harness does not keep nixl's busy loop, 0).
+NIXL_PROGRESS_DELAY_ENV = "PDCONFORM_NIXL_PROGRESS_DELAY_US"
+DEFAULT_NIXL_PROGRESS_DELAY_US = 100  # about 2 % of a core while idle, instead of 100 %
+
+
 class UnsupportedSglang(RuntimeError):
     """The installed sglang release has no context strategy here."""
 

@@ -21,11 +21,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from harness import history as hist
 from harness.diff import first_divergence
+from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
 from harness.results import CellResult, RunResult, cell_dir, load_cell, reference_for_diff_dir
 from harness.sglang_target import SglangTarget, installed_target
 from harness.zygote import ZYGOTE_ENV, Zygote, ZygoteError
@@ -240,7 +242,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                diff: bool = True, target: SglangTarget | None = None,
                on_event: Callable[[dict], None] | None = None, jobs: int = 1, fork: bool = True,
                on_note: Callable[[str], None] | None = None,
-               duration_hint: dict[tuple[str, str], float] | None = None) -> RunResult:
+               duration_hint: dict[tuple[str, str], float] | None = None,
+               nixl_progress_delay_us: int = DEFAULT_NIXL_PROGRESS_DELAY_US) -> RunResult:
     """Run every (scenario, impl) cell, ``jobs`` at a time; return the run's result tree.
 
     Cells are reported in (scenario, impl) order whatever ``jobs`` is.
@@ -256,10 +259,13 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     ``on_note`` says why.  With ``jobs`` > 1 the longest cells start first (seconds per
     (scenario, impl) from ``duration_hint``, e.g. an earlier run; else the scenario's
     deadline), which shortens the run's tail; the reported order does not change.
+    ``nixl_progress_delay_us``: the NIXL roles' progress-thread sleep (microseconds; 0 is
+    sglang's busy loop; backends/nixl/adapter.py); recorded in ``engine_settings``.
     """
     target = target or installed_target()
+    target = replace(target, env={**target.env, NIXL_PROGRESS_DELAY_ENV: str(nixl_progress_delay_us)})
     started = time.monotonic()
-    run = RunResult(sglang=target.info, seed=seed,
+    run = RunResult(sglang=target.info, seed=seed, engine_settings={"nixl_progress_delay_us": nixl_progress_delay_us},
                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     cells = [(scenario, impl) for scenario in scenarios for impl in impls]
     hidden = []  # reference cells that only serve the diff

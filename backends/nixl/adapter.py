@@ -6,16 +6,77 @@ per-buffer ``kv_data_mem_kinds`` (sglang's schedulers register GPU KV as ``VRAM`
 and use ``DRAM`` only for host-backed HiSparse pools; on a CPU machine DRAM is
 all there is).
 ``UCX_TLS=tcp`` and ``UCX_NET_DEVICES=lo`` come from harness.role_context.
+
+One engine setting differs from sglang's: the agent's progress thread.  nixl's Python
+API creates every agent with ``pthrDelay = 0`` (``nixl_cu12/_api.py``), so the thread
+polls UCX in a busy loop and keeps a whole core busy for the life of the role, even
+when nothing moves.  A cell has two to four NIXL roles and a 2-core CI machine runs
+several cells at once, so by default the harness has the thread sleep
+:data:`harness.role_context.DEFAULT_NIXL_PROGRESS_DELAY_US` between polls (the engine, its threads and every
+transfer are still the real ones).  ``pdconform run --nixl-progress-delay-us 0``
+restores sglang's busy loop; results.json records which one a run used.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+import logging
+import os
+import sys
 import threading
+from typing import Any
 
 from backends.sglang_common import SglangCommonRole
 from harness.faults import FAIL, NEVER, EngineFaultCounter
+from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
+
+log = logging.getLogger(__name__)
+
+
+
+def progress_delay_us() -> int:
+    """The NIXL progress thread's sleep between polls for this role (microseconds; 0 =
+    busy loop as in sglang), from ``PDCONFORM_NIXL_PROGRESS_DELAY_US``.
+
+    Raises ValueError when the variable is set but not a non-negative integer."""
+    raw = os.environ.get(NIXL_PROGRESS_DELAY_ENV, str(DEFAULT_NIXL_PROGRESS_DELAY_US))
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"{NIXL_PROGRESS_DELAY_ENV}={raw}: must be >= 0 microseconds")
+    return value
+
+
+class _ProgressDelayBindings:
+    """Stands in for the ``nixlBind`` module that nixl's ``_api`` builds agents with:
+    every attribute is the real one, except that ``nixlAgent(name, config)`` first sets
+    ``config.pthrDelay`` (microseconds) to ``delay_us``."""
+
+    def __init__(self, real, delay_us: int):
+        self._real = real
+        self.delay_us = delay_us
+
+    def nixlAgent(self, name, config, *args, **kwargs):  # noqa: N802 - nixl's name
+        config.pthrDelay = self.delay_us
+        return self._real.nixlAgent(name, config, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def install_progress_delay(delay_us: int) -> bool:
+    """Make the agents this process creates from now on use ``delay_us`` (see the module
+    docstring).  Returns False, changing nothing, when this nixl's API does not build
+    its agents through ``nixlBind.nixlAgent`` with a ``pthrDelay`` field."""
+    import nixl._api  # noqa: F401 - nixl/__init__ puts its build's _api module here
+
+    api = sys.modules["nixl._api"]
+    bind = getattr(api, "nixlBind", None)
+    if bind is None or not hasattr(getattr(bind, "nixlAgentConfig", None), "pthrDelay"):
+        return False
+    if isinstance(bind, _ProgressDelayBindings):
+        bind.delay_us = delay_us
+    else:
+        api.nixlBind = _ProgressDelayBindings(bind, delay_us)
+    return True
 
 
 class FaultyNixlAgent:
@@ -73,6 +134,12 @@ class NixlRole(SglangCommonRole):
 
     def engine(self) -> str:
         return "real"
+
+    def init_engine(self) -> None:
+        delay = progress_delay_us()
+        if not install_progress_delay(delay):
+            log.warning("this nixl's API has no nixlBind.nixlAgentConfig.pthrDelay: the progress "
+                        "thread keeps its own setting (%s ignored)", NIXL_PROGRESS_DELAY_ENV)
 
     def fill_backend_kv_args(self, kv_args: Any) -> None:
         kv_args.kv_data_mem_kinds = ["DRAM"] * len(kv_args.kv_data_ptrs)
