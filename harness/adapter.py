@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -36,6 +37,7 @@ KVPOLL_NAMES = {
     SUCCESS: "Success",
 }
 TERMINAL = (FAILED, SUCCESS)
+AWAIT_POLL_S = 0.005  # between KVPoll reads of RoleAdapter.await_status (seconds): the latency floor of a status
 
 
 def kvpoll_name(value: int | None) -> str:
@@ -179,6 +181,25 @@ class RoleAdapter(ABC):
     @abstractmethod
     def poll(self, room: int) -> int:
         """The room's KVPoll on this side."""
+
+    def await_status(self, room: int, statuses: list[int], timeout_s: float,
+                     interval_s: float = AWAIT_POLL_S) -> dict:
+        """Read :meth:`poll` every ``interval_s`` seconds until the room's KVPoll is one of
+        ``statuses`` or ``timeout_s`` seconds have passed (at least one read).
+
+        Runs inside the role, so a status is seen within ``interval_s`` without a round
+        trip per read.  Returns ``{"status": int, "trail": [KVPoll names in the order
+        seen], "waited_s": float}``; what :meth:`poll` raises propagates."""
+        start = time.monotonic()
+        trail: list[str] = []
+        while True:
+            status = self.poll(room)
+            if not trail or trail[-1] != kvpoll_name(status):
+                trail.append(kvpoll_name(status))
+            waited = time.monotonic() - start
+            if status in statuses or waited > timeout_s:
+                return {"status": status, "trail": trail, "waited_s": round(waited, 3)}
+            time.sleep(interval_s)
 
     @abstractmethod
     def failure_reason(self, room: int) -> str | None:

@@ -61,6 +61,8 @@ class CellDriver:
         self.prefill_setup: dict[str, tuple[dict, int]] = {}  # prefill -> (layout, bootstrap port)
         self.role_env: dict[str, dict[str, str]] = {}  # role -> the environment it was started with
         self.step_index: int | None = None
+        self.full_waits = False  # True: no fail-fast cut of later waits (steps.STALL_CUT_S)
+        self.stalled_step: int | None = None  # the first step whose must-come status never came
 
     # ---- calls with history ----------------------------------------------
     def call(self, role: str, op: str, deadline_s: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
@@ -160,26 +162,28 @@ class CellDriver:
         self.call(step.prefill, "send_chunk", room=step.room, pages=list(step.pages))
 
     def _do_AwaitStatus(self, step: s.AwaitStatus) -> None:
-        args = {"room": step.room, "statuses": [kvpoll_name(x) for x in step.statuses], "timeout_s": step.timeout_s}
+        bound = step.timeout_s
+        args: dict[str, Any] = {"room": step.room, "statuses": [kvpoll_name(x) for x in step.statuses],
+                                "timeout_s": bound}
+        if self.stalled_step is not None and bound > s.STALL_CUT_S:  # fail fast (steps.STALL_CUT_S)
+            bound = s.STALL_CUT_S
+            args.update(timeout_s=bound, cut={"from_s": step.timeout_s, "after_step": self.stalled_step})
         self.history.record("invoke", "await_status", step.role, self.step_index, args=args)
         client = self.clients[step.role]
-        start = time.monotonic()
-        status = None
-        trail: list[str] = []
         try:
-            while True:
-                status = client.call("poll", CALL_TIMEOUT_S, room=step.room)
-                if not trail or trail[-1] != kvpoll_name(status):
-                    trail.append(kvpoll_name(status))
-                if status in step.statuses or time.monotonic() - start > step.timeout_s:
-                    break
-                time.sleep(POLL_INTERVAL_S)
+            seen = client.call("await_status", bound + CALL_TIMEOUT_S, room=step.room,
+                               statuses=list(step.statuses), timeout_s=bound)
+            status = seen["status"]
             reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status == FAILED else None
         except RoleError as exc:
             self.history.record("fail", "await_status", step.role, self.step_index, args=args, error=str(exc))
             return
-        value = {"status": status, "status_name": kvpoll_name(status), "reached": status in step.statuses,
-                 "waited_s": round(time.monotonic() - start, 3), "trail": trail, "failure_reason": reason}
+        reached = status in step.statuses
+        if not reached and step.timeout_s >= s.STEP_TIMEOUT_S and not self.full_waits \
+                and self.stalled_step is None:
+            self.stalled_step = self.step_index
+        value = {"status": status, "status_name": kvpoll_name(status), "reached": reached,
+                 "waited_s": seen["waited_s"], "trail": seen["trail"], "failure_reason": reason}
         self.history.record("ok", "await_status", step.role, self.step_index, args=args, value=value)
 
     def _do_VerifyPools(self, step: s.VerifyPools) -> None:
@@ -456,11 +460,16 @@ class CellDriver:
         self.ctx.term()
 
 
-def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port: int) -> CellResult:
-    """Run one cell in this process (roles in child processes); return its result."""
+def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port: int,
+             full_waits: bool = False) -> CellResult:
+    """Run one cell in this process (roles in child processes); return its result.
+
+    ``full_waits``: every AwaitStatus waits its whole bound, even after a must-come
+    status never came (default: later waits are cut, see harness.steps.STALL_CUT_S)."""
     workdir.mkdir(parents=True, exist_ok=True)
     history = History(workdir / "history.jsonl")
     driver = CellDriver(impl, LocalLauncher(workdir), history, base_port)
+    driver.full_waits = full_waits
     start = time.monotonic()
     run_error = unsupported = None
     try:
@@ -477,6 +486,11 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
         history.close()
     results = [check.run(history.events) for check in scenario.checks(seed)]
     verdict, reason = verdict_of(results, run_error=run_error, unsupported=unsupported)
+    cut = sum(1 for e in history.events if e["op"] == "await_status" and e["type"] == "invoke"
+              and "cut" in (e.get("args") or {}))
+    if cut:
+        reason += (f" (fail fast: step {driver.stalled_step}'s status never came, so {cut} later wait(s) "
+                   f"were cut to {s.STALL_CUT_S:g} s; --full-waits runs them in full)")
     bytes_verified = sum(
         (e.get("value") or {}).get("bytes_verified", 0)
         for e in history.events if e["op"] == "verify" and e["type"] == "ok"
@@ -509,9 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--base-port", type=int, required=True)
+    parser.add_argument("--full-waits", action="store_true")
     args = parser.parse_args(argv)
     _die_with_parent()
-    result = run_cell(args.impl, get_scenario(args.scenario), args.seed, Path(args.workdir), args.base_port)
+    result = run_cell(args.impl, get_scenario(args.scenario), args.seed, Path(args.workdir), args.base_port,
+                      full_waits=args.full_waits)
     Path(args.workdir, "cell.json").write_text(json.dumps(result.to_dict(), indent=2))
     return 0
 

@@ -63,6 +63,10 @@ def reached_status(room: int, role: str, status: int) -> Callable[[list[dict]], 
             return True, f"{role} room {room} reached {kvpoll_name(status)} after {last['value']['waited_s']:.2f} s"
         reason = (last.get("value") or {}).get("failure_reason")
         extra = f" (failure reason: {reason})" if reason else ""
+        cut = last["args"].get("cut")
+        if cut:
+            extra += (f" (bound cut from {cut['from_s']:g} s: step {cut['after_step']}'s status never came; "
+                      "--full-waits keeps it)")
         return False, (
             f"{role} room {room} ended at {kvpoll_name(seen)}, expected {kvpoll_name(status)} "
             f"within {last['args'].get('timeout_s')} s{extra}"

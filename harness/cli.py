@@ -146,6 +146,10 @@ NIXL_DELAY_OPTION = typer.Option(
     help="Microseconds the NIXL agent's progress thread sleeps between polls; 0 is sglang's busy loop, "
          "which keeps a core busy per NIXL role (see docs/performance.md).")
 
+FULL_WAITS_OPTION = typer.Option(
+    False, "--full-waits", help="Let every wait run to its bound even after a status that must come never came "
+    "(default: fail fast, later waits of that cell are cut to 1 s).")
+
 
 @app.command()
 def run(
@@ -162,6 +166,7 @@ def run(
     fork: bool = typer.Option(True, "--fork/--no-fork", help="Fork cells and roles from one process that imported "
                               "sglang once (default), or start a fresh interpreter for each."),
     nixl_progress_delay_us: int = NIXL_DELAY_OPTION,
+    full_waits: bool = FULL_WAITS_OPTION,
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into --out."""
@@ -218,7 +223,8 @@ def run(
         try:
             result = run_matrix(impls, scenarios, seed, out, on_cell=on_cell, on_start=on_start, target=target,
                                 jobs=jobs, fork=fork, on_note=lambda note: err.print(f"[yellow]note:[/] {note}"),
-                                duration_hint=hint, nixl_progress_delay_us=nixl_progress_delay_us)
+                                duration_hint=hint, nixl_progress_delay_us=nixl_progress_delay_us,
+                                full_waits=full_waits)
         except KeyboardInterrupt:
             progress.stop()
             err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")
@@ -252,6 +258,7 @@ def repro(
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
     nixl_progress_delay_us: int = NIXL_DELAY_OPTION,
+    full_waits: bool = FULL_WAITS_OPTION,
 ) -> None:
     """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
 
@@ -284,7 +291,7 @@ def repro(
     _stop_on_signals()
     try:
         result = run_matrix([impl], [sc], seed, out, target=target, on_event=on_event,
-                            nixl_progress_delay_us=nixl_progress_delay_us)
+                            nixl_progress_delay_us=nixl_progress_delay_us, full_waits=full_waits)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: the cell and its roles were stopped")
         raise typer.Exit(code=130)
@@ -376,7 +383,7 @@ def bench(
             target = _target(None, None)
             wall, overhead, runs = bench_matrix(impls, scenarios, repeat, jobs, out, target=target,
                                                 on_progress=lambda m: err.print(f"[dim]{m}[/]"),
-                                                nixl_progress_delay_us=nixl_progress_delay_us)
+                                                nixl_progress_delay_us=nixl_progress_delay_us, full_waits=full_waits)
             figures += [wall, overhead]
         if "simulator" not in skip:
             err.print(f"[dim]simulator: {repeat} x {seeds} seeds[/]")

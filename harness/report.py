@@ -62,6 +62,8 @@ def reproduce_command(run: RunResult, cell: CellResult) -> str:
     delay = run.engine_settings.get("nixl_progress_delay_us", DEFAULT_NIXL_PROGRESS_DELAY_US)
     if cell.impl == "nixl" and delay != DEFAULT_NIXL_PROGRESS_DELAY_US:
         target += f" --nixl-progress-delay-us {delay}"
+    if run.full_waits:
+        target += " --full-waits"
     return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
 
 

@@ -81,6 +81,7 @@ class RunResult(msgspec.Struct, kw_only=True):
     # engine settings of this run that differ from how sglang runs the engine, e.g.
     # {"nixl_progress_delay_us": 100} (harness.role_context); {} in runs made before it existed
     engine_settings: dict[str, Any] = msgspec.field(default_factory=dict)
+    full_waits: bool = False  # no fail-fast cut of waits after a stuck step (harness.steps.STALL_CUT_S)
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property

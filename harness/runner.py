@@ -116,14 +116,14 @@ class _HistoryFollower:
 def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
                       timeout_s: float | None = None, target: SglangTarget | None = None,
                       on_event: Callable[[dict], None] | None = None, zygote: Zygote | None = None,
-                      base_port: int | None = None) -> CellResult:
+                      base_port: int | None = None, full_waits: bool = False) -> CellResult:
     """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's).
 
     ``target``: the sglang to run against (harness.sglang_target; default the installed one).
     ``on_event``: called with each history event (harness.history) as the cell records it.
     ``zygote``: fork the cell (and its roles) from this fork server instead of starting
     fresh interpreters.  ``base_port``: first of the cell's PORT_BLOCK loopback ports
-    (default: a free block picked now).
+    (default: a free block picked now).  ``full_waits``: see harness.cell.run_cell.
     """
     target = target or installed_target()
     workdir = workdir.resolve()
@@ -132,6 +132,8 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     deadline = timeout_s if timeout_s is not None else scenario.timeout_s
     args = ["--impl", impl, "--scenario", scenario.id, "--seed", str(seed), "--workdir", str(workdir),
             "--base-port", str(base_port if base_port is not None else free_port_block())]
+    if full_waits:
+        args.append("--full-waits")
     cmd = [target.python, "-m", "harness.cell", *args]
     start = time.monotonic()
     with open(workdir / "cell.log", "wb") as log:
@@ -243,7 +245,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                on_event: Callable[[dict], None] | None = None, jobs: int = 1, fork: bool = True,
                on_note: Callable[[str], None] | None = None,
                duration_hint: dict[tuple[str, str], float] | None = None,
-               nixl_progress_delay_us: int = DEFAULT_NIXL_PROGRESS_DELAY_US) -> RunResult:
+               nixl_progress_delay_us: int = DEFAULT_NIXL_PROGRESS_DELAY_US,
+               full_waits: bool = False) -> RunResult:
     """Run every (scenario, impl) cell, ``jobs`` at a time; return the run's result tree.
 
     Cells are reported in (scenario, impl) order whatever ``jobs`` is.
@@ -261,11 +264,13 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     deadline), which shortens the run's tail; the reported order does not change.
     ``nixl_progress_delay_us``: the NIXL roles' progress-thread sleep (microseconds; 0 is
     sglang's busy loop; backends/nixl/adapter.py); recorded in ``engine_settings``.
+    ``full_waits``: no fail-fast cut of waits after a stuck step (harness.steps.STALL_CUT_S).
     """
     target = target or installed_target()
     target = replace(target, env={**target.env, NIXL_PROGRESS_DELAY_ENV: str(nixl_progress_delay_us)})
     started = time.monotonic()
     run = RunResult(sglang=target.info, seed=seed, engine_settings={"nixl_progress_delay_us": nixl_progress_delay_us},
+                    full_waits=full_waits,
                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     cells = [(scenario, impl) for scenario in scenarios for impl in impls]
     hidden = []  # reference cells that only serve the diff
@@ -300,7 +305,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         base = ports.acquire()
         try:
             result = run_cell_isolated(impl, scenario, seed, workdir, target=target,
-                                       on_event=on_event if reported else None, zygote=zygote, base_port=base)
+                                       on_event=on_event if reported else None, zygote=zygote, base_port=base,
+                                       full_waits=full_waits)
         finally:
             ports.release(base)
         result.inherent_wait_s = scenario.inherent_wait_s(seed)

@@ -90,6 +90,14 @@ class StartRoles:
 # roles forked ready, and the time a broken implementation costs per stuck step.
 STEP_TIMEOUT_S = 6.0
 
+# Fail fast: an AwaitStatus bounded by STEP_TIMEOUT_S or more says the status must come.
+# When one runs out without it, the cell already fails at that step (the room is stuck:
+# a dead control thread, a stale port), and every later AwaitStatus of the cell would
+# wait out its own bound for the same reason.  From then on each of them waits at most
+# this long (seconds); the history records the cut and the checks' details say so.
+# ``pdconform run --full-waits`` keeps every bound (to study a failing cell's later steps).
+STALL_CUT_S = 1.0
+
 
 @dataclass(frozen=True)
 class OpenRoom:
@@ -167,7 +175,9 @@ class AwaitStatus:
     """Poll ``role``'s room until its KVPoll is in ``statuses`` or ``timeout_s`` passes.
 
     The history records the last status seen and whether it was reached.  Default
-    ``timeout_s``: :data:`STEP_TIMEOUT_S`.
+    ``timeout_s``: :data:`STEP_TIMEOUT_S`, a status that must come; a shorter bound is a
+    probe that may run out in a conforming cell (after an unreached must-come status,
+    see :data:`STALL_CUT_S`).
     """
 
     room: int

@@ -1,0 +1,110 @@
+"""Fail fast (harness.steps.STALL_CUT_S): after a status that must come never came, the
+cell's later waits are cut; probes with short bounds never start the cut; --full-waits
+keeps every bound.  And RoleAdapter.await_status, the role-side wait the cell calls."""
+
+import time
+
+import pytest
+
+from harness import checks as c
+from harness import steps as s
+from harness.adapter import BOOTSTRAPPING, SUCCESS, WAITING_FOR_INPUT, RoleAdapter
+from harness.cell import CellDriver
+from harness.history import History
+
+
+class StuckRole:
+    """A role client whose room never leaves Bootstrapping; records the bounds asked for."""
+
+    def __init__(self):
+        self.bounds: list[float] = []
+
+    def call(self, op, deadline_s, **kwargs):
+        assert op == "await_status"
+        assert deadline_s > kwargs["timeout_s"]  # the call outlives the wait it asks for
+        self.bounds.append(kwargs["timeout_s"])
+        return {"status": BOOTSTRAPPING, "trail": ["Bootstrapping"], "waited_s": kwargs["timeout_s"]}
+
+
+def drive(steps, full_waits=False):
+    history = History()
+    driver = CellDriver("x", launcher=None, history=history, base_port=0)
+    driver.full_waits = full_waits
+    role = StuckRole()
+    driver.clients = {"prefill": role, "decode": role}
+    driver.run(steps)
+    driver.ctx.term()
+    return role.bounds, history.events, driver
+
+
+STEPS = [
+    s.AwaitStatus(1, "prefill", (WAITING_FOR_INPUT,), timeout_s=2.0),  # a probe: may run out, no cut
+    s.AwaitStatus(1, "prefill", (WAITING_FOR_INPUT,)),  # must come: runs out -> the cut starts
+    s.AwaitStatus(1, "decode", (SUCCESS,)),
+    s.AwaitStatus(1, "prefill", (SUCCESS,), timeout_s=15.0),
+    s.AwaitStatus(1, "prefill", (SUCCESS,), timeout_s=0.5),  # already shorter than the cut
+]
+
+
+def test_waits_after_a_stuck_must_come_status_are_cut():
+    bounds, events, driver = drive(STEPS)
+    assert bounds == [2.0, s.STEP_TIMEOUT_S, s.STALL_CUT_S, s.STALL_CUT_S, 0.5]
+    assert driver.stalled_step == 1
+    cuts = [e["args"].get("cut") for e in events if e["op"] == "await_status" and e["type"] == "invoke"]
+    assert cuts == [None, None, {"from_s": s.STEP_TIMEOUT_S, "after_step": 1}, {"from_s": 15.0, "after_step": 1},
+                    None]
+    ok, detail = c.reached_status(1, "decode", SUCCESS)(events)
+    assert not ok and f"bound cut from {s.STEP_TIMEOUT_S:g} s" in detail and "step 1" in detail
+
+
+def test_full_waits_keeps_every_bound():
+    bounds, _, driver = drive(STEPS, full_waits=True)
+    assert bounds == [2.0, s.STEP_TIMEOUT_S, s.STEP_TIMEOUT_S, 15.0, 0.5] and driver.stalled_step is None
+
+
+def test_a_probe_that_runs_out_starts_no_cut():
+    bounds, _, _ = drive([STEPS[0], STEPS[2]])
+    assert bounds == [2.0, s.STEP_TIMEOUT_S]
+
+
+class Room(RoleAdapter):
+    """RoleAdapter with only poll(): its room moves Bootstrapping -> WaitingForInput -> Success."""
+
+    role = "decode"
+
+    def __init__(self, schedule):
+        self.schedule = schedule  # (seconds since start, status)
+        self.start = time.monotonic()
+        self.polls = 0
+
+    def poll(self, room):
+        self.polls += 1
+        elapsed = time.monotonic() - self.start
+        return [status for at, status in self.schedule if at <= elapsed][-1]
+
+
+Room.__abstractmethods__ = frozenset()
+
+
+def test_await_status_sees_a_status_within_milliseconds_and_keeps_the_trail():
+    room = Room([(0, BOOTSTRAPPING), (0.05, WAITING_FOR_INPUT), (0.1, SUCCESS)])
+    seen = room.await_status(7, [SUCCESS], timeout_s=5.0)
+    assert seen["status"] == SUCCESS and seen["trail"] == ["Bootstrapping", "WaitingForInput", "Success"]
+    assert 0.1 <= seen["waited_s"] < 1.0
+    assert room.polls >= 10  # read every few milliseconds, not once per 50 ms round trip
+
+
+def test_await_status_is_bounded_and_reads_at_least_once():
+    room = Room([(0, BOOTSTRAPPING)])
+    seen = room.await_status(7, [SUCCESS], timeout_s=0.2)
+    assert seen["status"] == BOOTSTRAPPING and 0.2 <= seen["waited_s"] < 1.0
+    assert Room([(0, SUCCESS)]).await_status(7, [SUCCESS], timeout_s=0.0)["status"] == SUCCESS
+
+
+def test_await_status_propagates_what_poll_raises():
+    class Gone(Room):
+        def poll(self, room):
+            raise KeyError(f"room {room} is not open")
+
+    with pytest.raises(KeyError, match="room 7"):
+        Gone([]).await_status(7, [SUCCESS], timeout_s=1.0)
