@@ -140,7 +140,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
         process = None
         if zygote is not None:
             try:
-                process = zygote.client.fork("cell", args, workdir / "cell.log",
+                process = zygote.wait_ready().fork("cell", args, workdir / "cell.log",
                                              env={ZYGOTE_ENV: zygote.socket_path})
             except ZygoteError as exc:  # the fork server is gone: this cell starts a fresh interpreter
                 log.write(f"pdconform: fork server unusable ({exc}); fresh interpreter\n".encode())
@@ -230,6 +230,19 @@ def _block_free(base: int, size: int = PORT_BLOCK) -> bool:
             s.close()
 
 
+def _group_of(impl: str) -> str:
+    """Which fork server starts ``impl``'s cells: "reference" (no sglang import) or "sglang"."""
+    return "reference" if impl == REFERENCE else "sglang"
+
+
+def _zygote_groups(impls: list[str]) -> dict[str, list[str]]:
+    """The fork servers a run needs: group name -> the implementations it preloads."""
+    groups: dict[str, list[str]] = {}
+    for impl in impls:
+        groups.setdefault(_group_of(impl), []).append(impl)
+    return groups
+
+
 def default_jobs() -> int:
     """The default number of cells run at once: the cores this process may use."""
     try:
@@ -282,15 +295,35 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     lock = threading.Lock()
     counters = {"started": 0, "done": 0}
 
-    zygote = None
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Two fork servers, started together: the reference's imports take seconds, sglang's
+    # several more, and the reference's cells need not wait for them.
+    zygotes: dict[str, Zygote] = {}
     if fork:
+        for group, names in _zygote_groups(sorted({impl for _, impl, _, _ in tasks})).items():
+            try:
+                zygotes[group] = Zygote(target.python, target.cell_env(), log_dir=out_dir, impls=names,
+                                        wait=False, log_name=f"zygote-{group}.log")
+            except (ZygoteError, OSError) as exc:
+                if on_note:
+                    on_note(f"{group} cells start as fresh interpreters: {exc}")
+    noted: set[str] = set()
+
+    def zygote_for(impl: str) -> Zygote | None:
+        """The ready fork server of ``impl``'s group (waits while it imports); None: fresh interpreters."""
+        group = _group_of(impl)
+        zygote = zygotes.get(group)
+        if zygote is None:
+            return None
         try:
-            zygote = Zygote(target.python, target.cell_env(), log_dir=out_dir,
-                            impls=sorted({impl for _, impl, _, _ in tasks}))
-        except (ZygoteError, OSError) as exc:
-            if on_note:
-                on_note(f"cells start as fresh interpreters: {exc}")
+            zygote.wait_ready()
+            return zygote
+        except ZygoteError as exc:
+            with lock:
+                if group not in noted and on_note:
+                    on_note(f"{group} cells start as fresh interpreters: {exc}")
+                noted.add(group)
+            return None
 
     stopping = threading.Event()
 
@@ -298,6 +331,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         scenario, impl, workdir, reported = task
         if stopping.is_set():
             return CellResult(impl=impl, scenario=scenario.id, verdict="ERROR", reason="run interrupted")
+        zygote = zygote_for(impl)
         if reported and on_start:
             with lock:
                 counters["started"] += 1
@@ -316,17 +350,35 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                 on_cell(counters["done"], len(cells), result)
         return result
 
+    results: list[CellResult | None] = [None] * len(tasks)
     try:
         if jobs <= 1:
             results = [work(task) for task in tasks]
         else:
             hint = duration_hint or {}
-            order = sorted(range(len(tasks)), key=lambda i: -hint.get((tasks[i][0].id, tasks[i][1]),
-                                                                     tasks[i][0].timeout_s))
+            pending = sorted(range(len(tasks)), key=lambda i: -hint.get((tasks[i][0].id, tasks[i][1]),
+                                                                       tasks[i][0].timeout_s))
+
+            def next_task() -> int | None:
+                """The longest pending cell whose fork server is ready; else the longest of all."""
+                with lock:
+                    if stopping.is_set() or not pending:
+                        return None
+                    for i in pending:
+                        z = zygotes.get(_group_of(tasks[i][1]))
+                        if z is None or z.ready_now():
+                            pending.remove(i)
+                            return i
+                    return pending.pop(0)
+
+            def worker() -> None:
+                while (i := next_task()) is not None:
+                    results[i] = work(tasks[i])
+
             pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pdconform-cell")
             try:
-                futures = {i: pool.submit(work, tasks[i]) for i in order}
-                results = [futures[i].result() for i in range(len(tasks))]
+                for future in [pool.submit(worker) for _ in range(jobs)]:
+                    future.result()
             except BaseException:  # an interrupt: stop every running cell now, start no other
                 stopping.set()
                 kill_running_cells()
@@ -334,7 +386,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
     finally:  # (with one job at a time, run_cell_isolated itself kills an interrupted cell's group)
-        if zygote is not None:
+        for zygote in zygotes.values():
             zygote.close()
     for (scenario, impl), result in zip(cells, results[:len(cells)]):
         if diff and impl != REFERENCE and not scenario.test_only:

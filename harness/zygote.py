@@ -75,6 +75,8 @@ def preload(impls: list[str]) -> list[str]:
     from harness.scenario import all_scenarios
 
     all_scenarios(include_test_only=True)  # every scenario module: a cell looks its scenario up first
+    import harness.frames  # noqa: F401 - hypothesis, for the cells that sample layouts or frames
+    import harness.layouts  # noqa: F401
 
     modules = list(dict.fromkeys(m for impl in impls for m in PRELOAD.get(impl, [])))
     if any(m.startswith("sglang") for m in modules):
@@ -326,38 +328,69 @@ class Zygote:
     """Starts and owns one zygote process (a context manager); ``client`` forks through it.
 
     ``python``/``env``: the interpreter and environment of the sglang target; ``impls``:
-    the implementations whose imports to preload (:data:`PRELOAD`).  Raises ZygoteError when it is not ready within ``ready_timeout_s`` seconds.
+    the implementations whose imports to preload (:data:`PRELOAD`); its log is
+    ``log_dir/log_name``.  With ``wait`` (default) the constructor returns once the zygote
+    is ready; without, it returns at once and :meth:`wait_ready` waits (so that a run can
+    start the cells of one zygote while another still imports).  ZygoteError when it is
+    not ready within ``ready_timeout_s`` seconds of its start, or exits while importing.
     """
 
     def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None,
                  ready_timeout_s: float = READY_TIMEOUT_S, log_dir: str | os.PathLike | None = None,
-                 impls: list[str] | tuple[str, ...] = ()):
+                 impls: list[str] | tuple[str, ...] = (), wait: bool = True, log_name: str = "zygote.log"):
         import tempfile
+        import threading
 
         self._dir = tempfile.mkdtemp(prefix="pdconform-zygote-")
         self.socket_path = os.path.join(self._dir, "zygote.sock")
-        ready = Path(self._dir) / "ready.json"
-        log_path = Path(log_dir or self._dir) / "zygote.log"
-        self._log = open(log_path, "wb")
+        self._ready = Path(self._dir) / "ready.json"
+        self.log_path = Path(log_dir or self._dir) / log_name
+        self._log = open(self.log_path, "wb")
+        self._deadline = time.monotonic() + ready_timeout_s
+        self._timeout_s = ready_timeout_s
+        self._lock = threading.Lock()
+        self._error: ZygoteError | None = None
+        self.client: ZygoteClient | None = None
+        self.info: dict[str, Any] = {}
         self.process = subprocess.Popen(
-            [python, "-m", "harness.zygote", "--socket", self.socket_path, "--ready-file", str(ready),
+            [python, "-m", "harness.zygote", "--socket", self.socket_path, "--ready-file", str(self._ready),
              "--preload", ",".join(impls)],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0,
             cwd=str(Path(__file__).resolve().parent.parent))
-        deadline = time.monotonic() + ready_timeout_s
-        try:
-            while not ready.exists():
+        if wait:
+            try:
+                self.wait_ready()
+            except BaseException:  # also an interrupt while it imports: nothing may stay behind
+                self.close()
+                raise
+
+    def ready_now(self) -> bool:
+        """Whether the zygote has finished importing (never blocks)."""
+        return self.client is not None or self._ready.exists()
+
+    def wait_ready(self) -> "ZygoteClient":
+        """Block until the zygote is ready (thread-safe; at once when it already is); its client.
+
+        ZygoteError when it exited while importing or was not ready by its deadline (the
+        same error for every later call)."""
+        with self._lock:
+            if self.client is not None:
+                return self.client
+            if self._error is not None:
+                raise self._error
+            while not self._ready.exists():
                 if self.process.poll() is not None:
-                    raise ZygoteError(f"zygote exited with code {self.process.returncode} while importing "
-                                      f"(log: {log_path})")
-                if time.monotonic() > deadline:
-                    raise ZygoteError(f"zygote not ready within {ready_timeout_s:.0f} s (log: {log_path})")
+                    self._error = ZygoteError(f"zygote exited with code {self.process.returncode} while "
+                                              f"importing (log: {self.log_path})")
+                    raise self._error
+                if time.monotonic() > self._deadline:
+                    self._error = ZygoteError(f"zygote not ready within {self._timeout_s:.0f} s "
+                                              f"(log: {self.log_path})")
+                    raise self._error
                 time.sleep(POLL_S)
-            self.info: dict[str, Any] = json.loads(ready.read_text())
-        except BaseException:  # also an interrupt while it imports: nothing may stay behind
-            self.close()
-            raise
-        self.client = ZygoteClient(self.socket_path)
+            self.info = json.loads(self._ready.read_text())
+            self.client = ZygoteClient(self.socket_path)
+            return self.client
 
     def close(self) -> None:
         """Stop the zygote (its group) and remove its socket."""

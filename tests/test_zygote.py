@@ -1,0 +1,37 @@
+"""The fork server's start: a run starts its zygotes without waiting, then waits per group."""
+
+import pytest
+
+from harness.runner import _zygote_groups
+from harness.zygote import Zygote, ZygoteError
+
+
+def test_a_zygote_started_without_waiting_becomes_ready_and_forks(tmp_path):
+    zygote = Zygote(impls=["reference"], wait=False, log_dir=tmp_path, log_name="zygote-reference.log")
+    try:
+        assert not zygote.ready_now()  # importing torch takes seconds; the constructor did not wait
+        client = zygote.wait_ready()
+        assert zygote.ready_now() and zygote.wait_ready() is client
+        assert client.call({"op": "ping"})["pid"] == zygote.info["pid"]
+        assert zygote.info["threads"] <= 2  # still safe to fork: no thread but torch's own
+    finally:
+        zygote.close()
+    assert (tmp_path / "zygote-reference.log").exists()
+
+
+def test_a_zygote_that_dies_while_importing_fails_every_wait_the_same_way(tmp_path):
+    zygote = Zygote(python="/bin/false", wait=False, log_dir=tmp_path)
+    try:
+        with pytest.raises(ZygoteError, match="exited with code 1 while importing") as first:
+            zygote.wait_ready()
+        with pytest.raises(ZygoteError) as second:
+            zygote.wait_ready()
+        assert str(first.value) == str(second.value)
+    finally:
+        zygote.close()
+
+
+def test_the_reference_gets_its_own_fork_server():
+    assert _zygote_groups(["mooncake", "nixl", "reference"]) == {"sglang": ["mooncake", "nixl"],
+                                                                "reference": ["reference"]}
+    assert _zygote_groups(["reference"]) == {"reference": ["reference"]}
