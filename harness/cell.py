@@ -78,6 +78,38 @@ class CellDriver:
         self.history.record("ok", op, role, self.step_index, args=kwargs, value=value)
         return value
 
+    def call_all(self, calls: list[tuple[str, str, dict]], deadline_s: float = CALL_TIMEOUT_S) -> list[Any]:
+        """Run ``(role, op, kwargs)`` calls on distinct roles at the same time; their values in
+        order (None for a call that failed, as :meth:`call` records it).  The history gets
+        every invoke, then every completion, in the order of ``calls``.  CellAborted (after
+        every reply is read) when one of them is unsupported."""
+        sent = []
+        for role, op, kwargs in calls:
+            self.history.record("invoke", op, role, self.step_index, args=kwargs)
+            try:
+                self.clients[role].send(op, **kwargs)
+                sent.append(None)
+            except RoleError as exc:
+                sent.append(exc)
+        values, unsupported = [], None
+        for (role, op, kwargs), error in zip(calls, sent):
+            try:
+                if error is not None:
+                    raise error
+                value = self.clients[role].result(deadline_s)
+            except RoleError as exc:
+                self.history.record("fail", op, role, self.step_index, args=kwargs, error=str(exc),
+                                    unsupported=exc.unsupported, remote_traceback=exc.remote_traceback)
+                if exc.unsupported and unsupported is None:
+                    unsupported = f"{role}.{op}: {exc}"
+                values.append(None)
+                continue
+            self.history.record("ok", op, role, self.step_index, args=kwargs, value=value)
+            values.append(value)
+        if unsupported:
+            raise CellAborted(unsupported, unsupported=True)
+        return values
+
     # ---- steps -------------------------------------------------------------
     def run(self, steps: list[s.Step]) -> None:
         for index, step in enumerate(steps):
@@ -95,20 +127,27 @@ class CellDriver:
             self._await_launch(name, self.handles[name], step.ready_timeout_s)
         for arm in step.arm:
             self._do_ArmPoint(arm)
+        # Every role starts its manager and engine at once (the decodes do not need the
+        # prefills yet); the history records the calls in the step's order.
         layout = step.layout.to_dict()
+        starts: list[tuple[str, str, dict]] = []
         for name in step.prefills:
             port = self.base_port + self.prefills_started  # each prefill's bootstrap port, unique in the cell
             self.prefills_started += 1
-            self._start_prefill(name, layout, port)
+            starts.append((name, "start_prefill", {"layout": layout, "bootstrap_port": port}))
         decode_layout = (step.decode_layout or step.layout).to_dict()
         for i, name in enumerate(step.decodes):
             extra = {"attn_tp": (step.decode_attn_tp, i % step.decode_attn_tp)} if step.decode_attn_tp > 1 else {}
-            facts = self.call(name, "start_decode", deadline_s=60, layout=decode_layout, bootstrap_port=self.base_port,
-                              **extra)
+            starts.append((name, "start_decode", {"layout": decode_layout, "bootstrap_port": self.base_port,
+                                                  **extra}))
+        for (name, op, kwargs), facts in zip(starts, self.call_all(starts, deadline_s=60)):
             if facts is None:
-                raise CellAborted(f"decode {name} failed to start: {self._last_error(name)}")
-            self._note_control_endpoint(name, facts)
-            self.engine = facts.get("engine", self.engine)
+                raise CellAborted(f"{op.split('_')[1]} {name} failed to start: {self._last_error(name)}")
+            if op == "start_prefill":
+                self._prefill_started(name, kwargs["layout"], kwargs["bootstrap_port"], facts)
+            else:
+                self._note_control_endpoint(name, facts)
+                self.engine = facts.get("engine", self.engine)
 
     def _await_launch(self, name: str, handle: RoleHandle, timeout_s: float) -> None:
         """Wait for a launched role process to serve commands; connect a client to it."""
@@ -125,6 +164,9 @@ class CellDriver:
         facts = self.call(name, "start_prefill", deadline_s=60, layout=layout, bootstrap_port=port)
         if facts is None:
             raise CellAborted(f"prefill {name} failed to start: {self._last_error(name)}")
+        self._prefill_started(name, layout, port, facts)
+
+    def _prefill_started(self, name: str, layout: dict, port: int, facts: dict) -> None:
         self.prefill_setup[name] = (layout, port)
         self.bootstrap_addr[name] = facts["bootstrap_addr"]
         self._note_control_endpoint(name, facts)
@@ -434,7 +476,7 @@ class CellDriver:
 
     def _stop(self, name: str) -> None:
         client, handle = self.clients[name], self.handles[name]
-        if handle.alive() and not client.broken:
+        if handle.alive() and not client.broken and client.pending is None:
             try:
                 client.call("shutdown", 5)
             except RoleError:

@@ -214,13 +214,36 @@ class RoleClient:
         self._socket.connect(endpoint)
         self._handle = handle
         self.broken: str | None = None
+        self._pending: str | None = None
 
     def call(self, op: str, deadline_s: float, **kwargs: Any) -> Any:
         """Run ``op(**kwargs)`` on the role; RoleTimeout after ``deadline_s`` seconds,
         RoleError (with the remote traceback) when the op raised."""
+        self.send(op, **kwargs)
+        return self.result(deadline_s)
+
+    @property
+    def pending(self) -> str | None:
+        """The op sent whose reply :meth:`result` has not read yet (None: none)."""
+        return self._pending
+
+    def send(self, op: str, **kwargs: Any) -> None:
+        """Start ``op(**kwargs)`` on the role without waiting (read its reply with :meth:`result`),
+        so that several roles can work at once.  RoleError when the client is broken or a
+        reply is still unread."""
         if self.broken:
             raise RoleError(f"{self.name} is not answering ({self.broken})")
+        if self._pending is not None:
+            raise RoleError(f"{self.name}: {op} sent while the reply to {self._pending} is unread")
         self._socket.send_pyobj({"op": op, "kwargs": kwargs})
+        self._pending = op
+
+    def result(self, deadline_s: float) -> Any:
+        """The reply to the op :meth:`send` started: its value; RoleTimeout when none came
+        within ``deadline_s`` seconds, RoleError when the op raised or the role's process ended."""
+        op = self._pending
+        if op is None:
+            raise RoleError(f"{self.name}: no op is waiting for a reply")
         deadline = time.monotonic() + deadline_s
         while not self._socket.poll(int(self.POLL_SLICE_S * 1000), zmq.POLLIN):
             if self._handle is not None and not self._handle.alive():
@@ -230,6 +253,7 @@ class RoleClient:
                 self.broken = f"{op} got no answer within {deadline_s:.1f} s"
                 raise RoleTimeout(f"{self.name}: {self.broken}")
         reply = self._socket.recv_pyobj()
+        self._pending = None
         if reply.get("ok"):
             return reply.get("value")
         raise RoleError(

@@ -124,10 +124,26 @@ class _Side:
         self.endpoint = f"tcp://{HOST}:{self.port}"
         self.push: dict[str, zmq.Socket] = {}
         self.inbox: queue.Queue = queue.Queue()
+        # a byte on this pipe wakes the loop for inbox work (instead of waiting out TICK_S)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
         self.handle_frames = handle_frames
         self.on_tick = on_tick
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"reference-{name}-control", daemon=True)
+
+    def submit(self, fn) -> None:
+        """Run ``fn()`` on the control thread, as soon as it finishes what it is doing (any thread)."""
+        self.inbox.put(fn)
+        try:
+            os.write(self._wake_w, b"w")
+        except BlockingIOError:  # the pipe is full of wake-ups already
+            pass
+        except OSError:  # closed: the side is stopping
+            pass
 
     def send(self, endpoint: str, frames: list[bytes]) -> None:
         sock = self.push.get(endpoint)
@@ -152,7 +168,13 @@ class _Side:
     def _loop(self) -> None:
         next_tick = time.monotonic()
         while not self.stop.is_set():
-            if self.pull.poll(int(TICK_S * 1000)):
+            ready = dict(self.poller.poll(int(max(0.0, next_tick - time.monotonic()) * 1000)))
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if ready.get(self.pull):
                 frames = self.pull.recv_multipart()
                 try:
                     self.handle_frames(frames)
@@ -175,7 +197,11 @@ class _Side:
 
     def close(self) -> None:
         self.stop.set()
+        self.submit(lambda: None)  # wake the loop now
         self.thread.join(timeout=2)
+        if not self.thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         for sock in self.push.values():
             sock.close(0)
         self.pull.close(0)
@@ -311,7 +337,7 @@ class ReferenceRole(RoleAdapter):
             except queue.Empty:
                 continue
             self.points.hit("worker-take-chunk", room=room)
-            self.side.inbox.put(lambda room=room, pages=pages: self._send_chunk_now(room, pages))
+            self.side.submit(lambda room=room, pages=pages: self._send_chunk_now(room, pages))
 
     def _send_chunk_now(self, room: int, pages: list[int]) -> None:
         r = self.prefill.rooms.get(room)
@@ -353,9 +379,9 @@ class ReferenceRole(RoleAdapter):
         verdict = counter.next_transfer(what, counter.next_group(), sleep=False)  # numbered in issue order
         if verdict == FAIL:
             done = pc.WriteDone(w.room, w.write_id, False, f"engine fault injected on transfer {nth}")
-            self.side.inbox.put(lambda: self._prefill_event(done))
+            self.side.submit(lambda: self._prefill_event(done))
         elif verdict is None and counter.plan.delay_s:
-            threading.Timer(counter.plan.delay_s, lambda: self.side.inbox.put(lambda: self._send_write(w))).start()
+            threading.Timer(counter.plan.delay_s, lambda: self.side.submit(lambda: self._send_write(w))).start()
         elif verdict is None:
             self._send_write(w)
 
@@ -384,10 +410,10 @@ class ReferenceRole(RoleAdapter):
     def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
         self.rooms_seen.append(room)
         self.status.setdefault(room, BOOTSTRAPPING)
-        self.side.inbox.put(lambda: self._prefill_event(pc.OpenSender(room, time.monotonic(), destinations)))
+        self.side.submit(lambda: self._prefill_event(pc.OpenSender(room, time.monotonic(), destinations)))
 
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
-        self.side.inbox.put(lambda: self._prefill_event(pc.InitSender(room, num_pages, aux_slot)))
+        self.side.submit(lambda: self._prefill_event(pc.InitSender(room, num_pages, aux_slot)))
 
     def send_chunk(self, room: int, pages: list[int]) -> None:
         self.chunks.put((room, list(pages)))
@@ -423,7 +449,7 @@ class ReferenceRole(RoleAdapter):
             except OSError:
                 ok = False
             now = time.monotonic()
-            self.side.inbox.put(lambda p=prefill, ok=ok, now=now: self._decode_event(dc.HeartbeatResult(p, ok, now)))
+            self.side.submit(lambda p=prefill, ok=ok, now=now: self._decode_event(dc.HeartbeatResult(p, ok, now)))
 
     def _decode_event(self, event) -> None:
         for action in self.decode.handle(event):
@@ -501,10 +527,10 @@ class ReferenceRole(RoleAdapter):
                 self.decode.rooms[room].status = FAILED
                 self._record(room, FAILED, f"layout rejected: {result.reason}")
 
-        self.side.inbox.put(open_room)
+        self.side.submit(open_room)
 
     def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
-        self.side.inbox.put(lambda: self._decode_event(dc.RequestKV(room, tuple(pages), aux_slot, time.monotonic())))
+        self.side.submit(lambda: self._decode_event(dc.RequestKV(room, tuple(pages), aux_slot, time.monotonic())))
 
     def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = (),
                sent_layers: list | None = None) -> dict:
@@ -527,7 +553,7 @@ class ReferenceRole(RoleAdapter):
             finally:
                 done.set()
 
-        self.side.inbox.put(work)
+        self.side.submit(work)
         if not done.wait(timeout_s):
             raise TimeoutError(f"the {self.role} control thread did not answer within {timeout_s:.0f} s")
         if "error" in box:

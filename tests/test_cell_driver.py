@@ -1,4 +1,4 @@
-"""Fail fast (harness.steps.STALL_CUT_S): after a status that must come never came, the
+"""The cell driver's waits and starts.  Fail fast (harness.steps.STALL_CUT_S): after a status that must come never came, the
 cell's later waits are cut; probes with short bounds never start the cut; --full-waits
 keeps every bound.  And RoleAdapter.await_status, the role-side wait the cell calls."""
 
@@ -108,3 +108,52 @@ def test_await_status_propagates_what_poll_raises():
 
     with pytest.raises(KeyError, match="room 7"):
         Gone([]).await_status(7, [SUCCESS], timeout_s=1.0)
+
+
+class Starter:
+    """A role client for call_all: send() starts, result() answers (or raises ``error``)."""
+
+    def __init__(self, log, name, error=None):
+        self.log, self.name, self.error, self.pending = log, name, error, None
+
+    def send(self, op, **kwargs):
+        self.log.append(("send", self.name))
+        self.pending = op
+
+    def result(self, deadline_s):
+        self.log.append(("result", self.name))
+        self.pending = None
+        if self.error:
+            raise self.error
+        return {"role": self.name}
+
+
+def test_call_all_starts_every_role_before_waiting_and_records_in_order():
+    from harness.launcher import RoleError
+
+    history, log = History(), []
+    driver = CellDriver("x", launcher=None, history=history, base_port=0)
+    driver.clients = {"prefill": Starter(log, "prefill"), "decode": Starter(log, "decode"),
+                      "decode-1": Starter(log, "decode-1", RoleError("boom"))}
+    values = driver.call_all([("prefill", "start_prefill", {}), ("decode", "start_decode", {}),
+                              ("decode-1", "start_decode", {})])
+    assert values == [{"role": "prefill"}, {"role": "decode"}, None]
+    assert log[:3] == [("send", "prefill"), ("send", "decode"), ("send", "decode-1")]  # all working at once
+    assert [(e["type"], e["role"]) for e in history.events] == [
+        ("invoke", "prefill"), ("invoke", "decode"), ("invoke", "decode-1"),
+        ("ok", "prefill"), ("ok", "decode"), ("fail", "decode-1")]
+    driver.ctx.term()
+
+
+def test_call_all_reads_every_reply_before_giving_up_on_an_unsupported_call():
+    from harness.cell import CellAborted
+    from harness.launcher import RoleError
+
+    log = []
+    driver = CellDriver("x", launcher=None, history=History(), base_port=0)
+    driver.clients = {"prefill": Starter(log, "prefill", RoleError("no such API", unsupported=True)),
+                      "decode": Starter(log, "decode")}
+    with pytest.raises(CellAborted) as aborted:
+        driver.call_all([("prefill", "start_prefill", {}), ("decode", "start_decode", {})])
+    assert aborted.value.unsupported and all(c.pending is None for c in driver.clients.values())
+    driver.ctx.term()
