@@ -6,6 +6,8 @@ Four figures, each the median and spread of several samples:
 - per-cell overhead (seconds): a cell's wall time minus its scenario's inherent waits
   (its sleeps and the timeouts it sets, harness.scenario.Scenario.inherent_wait_s),
   over every cell of every repeat;
+- matrix CPU time (seconds, user + system, every cell and its roles: what a run costs a
+  shared CI machine, and the floor of its wall time on N cores is this over N);
 - reference simulator throughput (seeded lifecycle runs per minute);
 - KV bytes per second through each real engine, raw and through the harness's
   instrumentation, on the same transfer (harness.engine_bench).
@@ -71,14 +73,17 @@ def machine() -> dict[str, Any]:
 
 def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_dir: Path, target=None,
                  on_progress: Callable[[str], None] | None = None,
-                 nixl_progress_delay_us: int | None = None) -> tuple[Figure, Figure, list]:
-    """Run the matrix ``repeat`` times; return (wall time figure, per-cell overhead figure, the runs).
+                 nixl_progress_delay_us: int | None = None) -> tuple[Figure, Figure, Figure, list]:
+    """Run the matrix ``repeat`` times; return (wall time, per-cell overhead and matrix CPU
+    time figures, the runs).  The CPU figure has a sample only for runs whose every cell
+    was measured (forked cells).
 
     ``nixl_progress_delay_us``: passed to harness.runner.run_matrix (None: its default)."""
     from harness.runner import run_matrix
 
     wall = Figure("matrix_wall_s", "s")
     overhead = Figure("cell_overhead_s", "s")
+    cpu = Figure("matrix_cpu_s", "s")
     runs = []
     for i in range(repeat):
         if on_progress:
@@ -90,12 +95,14 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)
+        if all(c.cpu_s is not None for c in run.cells):
+            cpu.samples.append(round(sum(c.cpu_s for c in run.cells), 3))
     verdict_sets = {tuple(c.verdict for c in r.cells) for r in runs}
     if len(verdict_sets) > 1:
         changed = sorted({f"{a.scenario} x {a.impl}" for r in runs[1:] for a, b in zip(runs[0].cells, r.cells)
                           if a.verdict != b.verdict})
         wall.note = f"verdicts differed between repeats: {', '.join(changed)}"
-    return wall, overhead, runs
+    return wall, overhead, cpu, runs
 
 
 def bench_simulator(seeds: int, repeat: int) -> Figure:

@@ -381,10 +381,10 @@ def bench(
     try:
         if "matrix" not in skip:
             target = _target(None, None)
-            wall, overhead, runs = bench_matrix(impls, scenarios, repeat, jobs, out, target=target,
+            wall, overhead, cpu, runs = bench_matrix(impls, scenarios, repeat, jobs, out, target=target,
                                                 on_progress=lambda m: err.print(f"[dim]{m}[/]"),
                                                 nixl_progress_delay_us=nixl_progress_delay_us, full_waits=full_waits)
-            figures += [wall, overhead]
+            figures += [wall, overhead, cpu]
         if "simulator" not in skip:
             err.print(f"[dim]simulator: {repeat} x {seeds} seeds[/]")
             figures.append(bench_simulator(seeds, repeat))

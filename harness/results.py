@@ -36,6 +36,7 @@ class CellResult(msgspec.Struct, kw_only=True):
     engine: Optional[str] = None  # real | standin | reference (None: no role started)
     duration_s: float = 0.0
     inherent_wait_s: float = 0.0  # the scenario's own sleeps and timeouts (Scenario.inherent_wait_s)
+    cpu_s: Optional[float] = None  # CPU seconds of the cell and its roles (forked cells only; None: not measured)
     bytes_verified: int = 0
     reason: str = ""
     divergence: Optional[dict[str, Any]] = None

@@ -30,7 +30,7 @@ from harness.diff import first_divergence
 from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
 from harness.results import CellResult, RunResult, cell_dir, load_cell, reference_for_diff_dir
 from harness.sglang_target import SglangTarget, installed_target
-from harness.zygote import ZYGOTE_ENV, Zygote, ZygoteError
+from harness.zygote import ZYGOTE_ENV, ForkedProcess, Zygote, ZygoteError
 from harness.scenario import Scenario
 
 REFERENCE = "reference"
@@ -179,7 +179,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
             except ProcessLookupError:
                 pass
     try:
-        return load_cell(workdir / "cell.json")
+        result = load_cell(workdir / "cell.json")
     except (OSError, ValueError) as exc:
         tail = "\n".join((workdir / "cell.log").read_text(errors="replace").splitlines()[-15:])
         return CellResult(
@@ -187,6 +187,9 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
             reason=f"cell process exited with code {process.returncode} without a result ({exc}): {tail}",
             workdir=str(workdir),
         )
+    if isinstance(process, ForkedProcess):
+        result.cpu_s = process.group_cpu_s()
+    return result
 
 
 class PortBlocks:

@@ -146,17 +146,21 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
     buffers: dict[socket.socket, bytes] = {}
     exited: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
     children: set[int] = set()
+    group_of: dict[int, int] = {}  # pid -> its process group (a cell's pid for the cell and its roles)
+    group_cpu: dict[int, float] = {}  # process group -> CPU seconds (user + system) of its reaped processes
 
     def reap() -> None:
         while children:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
             children.discard(pid)
             exited[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            group = group_of.pop(pid, pid)
+            group_cpu[group] = group_cpu.get(group, 0.0) + usage.ru_utime + usage.ru_stime
 
     def answer(request: dict) -> dict:
         op = request.get("op")
@@ -168,6 +172,10 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
                 _child(request, listener, clients)
             children.add(pid)
             exited.pop(pid, None)  # a reused pid: an older child's exit status is not this one's
+            group = request.get("pgid") or pid
+            group_of[pid] = group
+            if group == pid:
+                group_cpu.pop(pid, None)  # a reused pid: an older group's CPU is not this one's
             return {"ok": True, "pid": pid}
         if op == "status":
             reap()
@@ -175,6 +183,11 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
             if pid in exited:
                 return {"ok": True, "returncode": exited[pid]}
             return {"ok": True, "returncode": None if pid in children else "unknown"}
+        if op == "group_cpu":  # CPU seconds of a process group's exited members (a cell and its roles)
+            reap()
+            group = int(request["pgid"])
+            running = sum(1 for pid in children if group_of.get(pid) == group)
+            return {"ok": True, "cpu_s": round(group_cpu.get(group, 0.0), 3), "running": running}
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     while True:
@@ -312,6 +325,22 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def group_cpu_s(self, timeout_s: float = 2.0) -> float | None:
+        """CPU seconds (user + system) this process and the others of its process group used,
+        once all of them have exited (waits up to ``timeout_s``); None when the zygote cannot
+        say (it is gone, or some are still running at the deadline)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = self.client.call({"op": "group_cpu", "pgid": self.pid})
+            except ZygoteError:
+                return None
+            if not reply["running"]:
+                return reply["cpu_s"]
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(POLL_S)
 
 
 def _exists(pid: int) -> bool:

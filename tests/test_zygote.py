@@ -35,3 +35,14 @@ def test_the_reference_gets_its_own_fork_server():
     assert _zygote_groups(["mooncake", "nixl", "reference"]) == {"sglang": ["mooncake", "nixl"],
                                                                 "reference": ["reference"]}
     assert _zygote_groups(["reference"]) == {"reference": ["reference"]}
+
+
+def test_a_forked_cell_reports_the_cpu_time_of_itself_and_its_roles(tmp_path):
+    from harness.runner import run_matrix
+    from harness.scenario import get_scenario
+
+    fork, fresh = (run_matrix(["selftest"], [get_scenario("selftest-clean")], seed=0, out_dir=tmp_path / name,
+                              fork=forked).cells[0] for name, forked in (("fork", True), ("fresh", False)))
+    assert fork.verdict == "PASS" and fork.cpu_s is not None
+    assert 0 < fork.cpu_s < 2 * fork.duration_s + 1  # two roles and the cell, mostly waiting
+    assert fresh.cpu_s is None  # fresh interpreters: not measured, not guessed
