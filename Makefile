@@ -4,6 +4,8 @@ VENV ?= .venv
 PDCONFORM = $(VENV)/bin/pdconform
 # The shipped expected verdicts for this sglang (docs/sglang-bugs.md explains each).
 EXPECTATIONS ?= $(wildcard expectations/sglang-$(SGLANG_VERSION).toml)
+# Cells at once: cells mostly wait on sglang's timers, so 4 per core (docs/performance.md).
+JOBS ?= $(shell echo $$(( 4 * $$(nproc) )))
 
 .PHONY: setup matrix test doctor bench nightly clean
 
@@ -11,14 +13,14 @@ setup:
 	@SGLANG_VERSION=$(SGLANG_VERSION) VENV=$(VENV) scripts/setup.sh
 
 matrix: setup
-	$(PDCONFORM) run $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
+	$(PDCONFORM) run --jobs $(JOBS) $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 
 test: setup
 	$(VENV)/bin/python -m pytest -q
 
 # Benchmarks and long property runs: not part of `make test`.
 bench: setup
-	$(PDCONFORM) bench
+	$(PDCONFORM) bench --jobs $(JOBS)
 
 nightly: setup
 	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q
