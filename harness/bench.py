@@ -73,10 +73,13 @@ def machine() -> dict[str, Any]:
 
 def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_dir: Path, target=None,
                  on_progress: Callable[[str], None] | None = None,
-                 nixl_progress_delay_us: int | None = None) -> tuple[Figure, Figure, Figure, list]:
+                 nixl_progress_delay_us: int | None = None,
+                 duration_hint: dict | None = None) -> tuple[Figure, Figure, Figure, list]:
     """Run the matrix ``repeat`` times; return (wall time, per-cell overhead and matrix CPU
     time figures, the runs).  The CPU figure has a sample only for runs whose every cell
-    was measured (forked cells).
+    was measured (forked cells).  Every repeat orders its cells by ``duration_hint`` (as a
+    clean clone's first run does, see harness.runner.expected_durations), not by the
+    previous repeat's durations.
 
     ``nixl_progress_delay_us``: passed to harness.runner.run_matrix (None: its default)."""
     from harness.runner import run_matrix
@@ -88,10 +91,9 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
     for i in range(repeat):
         if on_progress:
             on_progress(f"matrix run {i + 1}/{repeat} ({len(impls) * len(scenarios)} cells, {jobs} at a time)")
-        hint = {(c.scenario, c.impl): c.duration_s for c in runs[-1].cells} if runs else None
         extra = {} if nixl_progress_delay_us is None else {"nixl_progress_delay_us": nixl_progress_delay_us}
         run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs,
-                         duration_hint=hint, **extra)
+                         duration_hint=duration_hint, **extra)
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)

@@ -233,6 +233,19 @@ def _block_free(base: int, size: int = PORT_BLOCK) -> bool:
             s.close()
 
 
+def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
+                       expected_verdict: Callable[[str, str], str]) -> dict[tuple[str, str], float]:
+    """A duration hint (seconds per (scenario, impl)) for a run with no earlier results: the
+    scenario's inherent waits, plus one step bound for a cell expected to FAIL or ERROR
+    (``expected_verdict(impl, scenario)``), since such cells wait out a status that never
+    comes.  Only the order of the cells depends on it."""
+    from harness.steps import STEP_TIMEOUT_S
+
+    return {(sc.id, impl): sc.inherent_wait_s(seed) + (STEP_TIMEOUT_S if expected_verdict(impl, sc.id)
+                                                       in ("FAIL", "ERROR") else 0.0)
+            for sc in scenarios for impl in impls}
+
+
 def _group_of(impl: str) -> str:
     """Which fork server starts ``impl``'s cells: "reference" (no sglang import) or "sglang"."""
     return "reference" if impl == REFERENCE else "sglang"
@@ -276,8 +289,9 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     ``jobs=1``).  ``fork``: start cells and roles from a harness.zygote fork server
     (sglang imported once per run); if it cannot start, fresh interpreters are used and
     ``on_note`` says why.  With ``jobs`` > 1 the longest cells start first (seconds per
-    (scenario, impl) from ``duration_hint``, e.g. an earlier run; else the scenario's
-    deadline), which shortens the run's tail; the reported order does not change.
+    (scenario, impl) from ``duration_hint``, e.g. an earlier run or :func:`expected_durations`;
+    else the scenario's inherent waits), which shortens the run's tail; the reported order
+    does not change.
     ``nixl_progress_delay_us``: the NIXL roles' progress-thread sleep (microseconds; 0 is
     sglang's busy loop; backends/nixl/adapter.py); recorded in ``engine_settings``.
     ``full_waits``: no fail-fast cut of waits after a stuck step (harness.steps.STALL_CUT_S).
@@ -360,7 +374,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         else:
             hint = duration_hint or {}
             pending = sorted(range(len(tasks)), key=lambda i: -hint.get((tasks[i][0].id, tasks[i][1]),
-                                                                       tasks[i][0].timeout_s))
+                                                                       tasks[i][0].inherent_wait_s(seed)))
 
             def next_task() -> int | None:
                 """The longest pending cell whose fork server is ready; else the longest of all."""

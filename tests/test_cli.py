@@ -68,3 +68,20 @@ def test_out_symlink_loop_is_a_usage_error(tmp_path):
     loop.symlink_to(loop)
     out = pdconform("run", "--impl", "reference", "--scenario", "happy-path", "--out", str(loop))
     assert out.returncode == 2 and "cannot use --out" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_reports_every_figure_with_its_samples(tmp_path):
+    out = pdconform("bench", "--repeat", "2", "--impl", "reference", "--scenario", "happy-path", "--jobs", "2",
+                    "--skip", "engines", "--seeds", "50", "--out", str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    figures = {f["name"]: f for f in json.loads((tmp_path / "bench.json").read_text())["figures"]}
+    assert len(figures["matrix_wall_s"]["samples"]) == 2 and figures["matrix_wall_s"]["goal"] == ["<=", 60.0]
+    assert len(figures["cell_overhead_s"]["samples"]) == 2  # one cell per run
+    assert len(figures["matrix_cpu_s"]["samples"]) == 2 and all(s > 0 for s in figures["matrix_cpu_s"]["samples"])
+    assert figures["simulator_runs_per_min"]["median"] > 0
+    assert "matrix_cpu_s" in out.stdout
+
+
+def test_bench_bad_skip_is_a_usage_error():
+    out = pdconform("bench", "--skip", "everything")
+    assert out.returncode == 2 and "unknown --skip everything" in out.stderr + out.stdout
