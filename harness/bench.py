@@ -121,8 +121,24 @@ def bench_simulator(seeds: int, repeat: int) -> Figure:
     return figure
 
 
+# Raw/instrumented pairs per engine, whatever --repeat says: one pair takes about a second,
+# and on a 2-core machine a single NIXL transfer varies by 2x, so fewer pairs give a median
+# of noise (4 pairs of 64 MiB read +12.9 % and -4.8 % minutes apart; 7 pairs of 128 MiB
+# -0.2 % Mooncake, -4.8 % NIXL).
+MIN_ENGINE_PAIRS = 9
+
+
+def engine_pairs(repeat: int) -> int:
+    """Raw/instrumented pairs per engine for a bench of ``repeat`` samples (at least MIN_ENGINE_PAIRS)."""
+    return max(repeat, MIN_ENGINE_PAIRS)
+
+
 def bench_engines(total_bytes: int, repeat: int) -> list[Figure]:
-    """KV bytes/s per real engine, raw and instrumented, and the instrumentation's cost in %."""
+    """KV bytes/s per real engine, raw and instrumented, and the instrumentation's cost in %.
+
+    ``total_bytes`` per transfer; ``engine_pairs(repeat)`` raw/instrumented pairs per engine.
+    An engine that cannot run is reported in the figure's note, not raised.
+    """
     try:
         from harness.engine_bench import compare
     except ImportError as exc:
@@ -130,7 +146,7 @@ def bench_engines(total_bytes: int, repeat: int) -> list[Figure]:
     figures = []
     for engine in ("mooncake", "nixl"):
         try:
-            result = compare(engine, total_bytes=total_bytes, repeats=max(repeat, 4))
+            result = compare(engine, total_bytes=total_bytes, repeats=engine_pairs(repeat))
         except Exception as exc:  # noqa: BLE001 - reported in the table, the other figures still count
             figures.append(Figure("instrumentation_overhead_pct", "%", note=f"{engine}: {type(exc).__name__}: {exc}"))
             continue

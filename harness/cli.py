@@ -359,7 +359,7 @@ def bench(
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementations of the timed matrix (default all)."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenarios of the timed matrix (default all)."),
     seeds: int = typer.Option(2000, "--seeds", min=1, help="Simulator seeds per sample."),
-    engine_mib: int = typer.Option(64, "--engine-mib", min=1, help="MiB per engine throughput sample."),
+    engine_mib: int = typer.Option(128, "--engine-mib", min=1, help="MiB per engine throughput sample."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines."),
     out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
     nixl_progress_delay_us: int = NIXL_DELAY_OPTION,
@@ -368,7 +368,7 @@ def bench(
     (median and spread of --repeat samples), against the project's goals; write bench.json."""
     from rich.table import Table
 
-    from harness.bench import GOALS, bench_engines, bench_matrix, bench_simulator, machine
+    from harness.bench import GOALS, bench_engines, bench_matrix, engine_pairs, bench_simulator, machine
     from harness.runner import default_jobs
 
     skip = set(skip or [])
@@ -403,7 +403,7 @@ def bench(
             err.print(f"[dim]simulator: {repeat} x {seeds} seeds[/]")
             figures.append(bench_simulator(seeds, repeat))
         if "engines" not in skip:
-            err.print(f"[dim]engines: {repeat} x {engine_mib} MiB raw and instrumented[/]")
+            err.print(f"[dim]engines: {engine_pairs(repeat)} x {engine_mib} MiB raw and instrumented[/]")
             figures += bench_engines(engine_mib * 2**20, repeat)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]")
