@@ -5,7 +5,8 @@ Four figures, each the median and spread of several samples:
 - matrix wall time (seconds): the selected matrix, run ``repeat`` times;
 - per-cell overhead (seconds): a cell's wall time minus its scenario's inherent waits
   (its sleeps and the timeouts it sets, harness.scenario.Scenario.inherent_wait_s),
-  over every cell of every repeat;
+  over every cell of every repeat, and per implementation (``cell_overhead_s[IMPL]``,
+  no goal: it tells the harness's own cost, the reference's cells, from the engines');
 - matrix CPU time (seconds, user + system, every cell and its roles: what a run costs a
   shared CI machine, and the floor of its wall time on N cores is this over N);
 - reference simulator throughput (seeded lifecycle runs per minute);
@@ -82,6 +83,7 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
     previous repeat's durations.
 
     ``nixl_progress_delay_us``: passed to harness.runner.run_matrix (None: its default)."""
+    from harness.results import dump_run
     from harness.runner import run_matrix
 
     wall = Figure("matrix_wall_s", "s")
@@ -94,6 +96,7 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
         extra = {} if nixl_progress_delay_us is None else {"nixl_progress_delay_us": nixl_progress_delay_us}
         run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs,
                          duration_hint=duration_hint, **extra)
+        dump_run(run, out_dir / f"run-{i + 1}" / "results.json")
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)
@@ -105,6 +108,22 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
                           if a.verdict != b.verdict})
         wall.note = f"verdicts differed between repeats: {', '.join(changed)}"
     return wall, overhead, cpu, runs
+
+
+def overhead_by_impl(runs: list) -> list[Figure]:
+    """``cell_overhead_s[IMPL]`` for each implementation of ``runs`` (RunResults): the
+    overhead in seconds of its cells over every run, with the median over its PASS cells
+    and its cells' CPU seconds per run in the note (a failing cell's overhead is mostly a
+    status that never came, see docs/performance.md)."""
+    figures = []
+    for impl in dict.fromkeys(c.impl for run in runs for c in run.cells):
+        cells = [c for run in runs for c in run.cells if c.impl == impl]
+        passed = [c.overhead_s for c in cells if c.verdict == "PASS"]
+        note = f"PASS cells: {statistics.median(passed):.3f} s" if passed else "no PASS cell"
+        if all(c.cpu_s is not None for c in cells):
+            note += f"; CPU {sum(c.cpu_s for c in cells) / len(runs):.1f} s per matrix"
+        figures.append(Figure(f"cell_overhead_s[{impl}]", "s", [c.overhead_s for c in cells], note=note))
+    return figures
 
 
 def bench_simulator(seeds: int, repeat: int) -> Figure:

@@ -368,7 +368,8 @@ def bench(
     (median and spread of --repeat samples), against the project's goals; write bench.json."""
     from rich.table import Table
 
-    from harness.bench import GOALS, bench_engines, bench_matrix, engine_pairs, bench_simulator, machine
+    from harness.bench import (GOALS, bench_engines, bench_matrix, bench_simulator, engine_pairs, machine,
+                               overhead_by_impl)
     from harness.runner import default_jobs
 
     skip = set(skip or [])
@@ -398,7 +399,7 @@ def bench(
                                                      on_progress=lambda m: err.print(f"[dim]{m}[/]"),
                                                      nixl_progress_delay_us=nixl_progress_delay_us,
                                                      duration_hint=hint)
-            figures += [wall, overhead, cpu]
+            figures += [wall, overhead, *overhead_by_impl(runs), cpu]
         if "simulator" not in skip:
             err.print(f"[dim]simulator: {repeat} x {seeds} seeds[/]")
             figures.append(bench_simulator(seeds, repeat))

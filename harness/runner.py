@@ -361,6 +361,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         finally:
             ports.release(base)
         result.inherent_wait_s = scenario.inherent_wait_s(seed)
+        _rewrite_cell_json(workdir, result)  # with what only the runner knows: inherent wait, CPU time
         if reported and on_cell:
             with lock:
                 counters["done"] += 1
@@ -415,12 +416,18 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     return run
 
 
+def _rewrite_cell_json(workdir: Path, result: CellResult) -> None:
+    """Write ``result`` over the cell's own ``cell.json`` when the cell wrote one (a cell
+    killed before it could has none, and gets none)."""
+    cell_json = workdir / "cell.json"
+    if cell_json.exists():
+        cell_json.write_text(json.dumps(result.to_dict(), indent=2))
+
+
 def attach_divergence(result: CellResult, reference_events: list[dict], workdir: Path) -> None:
     """Set ``result.divergence`` from its history against the reference's, and write it
     into the cell's ``cell.json`` too.  No reference history: left None."""
     if not reference_events:
         return
     result.divergence = first_divergence(reference_events, hist.load(workdir / "history.jsonl"), result.checks)
-    cell_json = workdir / "cell.json"
-    if cell_json.exists():
-        cell_json.write_text(json.dumps(result.to_dict(), indent=2))
+    _rewrite_cell_json(workdir, result)

@@ -80,6 +80,11 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     assert len(figures["matrix_cpu_s"]["samples"]) == 2 and all(s > 0 for s in figures["matrix_cpu_s"]["samples"])
     assert figures["simulator_runs_per_min"]["median"] > 0
     assert "matrix_cpu_s" in out.stdout
+    per_impl = figures["cell_overhead_s[reference]"]
+    assert per_impl["samples"] == figures["cell_overhead_s"]["samples"] and per_impl["goal"] is None
+    assert "PASS cells" in per_impl["note"] and "per matrix" in per_impl["note"]
+    for i in (1, 2):  # each run's results.json, to read a figure's cells afterwards
+        assert json.loads((tmp_path / f"run-{i}" / "results.json").read_text())["cells"][0]["verdict"] == "PASS"
 
 
 def test_bench_bad_skip_is_a_usage_error():

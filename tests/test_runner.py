@@ -181,3 +181,15 @@ def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
     assert [c.verdict for c in run.cells] == ["PASS", "PASS"]
     assert "fork server unusable" in (tmp_path / "cells" / "selftest-clean--selftest" / "cell.log").read_text()
     assert not _role_processes(tmp_path)
+
+
+def test_cell_json_carries_what_only_the_runner_knows(tmp_path):
+    # The cell writes cell.json before it exits; its inherent wait and its CPU time (the
+    # fork server reaps it) are known only to the runner, which must write them there too,
+    # so a cell's own report agrees with results.json.
+    scenario = get_scenario("stale-chunk-after-clear")
+    (cell,) = run_matrix(["reference"], [scenario], seed=0, out_dir=tmp_path, jobs=1, fork=True).cells
+    saved = json.loads((tmp_path / "cells" / "stale-chunk-after-clear--reference" / "cell.json").read_text())
+    assert cell.inherent_wait_s == scenario.inherent_wait_s(0) > 0
+    assert cell.cpu_s is not None and cell.cpu_s > 0
+    assert (saved["inherent_wait_s"], saved["cpu_s"]) == (cell.inherent_wait_s, cell.cpu_s)
