@@ -17,20 +17,21 @@ It round-trips: :func:`load_run` reads back exactly what :func:`dump_run` wrote.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import msgspec
 
 SCHEMA = 2
 
 VERDICTS = ("PASS", "WARN", "UNSUPPORTED", "FAIL", "ERROR")
+Verdict = Literal["PASS", "WARN", "UNSUPPORTED", "FAIL", "ERROR"]  # load_run rejects any other
 
 
 class CellResult(msgspec.Struct, kw_only=True):
     impl: str  # reference | mooncake | nixl | mori
     scenario: str
-    verdict: str  # PASS | FAIL | WARN | UNSUPPORTED | ERROR
-    expected: str = "PASS"  # from the expectations file (harness.expectations); PASS without one
+    verdict: Verdict
+    expected: Verdict = "PASS"  # from the expectations file (harness.expectations); PASS without one
     expected_reason: str = ""  # why the expectations file expects a verdict other than PASS
     expected_link: str = ""  # the issue/PR that tracks it
     engine: Optional[str] = None  # real | standin | reference (None: no role started)

@@ -58,3 +58,15 @@ def test_cli_diff_exit_codes(tmp_path):
     for args in ([str(tmp_path / "a"), str(tmp_path / "missing")], [str(tmp_path / "a"), str(tmp_path / "junk.json")]):
         out = diff(*args)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_cli_diff_rejects_an_unknown_verdict(tmp_path):
+    # A hand-edited or foreign results.json with a verdict pdconform does not know cannot
+    # be ranked worse or better: bad input, exit 2, naming the value.
+    dump_run(A, tmp_path / "a" / "results.json")
+    text = (tmp_path / "a" / "results.json").read_text()
+    (tmp_path / "odd.json").write_text(text.replace('"verdict": "WARN"', '"verdict": "MAYBE"', 1))
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "diff", str(tmp_path / "a"), str(tmp_path / "odd.json")],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "MAYBE" not in out.stdout and "Traceback" not in out.stderr, out.stderr
+    assert "verdict" in out.stderr + out.stdout
