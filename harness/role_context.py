@@ -118,14 +118,6 @@ def release_of(version: str) -> tuple[int, int, int]:
     return tuple(numbers + [0] * (3 - len(numbers)))  # type: ignore[return-value]
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 @dataclass(frozen=True)
 class ContextStrategy:
     """How one range of sglang releases builds its role context.
@@ -142,8 +134,13 @@ class ContextStrategy:
     prepare: Callable[[RoleSettings], Any]
 
     def covers(self, version: str) -> bool:
-        """True when ``version`` (a version string such as ``"0.5.17"``) is in range."""
-        v = _version_tuple(version)
+        """True when ``version`` (a version string such as ``"0.5.17"``) is in range, judged by
+        its release (:func:`release_of`: ``"0.5.2rc2"`` is 0.5.2, not 0.5.22); False for a
+        version without a release number."""
+        try:
+            v = release_of(version)
+        except ValueError:
+            return False
         return v >= self.min_version and (self.max_version is None or v[:len(self.max_version)] <= self.max_version)
 
 

@@ -50,3 +50,15 @@ def test_an_upper_end_includes_post_releases_of_that_release():
     assert strategy.covers("0.5.18.post2")
     assert not strategy.covers("0.5.19")
     assert not strategy.covers("0.5.16.post1")
+
+
+@pytest.mark.parametrize("version", ["0.5.2rc2", "0.5.1.dev10", "0.5.3+cpu", "latest"])
+def test_a_pre_release_is_judged_by_its_own_release(version):
+    # 0.5.2rc2 is a candidate for 0.5.2, not 0.5.22: no strategy covers it, and the run says so.
+    with pytest.raises(rc.UnsupportedSglang, match="has no role-context strategy"):
+        rc.strategy_for(version)
+
+
+def test_a_release_candidate_of_a_covered_release_is_covered():
+    assert rc.strategy_for("0.5.23rc1").name == "published-runtime-context"
+    assert rc.strategy_for("0.5.17rc0").name == "parallel-state-globals"
