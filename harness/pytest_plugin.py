@@ -9,7 +9,8 @@ one per (scenario, impl), id ``test_cell[SCENARIO-IMPL]``); without them the cel
 deselected and the ordinary suite runs.  A cell passes when its verdict is the
 expected one (PASS, or the expectations file's); a non-PASS verdict that is expected
 is reported as xfail with the expectation's reason.  Each cell's logs and history go
-under ``--cells-out`` (default ``reports/out/pytest``).  Registered by the root
+under ``--cells-out`` (default ``reports/out/pytest``); path options outside the checkout
+go in ``--opt=PATH`` form (see :func:`_moved_rootdir`).  Registered by the root
 ``conftest.py``.
 """
 
@@ -72,8 +73,31 @@ def _cells(config: pytest.Config) -> list[CellSpec]:
 _CELLS = pytest.StashKey[list]()
 
 
+PATH_OPTIONS = ("--cells-out", "--expectations", "--sglang-src")
+
+
+def _moved_rootdir(config: pytest.Config) -> str | None:
+    """The usage error to raise when a path option in space form moved pytest's rootdir, else None.
+
+    pytest picks its rootdir and ini file before it parses plugin options, so in
+    ``--cells-out /tmp/x`` it takes ``/tmp/x`` for a test path: when that path exists
+    outside this checkout, the rootdir becomes ``/tmp/x`` and pyproject.toml's pytest
+    settings are not read.  ``--cells-out=/tmp/x`` is parsed as one option."""
+    if config.inipath is not None:
+        return None
+    args = list(config.invocation_params.args)
+    spaced = [f"{a}={args[i + 1]}" for i, a in enumerate(args[:-1]) if a in PATH_OPTIONS]
+    if not spaced:
+        return None
+    return (f"pdconform: pytest took a path option's value for a test path (rootdir {config.rootpath}) and did "
+            f"not read pdconform's pyproject.toml; write it as {', '.join(spaced)}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Validate --impl/--scenario before collection: an unknown name is a usage error (exit 4)."""
+    """Validate --impl/--scenario before collection: an unknown name, or a path option that
+    moved pytest's rootdir (:func:`_moved_rootdir`), is a usage error (exit 4)."""
+    if _requested(config) and (problem := _moved_rootdir(config)):
+        raise pytest.UsageError(problem)
     config.stash[_CELLS] = _cells(config) if _requested(config) else []
 
 

@@ -8,8 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_cells(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "--cells-out",
-                           str(tmp_path / "cells"), "--impl", "selftest", *args],
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly",
+                           f"--cells-out={tmp_path / 'cells'}", "--impl", "selftest", *args],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -25,10 +25,21 @@ def test_one_test_per_cell_and_expectations_make_xfail(tmp_path):
     expectations = tmp_path / "e.toml"
     expectations.write_text('[[expect]]\nimpl = "selftest"\nscenario = "selftest-role-dies"\nverdict = "FAIL"\n'
                             'reason = "the role is killed on purpose"\nlink = "tests"\n')
-    out = pytest_cells(tmp_path, "--scenario", "selftest-role-dies", "--expectations", str(expectations))
+    out = pytest_cells(tmp_path, "--scenario", "selftest-role-dies", f"--expectations={expectations}")
     assert out.returncode == 0 and "1 xfailed" in out.stdout, out.stdout
 
 
 def test_unknown_names_are_usage_errors(tmp_path):
     out = pytest_cells(tmp_path, "--scenario", "no-such-scenario")
     assert out.returncode == 4 and "unknown --impl/--scenario no-such-scenario" in out.stderr + out.stdout
+
+
+def test_a_path_option_that_moves_the_rootdir_is_a_usage_error(tmp_path):
+    # In space form pytest takes an existing path outside the checkout for a test path and
+    # makes it the rootdir, silently dropping pyproject.toml's settings: say so, name the fix.
+    out = pytest_cells(tmp_path, "--scenario", "selftest-noop", "--cells-out", str(tmp_path))
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert f"write it as --cells-out={tmp_path}" in out.stdout + out.stderr
+    inside = ROOT / "expectations" / "sglang-0.5.23.toml"  # inside the checkout: the rootdir stays, no error
+    out = pytest_cells(tmp_path, "--scenario", "selftest-noop", "--expectations", str(inside))
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout + out.stderr
