@@ -124,6 +124,8 @@ def _out_dir(out: Path) -> Path:
         for name in ("cells", "reference-for-diff"):
             if (out / name).exists() and not (out / name).is_dir():
                 raise _usage_error(f"--out {out}: {name} there is not a directory")
+    except typer.Exit:  # (a RuntimeError too) already said why
+        raise
     except (OSError, RuntimeError) as exc:  # symlink loops, unknown ~user, names too long, no permission
         raise _usage_error(f"cannot use --out {out}: {getattr(exc, 'strerror', None) or exc}")
     return out
@@ -133,7 +135,7 @@ def _stop_on_signals() -> None:
     def interrupted(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: a job started with & ignores it
         signal.signal(signum, interrupted)
 
 
@@ -189,11 +191,6 @@ def run(
         except ExpectationsError as exc:
             raise _usage_error(str(exc))
     out = _out_dir(out)
-    target = _target(sglang_src, sglang_version)
-    if loaded and loaded.sglang and loaded.sglang != target.info.version:
-        err.print(f"[yellow]note:[/] {expectations} was written for sglang {loaded.sglang}, "
-                  f"this run uses {target.info.version}")
-
     results_path = out / "results.json"
     hint = None
     try:  # an earlier run's cell durations: the longest cells start first
@@ -204,11 +201,16 @@ def run(
         if loaded:  # else the cells the expectations say fail (they wait out stuck steps) go first
             hint = expected_durations(scenarios, impls, seed, lambda i, sc: getattr(loaded.for_cell(i, sc),
                                                                                      "verdict", "PASS"))
-    # An interrupted run must not leave an old verdict behind, nor cells or reports of another run.
+    # An interrupted run must not leave an old verdict behind, nor cells or reports of another run:
+    # removed before the sglang target is set up (a release's environment can take minutes).
     for name in REPORT_FILES:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "cells", ignore_errors=True)
     shutil.rmtree(out / "reference-for-diff", ignore_errors=True)
+    target = _target(sglang_src, sglang_version)
+    if loaded and loaded.sglang and loaded.sglang != target.info.version:
+        err.print(f"[yellow]note:[/] {expectations} was written for sglang {loaded.sglang}, "
+                  f"this run uses {target.info.version}")
     _stop_on_signals()
     # Progress only on a terminal: CI logs get the matrix and nothing else.
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -231,10 +233,16 @@ def run(
             progress.stop()
             err.print("[bold red]interrupted[/]: the running cell and its roles were stopped; no results written")
             raise typer.Exit(code=130)
+        except OSError as exc:  # --out went away or filled up mid-run
+            progress.stop()
+            raise _usage_error(f"cannot write the run into {out}: {exc.strerror or exc}")
     if loaded:
         apply_expectations(result, loaded)
-    dump_run(result, results_path)
-    reports = write_reports(result, out)
+    try:
+        dump_run(result, results_path)
+        reports = write_reports(result, out)
+    except OSError as exc:
+        raise _usage_error(f"cannot write the results into {out}: {exc.strerror or exc}")
     console.print(matrix_table(result))
     for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
@@ -359,7 +367,8 @@ def bench(
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementations of the timed matrix (default all)."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenarios of the timed matrix (default all)."),
     seeds: int = typer.Option(2000, "--seeds", min=1, help="Simulator seeds per sample."),
-    engine_mib: int = typer.Option(128, "--engine-mib", min=1, help="MiB per engine throughput sample."),
+    engine_mib: int = typer.Option(128, "--engine-mib", min=1, max=4096,
+                                   help="MiB per engine throughput sample (a source and a destination buffer each)."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines."),
     out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
     nixl_progress_delay_us: int = NIXL_DELAY_OPTION,
@@ -376,9 +385,21 @@ def bench(
     unknown = skip - {"matrix", "simulator", "engines"}
     if unknown:
         raise _usage_error(f"unknown --skip {', '.join(sorted(unknown))} (known: matrix, simulator, engines)")
+    if skip == {"matrix", "simulator", "engines"}:
+        raise _usage_error("--skip leaves nothing to measure")
+    if "engines" not in skip:
+        free_mib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+        if 2 * engine_mib > free_mib:
+            raise _usage_error(f"--engine-mib {engine_mib} needs {2 * engine_mib} MiB of memory (a source and a "
+                               f"destination buffer); {free_mib} MiB are free")
     impls, scenarios = _select(impl, scenario)
     jobs = jobs or default_jobs()
     out = _out_dir(out)
+    # Figures of an earlier bench must not pass for this one's, even if this one is interrupted.
+    (out / "bench.json").unlink(missing_ok=True)
+    for old_run in out.glob("run-*"):
+        if old_run.is_dir() and old_run.name[4:].isdigit():
+            shutil.rmtree(old_run, ignore_errors=True)
     figures = []
     _stop_on_signals()
     try:
@@ -412,7 +433,8 @@ def bench(
     info = machine()
     table = Table(title=f"pdconform bench: {info['cores']} cores, {info['cpu']}, Python {info['python']}, "
                         f"jobs {jobs}, {repeat} samples")
-    for column in ("figure", "median", "spread", "goal", ""):
+    table.add_column("figure", no_wrap=True)  # a figure's name is what bench.json and the docs call it
+    for column in ("median", "spread", "goal", ""):
         table.add_column(column)
 
     def fmt(value, unit):
@@ -428,8 +450,8 @@ def bench(
         goal = GOALS.get(f.name)
         mark = {True: "[green]met[/]", False: "[red]NOT met[/]", None: ""}[f.meets_goal()]
         spread = f"{fmt(f.spread[0], f.unit)} .. {fmt(f.spread[1], f.unit)}" if f.spread else "-"
-        table.add_row(f.name, fmt(f.median, f.unit), spread, f"{goal[0]} {fmt(goal[1], f.unit)}" if goal else "",
-                      mark + (f" {f.note}" if f.note else ""))
+        table.add_row(escape(f.name), fmt(f.median, f.unit), spread, f"{goal[0]} {fmt(goal[1], f.unit)}" if goal else "",
+                      " ".join(part for part in (mark, escape(f.note)) if part))
     console.print(table)
     import json as _json
 

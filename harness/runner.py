@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -313,17 +314,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     counters = {"started": 0, "done": 0}
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Two fork servers, started together: the reference's imports take seconds, sglang's
-    # several more, and the reference's cells need not wait for them.
-    zygotes: dict[str, Zygote] = {}
-    if fork:
-        for group, names in _zygote_groups(sorted({impl for _, impl, _, _ in tasks})).items():
-            try:
-                zygotes[group] = Zygote(target.python, target.cell_env(), log_dir=out_dir, impls=names,
-                                        wait=False, log_name=f"zygote-{group}.log")
-            except (ZygoteError, OSError) as exc:
-                if on_note:
-                    on_note(f"{group} cells start as fresh interpreters: {exc}")
+    zygotes: dict[str, Zygote] = {}  # started in the try below, whose finally closes them
     noted: set[str] = set()
 
     def zygote_for(impl: str) -> Zygote | None:
@@ -336,6 +327,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
             zygote.wait_ready()
             return zygote
         except ZygoteError as exc:
+            if stopping.is_set():  # closed by an interrupt: nothing to note, work() starts nothing
+                return None
             with lock:
                 if group not in noted and on_note:
                     on_note(f"{group} cells start as fresh interpreters: {exc}")
@@ -349,6 +342,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         if stopping.is_set():
             return CellResult(impl=impl, scenario=scenario.id, verdict="ERROR", reason="run interrupted")
         zygote = zygote_for(impl)
+        if stopping.is_set():  # interrupted while the fork server imported: start nothing
+            return CellResult(impl=impl, scenario=scenario.id, verdict="ERROR", reason="run interrupted")
         if reported and on_start:
             with lock:
                 counters["started"] += 1
@@ -370,6 +365,15 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
 
     results: list[CellResult | None] = [None] * len(tasks)
     try:
+        # Two fork servers, started together: the reference's imports take seconds, sglang's
+        # several more, and the reference's cells need not wait for them.
+        for group, names in (_zygote_groups(sorted({impl for _, impl, _, _ in tasks})) if fork else {}).items():
+            try:
+                zygotes[group] = Zygote(target.python, target.cell_env(), log_dir=out_dir, impls=names,
+                                        wait=False, log_name=f"zygote-{group}.log")
+            except (ZygoteError, OSError) as exc:
+                if on_note:
+                    on_note(f"{group} cells start as fresh interpreters: {exc}")
         if jobs <= 1:
             results = [work(task) for task in tasks]
         else:
@@ -393,13 +397,18 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                 while (i := next_task()) is not None:
                     results[i] = work(tasks[i])
 
-            pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pdconform-cell")
+            workers = min(jobs, len(tasks))  # no thread without a cell to run
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdconform-cell")
+            futures = []
             try:
-                for future in [pool.submit(worker) for _ in range(jobs)]:
+                futures = [pool.submit(worker) for _ in range(workers)]
+                for future in futures:
                     future.result()
             except BaseException:  # an interrupt: stop every running cell now, start no other
                 stopping.set()
-                kill_running_cells()
+                for zygote in zygotes.values():  # workers waiting on an importing one give up at once
+                    zygote.close()
+                _stop_workers(futures)
                 raise
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -416,12 +425,30 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     return run
 
 
+INTERRUPT_GRACE_S = 10.0  # how long an interrupted run keeps killing cells its workers start
+
+
+def _stop_workers(futures: list) -> None:
+    """Kill running cells until every worker of ``futures`` has returned (at most
+    INTERRUPT_GRACE_S seconds): a worker past its ``stopping`` check when the interrupt
+    came may still start one cell, which the next round kills."""
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    while futures and time.monotonic() < deadline:
+        kill_running_cells()
+        if not futures_wait(futures, timeout=0.05).not_done:
+            return
+
+
 def _rewrite_cell_json(workdir: Path, result: CellResult) -> None:
     """Write ``result`` over the cell's own ``cell.json`` when the cell wrote one (a cell
-    killed before it could has none, and gets none)."""
+    killed before it could has none, and gets none).  A write that fails (a full disk)
+    leaves the cell's own file: results.json, written later, reports the failure."""
     cell_json = workdir / "cell.json"
     if cell_json.exists():
-        cell_json.write_text(json.dumps(result.to_dict(), indent=2))
+        try:
+            cell_json.write_text(json.dumps(result.to_dict(), indent=2))
+        except OSError:
+            pass
 
 
 def attach_divergence(result: CellResult, reference_events: list[dict], workdir: Path) -> None:

@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(args.socket)  # before "ready": a path the kernel refuses fails the start, not the first fork
-    listener.listen(64)
+    listener.listen(socket.SOMAXCONN)  # every cell and role of a run may connect at once
     failed = preload([i for i in args.preload.split(",") if i])
     for line in failed:
         print(f"zygote: preload failed: {line}", flush=True)

@@ -71,6 +71,8 @@ def test_out_symlink_loop_is_a_usage_error(tmp_path):
 
 
 def test_bench_reports_every_figure_with_its_samples(tmp_path):
+    (tmp_path / "run-3" / "cells").mkdir(parents=True)  # an earlier bench's: not this one's
+    (tmp_path / "bench.json").write_text("{}")
     out = pdconform("bench", "--repeat", "2", "--impl", "reference", "--scenario", "happy-path", "--jobs", "2",
                     "--skip", "engines", "--seeds", "50", "--out", str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -83,6 +85,8 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     per_impl = figures["cell_overhead_s[reference]"]
     assert per_impl["samples"] == figures["cell_overhead_s"]["samples"] and per_impl["goal"] is None
     assert "PASS cells" in per_impl["note"] and "per matrix" in per_impl["note"]
+    assert "cell_overhead_s[reference]" in out.stdout  # the name, not eaten as rich markup
+    assert not (tmp_path / "run-3").exists()
     for i in (1, 2):  # each run's results.json, to read a figure's cells afterwards
         assert json.loads((tmp_path / f"run-{i}" / "results.json").read_text())["cells"][0]["verdict"] == "PASS"
 
@@ -90,3 +94,10 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
 def test_bench_bad_skip_is_a_usage_error():
     out = pdconform("bench", "--skip", "everything")
     assert out.returncode == 2 and "unknown --skip everything" in out.stderr + out.stdout
+    out = pdconform("bench", "--skip", "matrix", "--skip", "simulator", "--skip", "engines")
+    assert out.returncode == 2 and "nothing to measure" in out.stderr + out.stdout
+
+
+def test_bench_engine_buffers_beyond_memory_are_a_usage_error():
+    out = pdconform("bench", "--engine-mib", "5000", "--skip", "matrix")
+    assert out.returncode == 2 and "--engine-mib" in out.stderr + out.stdout and "Traceback" not in out.stderr

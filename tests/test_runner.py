@@ -193,3 +193,33 @@ def test_cell_json_carries_what_only_the_runner_knows(tmp_path):
     assert cell.inherent_wait_s == scenario.inherent_wait_s(0) > 0
     assert cell.cpu_s is not None and cell.cpu_s > 0
     assert (saved["inherent_wait_s"], saved["cpu_s"]) == (cell.inherent_wait_s, cell.cpu_s)
+
+
+def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
+    # Workers waiting for an importing fork server must not start their cells once it is
+    # ready (nor fall back to fresh interpreters when it is killed): the run ends within
+    # seconds, with no cell, role or fork server left.
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--impl", "reference", "--impl", "mooncake",
+                             "--scenario", "happy-path", "--scenario", "waiting-timeout", "--jobs", "4",
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "zygote-sglang.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # sglang's fork server is importing (seconds); workers wait on it
+    assert not list(tmp_path.glob("cells/*--mooncake/cell.json"))
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - sent < 4.0, stderr
+    assert "fresh interpreters" not in stderr
+    time.sleep(1.0)
+    assert not _role_processes(tmp_path)
+    assert not list(tmp_path.glob("cells/*--mooncake/cell.json"))  # no sglang cell ran after the interrupt
+
+
+def test_more_jobs_than_cells_starts_one_worker_per_cell(tmp_path):
+    run = run_matrix(["selftest"], [get_scenario("selftest-noop")], seed=0, out_dir=tmp_path, jobs=10**12)
+    assert [c.verdict for c in run.cells] == ["PASS"]

@@ -46,3 +46,21 @@ def test_a_forked_cell_reports_the_cpu_time_of_itself_and_its_roles(tmp_path):
     assert fork.verdict == "PASS" and fork.cpu_s is not None
     assert 0 < fork.cpu_s < 2 * fork.duration_s + 1  # two roles and the cell, mostly waiting
     assert fresh.cpu_s is None  # fresh interpreters: not measured, not guessed
+
+
+def test_hundreds_of_simultaneous_calls_are_all_answered(tmp_path):
+    # With --jobs in the dozens every cell and role may ask the fork server at the same
+    # moment; a short listen queue refused the overflow at once (EAGAIN) and the cells
+    # became ERROR.
+    from concurrent.futures import ThreadPoolExecutor
+
+    zygote = Zygote(impls=[], wait=True, log_dir=tmp_path)
+    try:
+        client = zygote.wait_ready()
+        # each fork keeps the server busy for a moment, so the calls queue up
+        with ThreadPoolExecutor(max_workers=200) as pool:
+            forked = list(pool.map(lambda i: client.fork("cell", ["--bad-argument"], tmp_path / f"{i}.log"),
+                                   range(200)))
+        assert all(p.wait(timeout=30) == 2 for p in forked)  # each ran (and refused the argument)
+    finally:
+        zygote.close()
