@@ -242,9 +242,13 @@ def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
     comes.  Only the order of the cells depends on it."""
     from harness.steps import STEP_TIMEOUT_S
 
-    return {(sc.id, impl): sc.inherent_wait_s(seed) + (STEP_TIMEOUT_S if expected_verdict(impl, sc.id)
-                                                       in ("FAIL", "ERROR") else 0.0)
-            for sc in scenarios for impl in impls}
+    hint = {}
+    for sc in scenarios:
+        inherent = sc.inherent_wait_s(seed)  # steps(seed) may sample: once per scenario
+        for impl in impls:
+            stuck = expected_verdict(impl, sc.id) in ("FAIL", "ERROR")
+            hint[(sc.id, impl)] = inherent + (STEP_TIMEOUT_S if stuck else 0.0)
+    return hint
 
 
 def _group_of(impl: str) -> str:
@@ -309,6 +313,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
         hidden = [(scenario, REFERENCE) for scenario in scenarios if not scenario.test_only]
     tasks = [(sc, impl, cell_dir(out_dir, sc.id, impl), True) for sc, impl in cells]
     tasks += [(sc, impl, reference_for_diff_dir(out_dir, sc.id), False) for sc, impl in hidden]
+    inherent_s: dict[str, float] = {}  # per scenario, filled once the fork servers are starting
     ports = PortBlocks()
     lock = threading.Lock()
     counters = {"started": 0, "done": 0}
@@ -355,8 +360,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
                                        full_waits=full_waits)
         finally:
             ports.release(base)
-        result.inherent_wait_s = scenario.inherent_wait_s(seed)
-        _rewrite_cell_json(workdir, result)  # with what only the runner knows: inherent wait, CPU time
+        result.inherent_wait_s = inherent_s[scenario.id]
         if reported and on_cell:
             with lock:
                 counters["done"] += 1
@@ -374,12 +378,14 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
             except (ZygoteError, OSError) as exc:
                 if on_note:
                     on_note(f"{group} cells start as fresh interpreters: {exc}")
+        # while they import: each scenario's steps(seed) (some sample with hypothesis), once
+        inherent_s.update((sc.id, sc.inherent_wait_s(seed)) for sc in scenarios)
         if jobs <= 1:
             results = [work(task) for task in tasks]
         else:
             hint = duration_hint or {}
             pending = sorted(range(len(tasks)), key=lambda i: -hint.get((tasks[i][0].id, tasks[i][1]),
-                                                                       tasks[i][0].inherent_wait_s(seed)))
+                                                                       inherent_s[tasks[i][0].id]))
 
             def next_task() -> int | None:
                 """The longest pending cell whose fork server is ready; else the longest of all."""
@@ -415,12 +421,14 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     finally:  # (with one job at a time, run_cell_isolated itself kills an interrupted cell's group)
         for zygote in zygotes.values():
             zygote.close()
-    for (scenario, impl), result in zip(cells, results[:len(cells)]):
-        if diff and impl != REFERENCE and not scenario.test_only:
+    for (scenario, impl, workdir, reported), result in zip(tasks, results):
+        if reported and diff and impl != REFERENCE and not scenario.test_only:
             ref_dir = cell_dir(out_dir, scenario.id, REFERENCE) if REFERENCE in impls else \
                 reference_for_diff_dir(out_dir, scenario.id)
-            attach_divergence(result, hist.load(ref_dir / "history.jsonl"), cell_dir(out_dir, scenario.id, impl))
-        run.cells.append(result)
+            attach_divergence(result, hist.load(ref_dir / "history.jsonl"), workdir)
+        _rewrite_cell_json(workdir, result)  # with what only the runner knows: inherent wait, CPU time, divergence
+        if reported:
+            run.cells.append(result)
     run.duration_s = round(time.monotonic() - started, 3)
     return run
 
@@ -452,9 +460,8 @@ def _rewrite_cell_json(workdir: Path, result: CellResult) -> None:
 
 
 def attach_divergence(result: CellResult, reference_events: list[dict], workdir: Path) -> None:
-    """Set ``result.divergence`` from its history against the reference's, and write it
-    into the cell's ``cell.json`` too.  No reference history: left None."""
+    """Set ``result.divergence`` from its history (in ``workdir``) against the reference's.
+    No reference history: left None."""
     if not reference_events:
         return
     result.divergence = first_divergence(reference_events, hist.load(workdir / "history.jsonl"), result.checks)
-    _rewrite_cell_json(workdir, result)
