@@ -34,10 +34,12 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from harness import gpu_import_shims, pattern, role_context
-from harness.adapter import Layout, RoleAdapter, RoleRecorder, Unsupported
-from harness.faults import EngineFaultCounter, EngineFaultPlan
-from harness.pools import pattern_pools
+from harness.target import gpu_import_shims
+from harness.role import pattern
+from harness.target import role_context
+from harness.role.adapter import Layout, RoleAdapter, RoleRecorder, Unsupported
+from harness.role.faults import EngineFaultCounter, EngineFaultPlan
+from harness.role.pools import pattern_pools
 
 
 def wait_for_tcp_port(host: str, port: int, timeout_s: float) -> None:
@@ -398,7 +400,7 @@ class SglangCommonRole(RoleAdapter):
         (``rejected``)."""
         from types import SimpleNamespace
 
-        from harness.layouts import buffer_counts
+        from harness.spec.layouts import buffer_counts
 
         manager_cls = getattr(self.conn, self.manager_class)
         out = []

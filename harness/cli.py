@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.implementations import IMPLEMENTATIONS
-from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US
+from harness.target.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Conformance harness for SGLang PD-disaggregation transfer backends.")
@@ -39,7 +39,7 @@ def _usage_error(message: str) -> typer.Exit:
 @app.command()
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Python, sglang version and path, and for each engine: real, stand-in or unusable, and why."""
-    from harness.doctor import diagnose
+    from harness.target.doctor import diagnose
 
     report = diagnose()
     if as_json:
@@ -59,7 +59,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
 @app.command("list")
 def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Scenarios with id, title and the requirement IDs they check."""
-    from harness.scenario import all_scenarios
+    from harness.spec.scenario import all_scenarios
 
     rows = [{"id": s.id, "title": s.title, "requirements": list(s.requirements)} for s in all_scenarios()]
     if as_json:
@@ -71,9 +71,9 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
 
 
 def _target(sglang_src: Optional[Path], sglang_version: Optional[str]):
-    """Resolve --sglang-src / --sglang (harness.sglang_target); bad input exits 2."""
-    from harness.role_context import UnsupportedSglang, strategy_for
-    from harness.sglang_target import TargetError, resolve_target
+    """Resolve --sglang-src / --sglang (harness.target.sglang); bad input exits 2."""
+    from harness.target.role_context import UnsupportedSglang, strategy_for
+    from harness.target.sglang import TargetError, resolve_target
 
     try:
         target = resolve_target(sglang_src, sglang_version)
@@ -89,7 +89,7 @@ def _target(sglang_src: Optional[Path], sglang_version: Optional[str]):
 def _select(impl: Optional[List[str]], scenario: Optional[List[str]]):
     """The implementations and scenarios asked for (default: all); unknown names exit 2."""
     from harness.implementations import available
-    from harness.scenario import all_scenarios
+    from harness.spec.scenario import all_scenarios
 
     impls = list(dict.fromkeys(impl or IMPLEMENTATIONS))
     unknown = [i for i in impls if i not in available()]
@@ -174,13 +174,13 @@ def run(
     and write results.json, junit.xml, summary.md and index.html into --out."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from harness.expectations import ExpectationsError, apply_expectations, fixes, load_expectations, regressions
+    from harness.judge.expectations import ExpectationsError, apply_expectations, fixes, load_expectations, regressions
     from harness.implementations import available
-    from harness.report import matrix_table, reasons, reproduce_command
-    from harness.report_files import write_reports
-    from harness.results import dump_run
-    from harness.runner import default_jobs, expected_durations, run_matrix
-    from harness.scenario import all_scenarios
+    from harness.report.terminal import matrix_table, reasons, reproduce_command
+    from harness.report.files import write_reports
+    from harness.judge.results import dump_run
+    from harness.drive.runner import default_jobs, expected_durations, run_matrix
+    from harness.spec.scenario import all_scenarios
 
     impls, scenarios = _select(impl, scenario)
     jobs = jobs or default_jobs()
@@ -194,7 +194,7 @@ def run(
     results_path = out / "results.json"
     hint = None
     try:  # an earlier run's cell durations: the longest cells start first
-        from harness.results import load_run
+        from harness.judge.results import load_run
 
         hint = {(c.scenario, c.impl): c.duration_s for c in load_run(results_path).cells}
     except (OSError, ValueError):
@@ -274,11 +274,11 @@ def repro(
 
     Exit 0 when the cell PASSes, 1 otherwise, 2 on bad usage.
     """
-    from harness.report import cell_text, reasons
-    from harness.results import dump_run
-    from harness.runner import run_matrix
+    from harness.report.terminal import cell_text, reasons
+    from harness.judge.results import dump_run
+    from harness.drive.runner import run_matrix
 
-    from harness.scenario import all_scenarios
+    from harness.spec.scenario import all_scenarios
 
     if scenario not in {s.id for s in all_scenarios()}:
         raise _usage_error(f"unknown scenario {scenario} (see `pdconform list`)")
@@ -340,8 +340,8 @@ def diff(
 
     Exit 0 when no cell got worse, 1 when some cell got worse, 2 on bad input.
     """
-    from harness.run_diff import changed_cells, changes_markdown, changes_table
-    from harness.results import load_run
+    from harness.report.run_diff import changed_cells, changes_markdown, changes_table
+    from harness.judge.results import load_run
 
     runs = []
     for path in (run_a, run_b):
@@ -377,9 +377,9 @@ def bench(
     (median and spread of --repeat samples), against the project's goals; write bench.json."""
     from rich.table import Table
 
-    from harness.bench import (GOALS, bench_engines, bench_matrix, bench_simulator, engine_pairs, machine,
+    from harness.bench.matrix import (GOALS, bench_engines, bench_matrix, bench_simulator, engine_pairs, machine,
                                overhead_by_impl)
-    from harness.runner import default_jobs
+    from harness.drive.runner import default_jobs
 
     skip = set(skip or [])
     unknown = skip - {"matrix", "simulator", "engines"}
@@ -408,10 +408,10 @@ def bench(
             hint = None
             shipped = Path(__file__).resolve().parent.parent / "expectations" / f"sglang-{target.info.version}.toml"
             if shipped.is_file():  # order cells as `make matrix` on a clean clone does
-                from harness.expectations import load_expectations
+                from harness.judge.expectations import load_expectations
                 from harness.implementations import available
-                from harness.runner import expected_durations
-                from harness.scenario import all_scenarios
+                from harness.drive.runner import expected_durations
+                from harness.spec.scenario import all_scenarios
 
                 loaded = load_expectations(shipped, available(), [s.id for s in all_scenarios()])
                 hint = expected_durations(scenarios, impls, 0, lambda i, sc: getattr(loaded.for_cell(i, sc),

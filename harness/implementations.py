@@ -5,7 +5,7 @@ since importing it imports sglang and an engine), says in one line what runs,
 and declares the sglang releases its adapter supports (:class:`SglangRange`;
 None: any, for implementations that never import sglang).  A role of an
 implementation whose range excludes the installed sglang gets an adapter that
-answers every step with :class:`harness.adapter.Unsupported` naming the release
+answers every step with :class:`harness.role.adapter.Unsupported` naming the release
 and the range, so its cells are UNSUPPORTED instead of crashing on a changed
 internal signature.
 """
@@ -16,8 +16,8 @@ import importlib
 import os
 from dataclasses import dataclass
 
-from harness.adapter import RoleAdapter, Unsupported
-from harness.scenario import TEST_SCENARIOS_ENV
+from harness.role.adapter import RoleAdapter, Unsupported
+from harness.spec.scenario import TEST_SCENARIOS_ENV
 
 Release = tuple[int, int, int]
 
@@ -35,7 +35,7 @@ class SglangRange:
     def contains(self, version: str) -> bool:
         """True when ``version`` (e.g. ``"0.5.17"``) falls in one of the spans;
         False for a version string with no release number."""
-        from harness.role_context import release_of
+        from harness.target.role_context import release_of
 
         try:
             release = release_of(version)
@@ -64,12 +64,12 @@ SGLANG_COMMON_RANGE = SglangRange(
 @dataclass(frozen=True)
 class Implementation:
     """One implementation: ``name``; ``adapter``, the ``"module:Class"`` of its
-    :class:`harness.adapter.RoleAdapter`; a one-line ``description``; ``test_only``
+    :class:`harness.role.adapter.RoleAdapter`; a one-line ``description``; ``test_only``
     (hidden unless the self-test switch is on); ``sglang_range``, the sglang
     releases its adapter supports (None: any, it does not use sglang)."""
 
     name: str
-    adapter: str  # "module:Class" of a harness.adapter.RoleAdapter subclass
+    adapter: str  # "module:Class" of a harness.role.adapter.RoleAdapter subclass
     description: str
     test_only: bool = False
     sglang_range: SglangRange | None = None

@@ -57,7 +57,7 @@ class CellSpec:
 def _cells(config: pytest.Config) -> list[CellSpec]:
     """The cells the options select; pytest.UsageError (exit 4) for an unknown name."""
     from harness.implementations import available
-    from harness.scenario import all_scenarios
+    from harness.spec.scenario import all_scenarios
 
     impls = list(dict.fromkeys(config.getoption("--impl") or [i for i, v in available().items() if not v.test_only]))
     known = {s.id: s for s in all_scenarios()}
@@ -121,8 +121,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def pdconform_target(request: pytest.FixtureRequest):
-    """The sglang the cells run against (harness.sglang_target), resolved once per session."""
-    from harness.sglang_target import TargetError, resolve_target
+    """The sglang the cells run against (harness.target.sglang), resolved once per session."""
+    from harness.target.sglang import TargetError, resolve_target
 
     try:
         return resolve_target(request.config.getoption("--sglang-src"), request.config.getoption("sglang_version"))
@@ -136,9 +136,9 @@ def pdconform_expectations(request: pytest.FixtureRequest):
     path = request.config.getoption("--expectations")
     if not path:
         return None
-    from harness.expectations import ExpectationsError, load_expectations
+    from harness.judge.expectations import ExpectationsError, load_expectations
     from harness.implementations import available
-    from harness.scenario import all_scenarios
+    from harness.spec.scenario import all_scenarios
 
     try:
         return load_expectations(path, available(), [s.id for s in all_scenarios()])
@@ -147,13 +147,13 @@ def pdconform_expectations(request: pytest.FixtureRequest):
 
 
 def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -> None:
-    """Run ``cell`` with harness.runner.run_matrix and turn its verdict into a test outcome."""
-    from harness.diff import describe
-    from harness.expectations import apply_expectations
-    from harness.report import reproduce_command
-    from harness.results import cell_dir_name
-    from harness.runner import run_matrix
-    from harness.scenario import get_scenario
+    """Run ``cell`` with harness.drive.runner.run_matrix and turn its verdict into a test outcome."""
+    from harness.judge.diff import describe
+    from harness.judge.expectations import apply_expectations
+    from harness.report.terminal import reproduce_command
+    from harness.judge.results import cell_dir_name
+    from harness.drive.runner import run_matrix
+    from harness.spec.scenario import get_scenario
 
     out = Path(config.getoption("--cells-out")).expanduser().resolve() / cell_dir_name(cell.scenario, cell.impl)
     run = run_matrix([cell.impl], [get_scenario(cell.scenario)], config.getoption("--seed"), out, target=target)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT, Layout
-from harness.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT, Layout
+from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
 
 LAYOUT = Layout(num_layers=3, num_pages=16, page_size=4, page_bytes=256, aux_slots=4, aux_bytes=64)
 DONE = (SUCCESS, FAILED)
@@ -71,7 +71,7 @@ def send_all(p: RoomPlan) -> list:
 
 def await_done(p: RoomPlan, timeout_s: float | None = None) -> list:
     """Await a terminal status on the prefill, then the decode (``timeout_s``: each;
-    default harness.steps.STEP_TIMEOUT_S)."""
+    default harness.spec.steps.STEP_TIMEOUT_S)."""
     bound = {} if timeout_s is None else {"timeout_s": timeout_s}
     return [AwaitStatus(p.room, p.prefill, DONE, **bound), AwaitStatus(p.room, p.decode, DONE, **bound)]
 

@@ -20,10 +20,10 @@ two rooms stays untouched.
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, TRANSFERRING
-from harness.scenario import Scenario, register
-from harness.steps import (Abort, AwaitStatus, EngineFaults, InitSender, RequireFact, SendChunk, Sleep,
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import (Abort, AwaitStatus, EngineFaults, InitSender, RequireFact, SendChunk, Sleep,
                            StartRoles, VerifyPools)
 from scenarios._flows import LAYOUT, Planner, open_and_request, pair_healthy
 

@@ -13,10 +13,10 @@ decode page except the first chunk's, and the aux slot, are checked untouched
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, TRANSFERRING
-from harness.scenario import Scenario, register
-from harness.steps import Abort, AwaitStatus, EngineFaults, InitSender, SendChunk, Sleep, StartRoles
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import Abort, AwaitStatus, EngineFaults, InitSender, SendChunk, Sleep, StartRoles
 from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify, pair_healthy
 
 DELAY_S = 1.0

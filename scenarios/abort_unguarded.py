@@ -11,10 +11,10 @@ prefill's loops must survive, and a new room completes (R-LIVE-2, R-XFER-1).
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS
-from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, InjectAbort, Observe, StartRoles
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import AwaitStatus, InjectAbort, Observe, StartRoles
 from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify, pair_healthy
 
 PROMPT_S = 2.0

@@ -13,10 +13,10 @@ Bootstrapping) and then complete (R-TIMEOUT-1, R-XFER-1).
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
-from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, OpenSender, Sleep, StartRoles
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import AwaitStatus, OpenSender, Sleep, StartRoles
 from scenarios._flows import (LAYOUT, Planner, await_done, open_and_request, pair_healthy, room_succeeds, send_all,
                               verify)
 

@@ -15,10 +15,10 @@ UNSUPPORTED without it); every prefill transfer delayed 1 s.
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
-from harness.scenario import Scenario, register
-from harness.steps import (Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, RequireFact, Sleep,
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, RequireFact, Sleep,
                            StartRoles)
 from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify, pair_healthy
 from scenarios.abort_ack_after_drain import DELAY_S, ENV, NO_DEFERRED, ack_arrives, acks_safe

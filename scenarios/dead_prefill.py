@@ -9,10 +9,10 @@ B's room is untouched and completes, and a new room to B succeeds (R-HB-1).
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
-from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, InitSender, KillRole, SendChunk, Sleep, StartRoles
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import AwaitStatus, InitSender, KillRole, SendChunk, Sleep, StartRoles
 from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, send_all, verify
 
 A, B = "prefill-a", "prefill-b"
@@ -72,6 +72,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=180.0,
-        timeout_wait_s=4.0,  # the decode heartbeat window: 2 s x 2 misses (harness.role_context.ROLE_ENV)
+        timeout_wait_s=4.0,  # the decode heartbeat window: 2 s x 2 misses (harness.target.role_context.ROLE_ENV)
     )
 )

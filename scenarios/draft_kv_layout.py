@@ -1,7 +1,7 @@
 """draft-kv-layout: the backend's own KV layout planning, pair by pair, against the
 reference planner, over generated layouts (R-LAYOUT-2).
 
-Layouts (harness.layouts): MHA and MLA; 1-8 layers split into 1-4 prefill
+Layouts (harness.spec.layouts): MHA and MLA; 1-8 layers split into 1-4 prefill
 pipeline stages; the decode with one stage or the same stages; draft KV on the
 decode only, on both, or on neither.  The adapter runs the implementation's
 planning function on each; every layout planned differently is shrunk to a
@@ -18,11 +18,11 @@ at the planning function only).
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness import layouts
-from harness.scenario import Scenario, register
-from harness.history import completions
-from harness.steps import PlanLayouts, StartRoles, TransferLayouts
+from harness.judge import checks as c
+from harness.spec import layouts
+from harness.spec.scenario import Scenario, register
+from harness.judge.history import completions
+from harness.spec.steps import PlanLayouts, StartRoles, TransferLayouts
 from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify
 
 COUNT = 200

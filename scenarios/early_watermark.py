@@ -14,9 +14,9 @@ complete (R-LIVE-3, R-LIVE-4).
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.scenario import Scenario, register
-from harness.steps import ArmPoint, InjectFrames, Observe, StartRoles
+from harness.judge import checks as c
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import ArmPoint, InjectFrames, Observe, StartRoles
 from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify
 
 # staging_handler.py's WATERMARK: tag, round, tail, session

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
-from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, OpenSender, RequestKV, SendChunk, \
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, OpenSender, RequestKV, SendChunk, \
     StartRoles, VerifyPools
 from scenarios._flows import DONE, LAYOUT, Planner, pair_healthy
 

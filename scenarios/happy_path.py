@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import random
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
-from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
 from scenarios import _flows as flows
 
 LAYOUT = flows.LAYOUT

@@ -7,9 +7,9 @@ Neither starts a role, so they cost no sglang import.
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.scenario import Scenario, register
-from harness.steps import ArmPoint, Sleep, VerifyPools
+from harness.judge import checks as c
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import ArmPoint, Sleep, VerifyPools
 
 
 def _selftest(id: str, title: str, steps, timeout_s: float) -> None:
@@ -63,8 +63,8 @@ register(
 
 
 def _open_room_steps(room: int):
-    from harness.adapter import SUCCESS, FAILED
-    from harness.steps import AwaitStatus, OpenRoom, StartRoles
+    from harness.role.adapter import SUCCESS, FAILED
+    from harness.spec.steps import AwaitStatus, OpenRoom, StartRoles
 
     return lambda seed: [StartRoles(ready_timeout_s=30), OpenRoom(room), AwaitStatus(room, "prefill", (SUCCESS, FAILED), 2)]
 
@@ -74,7 +74,7 @@ _selftest("selftest-role-dies", "The prefill role process exits in the middle of
 
 
 def _observe_after(room: int):
-    from harness.steps import Observe
+    from harness.spec.steps import Observe
 
     return lambda seed: [*_open_room_steps(room)(seed), Observe(("prefill", "decode"))]
 
@@ -98,8 +98,8 @@ KILL_ROOM, INJECT_ROOM = 4242, 4343
 
 
 def _kill_steps(seed: int):
-    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
-    from harness.steps import AwaitStatus, KillRole, OpenRoom, RequestKV, StartRoles
+    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.steps import AwaitStatus, KillRole, OpenRoom, RequestKV, StartRoles
 
     return [StartRoles(ready_timeout_s=60), OpenRoom(KILL_ROOM), RequestKV(KILL_ROOM, (1, 2), 0),
             AwaitStatus(KILL_ROOM, "prefill", (WAITING_FOR_INPUT,)), KillRole("prefill"),
@@ -134,7 +134,7 @@ INJECTED = ((b"BOGUS",), (b"REGISTER", b"1"), (b"ABORT", b"\xff", b"x", b"1"), (
 
 def _inject_steps(seed: int):
     from scenarios import happy_path
-    from harness.steps import InjectFrames
+    from harness.spec.steps import InjectFrames
 
     steps = happy_path.steps(seed)
     return [steps[0], InjectFrames("prefill", INJECTED)] + steps[1:]
@@ -172,8 +172,8 @@ def _happy_parts(seed: int):
 def _point_steps(seed: int):
     """happy-path with the prefill's transfer worker paused on the first chunk: the
     room cannot finish while it waits, and finishes once it is released."""
-    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
-    from harness.steps import (AwaitPoint, AwaitStatus, InitSender, OpenRoom, ReleasePoint, RequestKV,
+    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.steps import (AwaitPoint, AwaitStatus, InitSender, OpenRoom, ReleasePoint, RequestKV,
                                SendChunk, StartRoles, VerifyPools)
 
     hp, (room, src, dst, aux_src, aux_dst, chunks) = _happy_parts(seed)
@@ -229,8 +229,8 @@ FAIL_NTH = 2
 
 def _engine_fault_steps(seed: int):
     """happy-path whose second transfer (the second chunk's KV write) fails in the engine."""
-    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
-    from harness.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles
+    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles
 
     hp, (room, src, dst, aux_src, aux_dst, chunks) = _happy_parts(seed)
     first = len(chunks[0])

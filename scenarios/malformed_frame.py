@@ -2,7 +2,7 @@
 sockets; the loops survive, no room changes, new rooms complete.
 
 A room H is held at WaitingForInput on both sides.  Then, one kind at a time
-(harness.frames: truncated, unknown tag, non-ASCII, non-numeric, empty, oversized,
+(harness.spec.frames: truncated, unknown tag, non-ASCII, non-numeric, empty, oversized,
 extra frames, well-formed for rooms nobody holds, duplicated and reordered), a
 seed-fixed batch of messages goes to the prefill's and the decode's control
 sockets, and both roles are observed after each kind, so a dead loop is pinned
@@ -14,11 +14,11 @@ writes into the pools breaks R-LIVE-1's "no room changes").
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness import frames as f
-from harness.adapter import WAITING_FOR_INPUT
-from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, InjectFrames, Observe, StartRoles
+from harness.judge import checks as c
+from harness.spec import frames as f
+from harness.role.adapter import WAITING_FOR_INPUT
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import AwaitStatus, InjectFrames, Observe, StartRoles
 from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, room_succeeds, send_all, verify
 
 PER_KIND = 6

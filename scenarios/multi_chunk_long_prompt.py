@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness import checks as c
-from harness.scenario import Scenario, register
-from harness.steps import InitSender, SendChunk, StartRoles
+from harness.judge import checks as c
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import InitSender, SendChunk, StartRoles
 from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, verify, pair_healthy
 
 POOL = replace(LAYOUT, num_pages=128)

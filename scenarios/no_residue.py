@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS
-from harness.scenario import Scenario, register
-from harness.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenSender, Sleep, StartRoles
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenSender, Sleep, StartRoles
 from scenarios._flows import DONE, LAYOUT, Planner, full_room, open_and_request, send_all, pair_healthy
 
 TIMEOUT_S = 3

@@ -13,9 +13,9 @@ race with the heartbeat.  A new room to P must succeed with exact bytes
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.scenario import Scenario, register
-from harness.steps import Clear, RestartRole, StartRoles
+from harness.judge import checks as c
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import Clear, RestartRole, StartRoles
 from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify, pair_healthy
 
 ENV = (("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "60"),)

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
-from harness.scenario import Scenario, register
-from harness.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, Sleep, StartRoles
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, Sleep, StartRoles
 from scenarios._flows import DONE, LAYOUT, Planner, await_done, open_and_request, pair_healthy, send_all, verify
 
 LATE_S = 2.0  # each write the prefill starts before lifecycle 2 opens waits this long in its engine

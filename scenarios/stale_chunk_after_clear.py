@@ -11,10 +11,10 @@ exception escapes or is logged at ERROR, no state is left for R, S stays Success
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import SUCCESS
-from harness.scenario import Scenario, register
-from harness.steps import (ArmPoint, AwaitPoint, AwaitStatus, Clear, InitSender, Observe, ReleasePoint, SendChunk,
+from harness.judge import checks as c
+from harness.role.adapter import SUCCESS
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import (ArmPoint, AwaitPoint, AwaitStatus, Clear, InitSender, Observe, ReleasePoint, SendChunk,
                            Sleep, StartRoles)
 from scenarios._flows import DONE, LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify
 

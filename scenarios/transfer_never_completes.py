@@ -3,7 +3,7 @@
 The roles run with ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` = 4 s (and
 Mooncake's engine with ``MC_TRANSFER_TIMEOUT`` = 6 s).  After room ``stuck`` is
 registered, the prefill's engine is told to accept transfers and never complete
-them (harness.faults: a posted transfer that stays in progress; Mooncake's
+them (harness.role.faults: a posted transfer that stays in progress; Mooncake's
 synchronous call returns -1 at its own transfer timeout, as the real engine does
 with a batch that does not finish); the room's chunks are sent.  Both
 sides must mark the room Failed within the waiting timeout plus 5 s of the first
@@ -15,10 +15,10 @@ the transfer worker (R-TIMEOUT-3, R-LIVE-2); each side of it gets 15 s.
 
 from __future__ import annotations
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS
-from harness.scenario import Scenario, register
-from harness.steps import AwaitStatus, EngineFaults, StartRoles
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import AwaitStatus, EngineFaults, StartRoles
 from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify, pair_healthy
 
 TIMEOUT_S = 4

@@ -17,6 +17,6 @@ def harness_processes(workdir) -> list:
         except OSError:
             stdout = ""
         ours = str(workdir) in cmd or stdout.startswith(str(workdir))
-        if ours and any(m in cmd for m in ("harness.cell", "harness.role_host", "harness.zygote")):
+        if ours and any(m in cmd for m in ("harness.drive.cell", "harness.drive.role_host", "harness.drive.forkserver")):
             found.append(proc)
     return found

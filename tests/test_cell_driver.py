@@ -1,4 +1,4 @@
-"""The cell driver's waits and starts.  Fail fast (harness.steps.STALL_CUT_S): after a status that must come never came, the
+"""The cell driver's waits and starts.  Fail fast (harness.spec.steps.STALL_CUT_S): after a status that must come never came, the
 cell's later waits are cut; probes with short bounds never start the cut; --full-waits
 keeps every bound.  And RoleAdapter.await_status, the role-side wait the cell calls."""
 
@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from harness import checks as c
-from harness import steps as s
-from harness.adapter import BOOTSTRAPPING, SUCCESS, WAITING_FOR_INPUT, RoleAdapter
-from harness.cell import CellDriver
-from harness.history import History
+from harness.judge import checks as c
+from harness.spec import steps as s
+from harness.role.adapter import BOOTSTRAPPING, SUCCESS, WAITING_FOR_INPUT, RoleAdapter
+from harness.drive.cell import CellDriver
+from harness.judge.history import History
 
 
 class StuckRole:
@@ -129,7 +129,7 @@ class Starter:
 
 
 def test_call_all_starts_every_role_before_waiting_and_records_in_order():
-    from harness.launcher import RoleError
+    from harness.drive.launcher import RoleError
 
     history, log = History(), []
     driver = CellDriver("x", launcher=None, history=history, base_port=0)
@@ -146,8 +146,8 @@ def test_call_all_starts_every_role_before_waiting_and_records_in_order():
 
 
 def test_call_all_reads_every_reply_before_giving_up_on_an_unsupported_call():
-    from harness.cell import CellAborted
-    from harness.launcher import RoleError
+    from harness.drive.cell import CellAborted
+    from harness.drive.launcher import RoleError
 
     log = []
     driver = CellDriver("x", launcher=None, history=History(), base_port=0)

@@ -1,8 +1,8 @@
 """Checkers are pure functions of the history; the verdict folds their results."""
 
-from harness import checks as c
-from harness.adapter import FAILED, SUCCESS
-from harness.history import History
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, SUCCESS
+from harness.judge.history import History
 
 
 def _await(h: History, role: str, room: int, status: int, reason=None):

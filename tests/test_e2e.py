@@ -1,6 +1,6 @@
 """End to end: sglang 0.5.23's real backends in role processes.
 
-The cells are forked from one fork server for the module (harness.zygote: sglang
+The cells are forked from one fork server for the module (harness.drive.forkserver: sglang
 imported once), as `pdconform run` does; the byte-check test starts fresh
 interpreters (`--no-fork`), so both paths stay covered.
 
@@ -9,10 +9,10 @@ Expected bytes for happy-path: 5 pages x 256 B x (3 layers x K,V) + one 64 B aux
 
 import pytest
 
-from harness.runner import run_cell_isolated
-from harness.zygote import Zygote
+from harness.drive.runner import run_cell_isolated
+from harness.drive.forkserver import Zygote
 from procs import harness_processes
-from harness.scenario import get_scenario
+from harness.spec.scenario import get_scenario
 from scenarios import happy_path
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""harness.engine_bench: raw vs instrumented KV throughput through the real engines.
+"""harness.bench.engines: raw vs instrumented KV throughput through the real engines.
 
 The engine tests start two child processes per engine (the source imports torch,
 and for Mooncake sglang: 5-10 s on a loaded 2-core machine), so they are marked
@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from harness import engine_bench
-from harness.engine_bench import EngineBenchError, EngineUnavailable, _Child, _Session, compare
+from harness.bench import engines as engine_bench
+from harness.bench.engines import EngineBenchError, EngineUnavailable, _Child, _Session, compare
 
 SMALL = 4 << 20  # 4 MiB in 64 blocks of 64 KiB
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.expectations import (ExpectationsError, apply_expectations, fixes, is_fix, is_regression,
+from harness.judge.expectations import (ExpectationsError, apply_expectations, fixes, is_fix, is_regression,
                                   load_expectations, regressions)
 from harness.implementations import IMPLEMENTATIONS
-from harness.results import CellResult, RunResult, SglangInfo
-from harness.scenario import all_scenarios
+from harness.judge.results import CellResult, RunResult, SglangInfo
+from harness.spec.scenario import all_scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = [s.id for s in all_scenarios()]

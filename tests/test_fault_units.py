@@ -1,10 +1,10 @@
-"""Unit tests of harness.faults: points and the engine fault counter, without roles."""
+"""Unit tests of harness.role.faults: points and the engine fault counter, without roles."""
 
 import threading
 
 import pytest
 
-from harness.faults import FAIL, NEVER, EngineFaultCounter, EngineFaultPlan, PointError, Points
+from harness.role.faults import FAIL, NEVER, EngineFaultCounter, EngineFaultPlan, PointError, Points
 
 
 def test_pause_point_holds_the_thread_until_released():

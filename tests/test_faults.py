@@ -1,7 +1,7 @@
 """Fault mechanisms, on the reference: a kill is detected, injected frames are delivered."""
 
-from harness.runner import run_cell_isolated
-from harness.scenario import get_scenario
+from harness.drive.runner import run_cell_isolated
+from harness.spec.scenario import get_scenario
 
 
 def test_killed_prefill_is_detected_by_the_decode(tmp_path):

@@ -1,8 +1,8 @@
 """The checkers the field scenarios add, on hand-built histories (no roles run)."""
 
-from harness import checks as c
-from harness.adapter import FAILED, WAITING_FOR_INPUT
-from harness.history import History
+from harness.judge import checks as c
+from harness.role.adapter import FAILED, WAITING_FOR_INPUT
+from harness.judge.history import History
 from scenarios.abort_ack_after_drain import ack_arrives, acks_safe
 
 

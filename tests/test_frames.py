@@ -1,9 +1,9 @@
-"""harness.frames: each strategy makes the kind of message it names, reproducibly."""
+"""harness.spec.frames: each strategy makes the kind of message it names, reproducibly."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import frames as f
+from harness.spec import frames as f
 
 
 def test_sample_is_reproducible_from_the_seed():

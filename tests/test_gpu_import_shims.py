@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 CODE = r"""
-from harness import gpu_import_shims as g
+from harness.target import gpu_import_shims as g
 shimmed = g.install()
 assert set(shimmed) == {"triton", "torchvision"}, shimmed
 import triton, triton.language as tl
@@ -38,7 +38,7 @@ def test_shims_in_a_fresh_interpreter():
 
 
 DRIVER_CODE = r"""
-from harness import gpu_import_shims as g
+from harness.target import gpu_import_shims as g
 g.install()
 import triton
 driver = triton.runtime.driver          # importing and naming it is fine ...
@@ -58,7 +58,7 @@ OLD_TRANSFORMERS_CODE = r"""
 import importlib.metadata as md
 real_version = md.version
 md.version = lambda name: "5.12.1" if name == "transformers" else real_version(name)
-from harness import gpu_import_shims as g
+from harness.target import gpu_import_shims as g
 assert g.transformers_must_see_torchvision()
 g.install()
 from transformers.utils import import_utils
@@ -86,7 +86,7 @@ def test_transformers_before_5_18_sees_the_torchvision_stand_in():
 def test_which_transformers_releases_must_see_torchvision(monkeypatch):
     import importlib.metadata as md
 
-    from harness import gpu_import_shims as g
+    from harness.target import gpu_import_shims as g
 
     for version, must in (("5.12.1", True), ("5.17.0", True), ("5.18.0", False), ("5.19.0", False)):
         monkeypatch.setattr(md, "version", lambda name, v=version: v)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.diff import first_divergence
-from harness.html_report import load_histories, render_index_html, write_index_html
-from harness.report import reproduce_command
-from harness.results import CellResult, RunResult, SglangInfo, dump_run
+from harness.judge.diff import first_divergence
+from harness.report.html import load_histories, render_index_html, write_index_html
+from harness.report.terminal import reproduce_command
+from harness.judge.results import CellResult, RunResult, SglangInfo, dump_run
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("PDCONFORM_ARTIFACTS", REPO / "reports" / "artifacts"))
@@ -142,7 +142,7 @@ def test_long_histories_and_values_are_truncated_with_a_note():
 
 
 def _write_out_dir(tmp_path: Path, reference_column: bool = True) -> tuple[RunResult, Path]:
-    """The run's out directory as harness.runner lays it out; without ``reference_column``
+    """The run's out directory as harness.drive.runner lays it out; without ``reference_column``
     the happy-path reference cell is no column and its history is under reference-for-diff/."""
     run, histories = fixture_run()
     if not reference_column:

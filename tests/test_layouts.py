@@ -1,9 +1,9 @@
-"""harness.layouts: the judge agrees with the reference planner and names a wrong pair by identity."""
+"""harness.spec.layouts: the judge agrees with the reference planner and names a wrong pair by identity."""
 
 from hypothesis import given, settings
 
 from backends.reference.planner import Plan, plan
-from harness import layouts
+from harness.spec import layouts
 
 
 @settings(max_examples=200)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import engine_settings_line, reproduce_command
-from harness.report_files import summary_markdown
-from harness.results import CellResult, RunResult, SglangInfo
+from harness.report.terminal import engine_settings_line, reproduce_command
+from harness.report.files import summary_markdown
+from harness.judge.results import CellResult, RunResult, SglangInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness import pattern as p
+from harness.role import pattern as p
 
 
 def test_every_word_decodes_to_its_origin():

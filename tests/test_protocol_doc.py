@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from harness.scenario import all_scenarios
+from harness.spec.scenario import all_scenarios
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 ROW = re.compile(r"^\| (R-[A-Z]+-\d+) \| (MUST|SHOULD) \|", re.M)

@@ -1,7 +1,7 @@
 """The reference decode state machine: scripted transitions for its requirements."""
 
 from backends.reference import decode_core as dc
-from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.role.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
 
 
 def requested(core, room, prefill="P-A", now=0.0):

@@ -7,8 +7,8 @@ import pytest
 import zmq
 
 from backends.reference.adapter import MalformedFrame, ReferenceRole, parse
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT, Layout, RoleRecorder
-from harness.runner import free_port_block
+from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT, Layout, RoleRecorder
+from harness.drive.runner import free_port_block
 
 LAYOUT = Layout(num_layers=2, num_pages=8, page_bytes=64, aux_slots=2, aux_bytes=32)
 

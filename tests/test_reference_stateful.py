@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
 
 P, D = "prefill-0", "decode-0"
 ROOMS = st.sampled_from([1, 2])

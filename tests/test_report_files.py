@@ -7,8 +7,8 @@ from pathlib import Path
 from hypothesis import given, strategies as st
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from harness.report_files import SUMMARY_LIMIT, junit_xml, summary_markdown, write_reports
-from harness.results import VERDICTS, CellResult, RunResult, SglangInfo, dump_run, load_run
+from harness.report.files import SUMMARY_LIMIT, junit_xml, summary_markdown, write_reports
+from harness.judge.results import VERDICTS, CellResult, RunResult, SglangInfo, dump_run, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DIVERGENCE = {"step": 7, "step_name": "AwaitStatus", "op": "await_status", "role": "decode",

@@ -2,7 +2,7 @@
 
 import json
 
-from harness.results import CellResult, RunResult, SglangInfo, dump_run, load_run
+from harness.judge.results import CellResult, RunResult, SglangInfo, dump_run, load_run
 
 
 def test_results_json_shape_and_round_trip(tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness import role_context as rc
+from harness.target import role_context as rc
 
 
 def test_supported_release_has_a_strategy():

@@ -4,8 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.results import CellResult, RunResult, SglangInfo, dump_run
-from harness.run_diff import changed_cells, changes_markdown
+from harness.judge.results import CellResult, RunResult, SglangInfo, dump_run
+from harness.report.run_diff import changed_cells, changes_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,9 @@ import time
 
 import psutil
 
-from harness.runner import run_matrix
+from harness.drive.runner import run_matrix
 from procs import harness_processes
-from harness.scenario import get_scenario
+from harness.spec.scenario import get_scenario
 
 
 def _role_processes(workdir):
@@ -61,7 +61,7 @@ def test_role_that_hangs_in_a_call_is_killed_with_the_cell(tmp_path):
 def test_unknown_role_op_is_an_error_not_a_crash(tmp_path):
     import zmq
 
-    from harness.launcher import LocalLauncher, RoleClient, RoleError, RoleSpec
+    from harness.drive.launcher import LocalLauncher, RoleClient, RoleError, RoleSpec
 
     handle = LocalLauncher(tmp_path).start(RoleSpec(name="p", impl="selftest", role="prefill"))
     ctx = zmq.Context()
@@ -111,7 +111,7 @@ def test_relative_out_works_from_any_directory(tmp_path):
 
 
 def _observations(workdir):
-    from harness import history as hist
+    from harness.judge import history as hist
 
     return [e["value"] for e in hist.load(workdir / "history.jsonl") if e["op"] == "observe-mid" and e["type"] == "ok"]
 
@@ -162,7 +162,7 @@ def test_sigterm_with_parallel_jobs_stops_every_running_cell_at_once(tmp_path):
 
 
 def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
-    from harness.runner import run_matrix as rm
+    from harness.drive.runner import run_matrix as rm
 
     killed = []
 
@@ -170,7 +170,7 @@ def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
         if i == 2 and not killed:  # after the first cell: the fork server dies
             for proc in psutil.process_iter(["cmdline"]):
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if "harness.zygote" in cmd and str(tmp_path) in " ".join(
+                if "harness.drive.forkserver" in cmd and str(tmp_path) in " ".join(
                         os.readlink(f"/proc/{proc.pid}/fd/1") for _ in [0] if os.path.exists(f"/proc/{proc.pid}/fd/1")):
                     proc.kill()
                     killed.append(proc.pid)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from backends.sglang_common import ReceiveTap, SglangCommonRole
-from harness.adapter import Unsupported
+from harness.role.adapter import Unsupported
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,8 @@ def test_acks_read_from_the_tap_are_recorded_without_a_generation():
 LEGACY_PROGRAM = r"""
 import json
 from types import SimpleNamespace
-from harness import gpu_import_shims, role_context
+from harness.target import gpu_import_shims
+from harness.target import role_context
 role_context.apply_role_env()
 gpu_import_shims.install()
 import sglang.srt.disaggregation.common.conn as common

@@ -8,10 +8,10 @@ the out-of-range path never imports the adapter.
 import pytest
 
 from harness import implementations as im
-from harness.adapter import Unsupported
-from harness.role_context import release_of
-from harness.runner import run_cell_isolated
-from harness.scenario import get_scenario
+from harness.role.adapter import Unsupported
+from harness.target.role_context import release_of
+from harness.drive.runner import run_cell_isolated
+from harness.spec.scenario import get_scenario
 
 
 @pytest.mark.parametrize("version, release", [

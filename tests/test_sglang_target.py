@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sglang_target import (VERSION_ENV, TargetError, available_versions, installed_info, release_target,
+from harness.target.sglang import (VERSION_ENV, TargetError, available_versions, installed_info, release_target,
                                    resolve_target, source_target)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_cells_import_the_tree_not_the_installed_package(tmp_path):
     out = subprocess.run([target.python, "-c", code], env=target.cell_env(), capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["pdconform-test-tree", "0.5.99"], out.stderr
     # ... and the role context reads the tree's version, not the installed metadata
-    code = "from harness.role_context import sglang_version; print(sglang_version())"
+    code = "from harness.target.role_context import sglang_version; print(sglang_version())"
     out = subprocess.run([target.python, "-c", code], env=target.cell_env(), capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "0.5.99", out.stderr

@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.runner import _zygote_groups
-from harness.zygote import Zygote, ZygoteError
+from harness.drive.runner import _zygote_groups
+from harness.drive.forkserver import Zygote, ZygoteError
 
 
 def test_a_zygote_started_without_waiting_becomes_ready_and_forks(tmp_path):
@@ -38,8 +38,8 @@ def test_the_reference_gets_its_own_fork_server():
 
 
 def test_a_forked_cell_reports_the_cpu_time_of_itself_and_its_roles(tmp_path):
-    from harness.runner import run_matrix
-    from harness.scenario import get_scenario
+    from harness.drive.runner import run_matrix
+    from harness.spec.scenario import get_scenario
 
     fork, fresh = (run_matrix(["selftest"], [get_scenario("selftest-clean")], seed=0, out_dir=tmp_path / name,
                               fork=forked).cells[0] for name, forked in (("fork", True), ("fresh", False)))

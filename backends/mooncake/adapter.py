@@ -4,7 +4,7 @@ Mirrors ``sglang/srt/disaggregation/mooncake/conn.py``.  The manager takes the
 process-wide engine from ``sglang.srt.distributed.device_communicators.
 mooncake_transfer_engine`` (a real server creates it while it sets up model
 parallelism); this adapter creates it for loopback with the TCP protocol
-(``MOONCAKE_PROTOCOL=tcp``, ``MC_FORCE_TCP=1``, see harness.role_context).
+(``MOONCAKE_PROTOCOL=tcp``, ``MC_FORCE_TCP=1``, see harness.target.role_context).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import threading
 
 from backends.sglang_common import SglangCommonRole
-from harness.faults import FAIL, NEVER, NEVER_BLOCK_S, EngineFaultCounter
+from harness.role.faults import FAIL, NEVER, NEVER_BLOCK_S, EngineFaultCounter
 
 
 def engine_transfer_timeout_s() -> float:

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from backends.sglang_common import SglangCommonRole
-from harness.adapter import Unsupported
-from harness.faults import EngineFaultPlan
+from harness.role.adapter import Unsupported
+from harness.role.faults import EngineFaultPlan
 
 STANDIN_PATH = Path(__file__).resolve().parent / "standin"
 

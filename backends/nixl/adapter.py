@@ -5,14 +5,14 @@ NIXL agent; KV buffers are registered as host memory (``DRAM``) through the
 per-buffer ``kv_data_mem_kinds`` (sglang's schedulers register GPU KV as ``VRAM``
 and use ``DRAM`` only for host-backed HiSparse pools; on a CPU machine DRAM is
 all there is).
-``UCX_TLS=tcp`` and ``UCX_NET_DEVICES=lo`` come from harness.role_context.
+``UCX_TLS=tcp`` and ``UCX_NET_DEVICES=lo`` come from harness.target.role_context.
 
 One engine setting differs from sglang's: the agent's progress thread.  nixl's Python
 API creates every agent with ``pthrDelay = 0`` (``nixl_cu12/_api.py``), so the thread
 polls UCX in a busy loop and keeps a whole core busy for the life of the role, even
 when nothing moves.  A cell has two to four NIXL roles and a 2-core CI machine runs
 several cells at once, so by default the harness has the thread sleep
-:data:`harness.role_context.DEFAULT_NIXL_PROGRESS_DELAY_US` between polls (the engine, its threads and every
+:data:`harness.target.role_context.DEFAULT_NIXL_PROGRESS_DELAY_US` between polls (the engine, its threads and every
 transfer are still the real ones).  ``pdconform run --nixl-progress-delay-us 0``
 restores sglang's busy loop; results.json records which one a run used.
 """
@@ -26,8 +26,8 @@ import threading
 from typing import Any
 
 from backends.sglang_common import SglangCommonRole
-from harness.faults import FAIL, NEVER, EngineFaultCounter
-from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
+from harness.role.faults import FAIL, NEVER, EngineFaultCounter
+from harness.target.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
 
 log = logging.getLogger(__name__)
 

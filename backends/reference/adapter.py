@@ -8,7 +8,7 @@ backend, so it can be killed, frozen and sent malformed frames:
   them to its torch pools (the decode's copy stands for the RDMA write landing);
 * an HTTP endpoint on the prefill's bootstrap port: ``/health`` (heartbeat) and
   ``/bootstrap`` (the prefill's control endpoint and KV layout);
-* torch CPU pools filled with the :mod:`harness.pattern` tags;
+* torch CPU pools filled with the :mod:`harness.role.pattern` tags;
 * layout pairs from :mod:`backends.reference.planner` (a rejected layout fails
   the room at bootstrap with the reason, R-LAYOUT-2).
 
@@ -47,10 +47,10 @@ from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
 from backends.reference.shared_events import Clear
 from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
-from harness import pattern
-from harness.adapter import BOOTSTRAPPING, FAILED, Layout, RoleAdapter, RoleRecorder
-from harness.faults import FAIL, EngineFaultCounter, EngineFaultPlan
-from harness.pools import pattern_pools
+from harness.role import pattern
+from harness.role.adapter import BOOTSTRAPPING, FAILED, Layout, RoleAdapter, RoleRecorder
+from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
+from harness.role.pools import pattern_pools
 
 log = logging.getLogger("pdconform.reference")
 
@@ -360,7 +360,7 @@ class ReferenceRole(RoleAdapter):
 
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
         """The reference planner (:func:`backends.reference.planner.plan`) on each spec."""
-        from harness.layouts import to_spec
+        from harness.spec.layouts import to_spec
 
         out = []
         for spec in specs:

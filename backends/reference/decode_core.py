@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from backends.reference.shared_events import Clear, StatusChanged, Tick
-from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.role.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
 
 
 # ---- events ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from backends.reference.shared_events import Clear, Log, StatusChanged, Tick
-from harness.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.role.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
 
 
 #: residue entries that are the bounded memory of ended generations R-REUSE-1 allows

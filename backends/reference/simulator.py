@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
-from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
 
 P, D = "prefill-0", "decode-0"
 

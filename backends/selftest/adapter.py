@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from harness.adapter import SUCCESS, WAITING_FOR_INPUT, RoleAdapter, RoleRecorder
+from harness.role.adapter import SUCCESS, WAITING_FOR_INPUT, RoleAdapter, RoleRecorder
 
 HANG_ROOM = 1001
 DIE_ROOM = 1002

@@ -1,6 +1,6 @@
 """The closed step vocabulary that scenarios are written in.
 
-A scenario is a list of these frozen dataclasses; :mod:`harness.cell` executes
+A scenario is a list of these frozen dataclasses; :mod:`harness.drive.cell` executes
 them against role processes and records every invocation and completion in the
 history.  Steps name roles (``"prefill"``, ``"decode"``, or more for scenarios
 with several prefills) and bootstrap rooms; they never import a backend.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.adapter import Layout
+from harness.role.adapter import Layout
 
 
 @dataclass(frozen=True)
 class ArmPoint:
-    """Nemesis: arm interleaving ``point`` in ``role`` (see :mod:`harness.faults`).
+    """Nemesis: arm interleaving ``point`` in ``role`` (see :mod:`harness.role.faults`).
 
     ``action`` ``"pause"`` holds the thread that reaches the point until
     :class:`ReleasePoint` (at most ``hold_s`` seconds); ``"inject"`` pushes ``frames``
@@ -51,7 +51,7 @@ class ReleasePoint:
 class EngineFaults:
     """Nemesis: from now on ``role``'s transfer engine fails its ``fail_nth`` transfer,
     delays each by ``delay_s`` seconds, never completes any (``never_complete``), or
-    fails every transfer of its ``fail_group``-th batch (:class:`harness.faults.EngineFaultPlan`)."""
+    fails every transfer of its ``fail_group``-th batch (:class:`harness.role.faults.EngineFaultPlan`)."""
 
     role: str
     fail_nth: int | None = None
@@ -267,7 +267,7 @@ class Observe:
 @dataclass(frozen=True)
 class PlanLayouts:
     """Ask ``role``'s implementation to plan ``count`` generated layouts
-    (:mod:`harness.layouts`, drawn from ``seed``); every layout it plans differently
+    (:mod:`harness.spec.layouts`, drawn from ``seed``); every layout it plans differently
     from the reference planner is shrunk (one per kind of difference, at most
     ``max_shrinks``) by asking it again about smaller layouts."""
 

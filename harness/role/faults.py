@@ -1,7 +1,7 @@
 """Fault injection inside a role process: interleaving points and engine faults.
 
 Both live in the role process next to the adapter (the cell driver reaches them
-through adapter methods, see :class:`harness.adapter.RoleAdapter`).  Every fault
+through adapter methods, see :class:`harness.role.adapter.RoleAdapter`).  Every fault
 that fires is appended to a log that the adapter returns from ``observe`` and the
 cell driver copies into the history as ``nemesis`` events.
 

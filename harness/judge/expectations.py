@@ -30,7 +30,7 @@ from typing import Iterable
 
 import msgspec
 
-from harness.results import VERDICTS, CellResult, RunResult
+from harness.judge.results import VERDICTS, CellResult, RunResult
 
 RANK = {verdict: i for i, verdict in enumerate(VERDICTS)}  # PASS < WARN < UNSUPPORTED < FAIL < ERROR
 

@@ -10,7 +10,7 @@
 - ``summary.md`` (:func:`summary_markdown`): the matrix, then the cells not as
   expected with requirement, first divergence and reproduce command, then the
   known (expected) non-PASS cells folded away; sized for a pull-request comment.
-- ``index.html``: :mod:`harness.html_report`.
+- ``index.html``: :mod:`harness.report.html`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from harness.diff import describe as describe_divergence
-from harness.expectations import fixes, is_fix, regressions
-from harness.html_report import write_index_html
-from harness.report import engine_settings_line, reproduce_command
-from harness.results import VERDICTS, CellResult, RunResult
+from harness.judge.diff import describe as describe_divergence
+from harness.judge.expectations import fixes, is_fix, regressions
+from harness.report.html import write_index_html
+from harness.report.terminal import engine_settings_line, reproduce_command
+from harness.judge.results import VERDICTS, CellResult, RunResult
 
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
 SUMMARY_LIMIT = 60_000
@@ -179,8 +179,8 @@ def summary_markdown(run: RunResult) -> str:
 def write_reports(run: RunResult, out_dir: str | Path) -> dict[str, Path]:
     """Write junit.xml, summary.md and index.html into ``out_dir``; return their paths by name.
 
-    results.json is written by the caller (harness.results.dump_run); the HTML reads
-    the cells' histories from ``out_dir/cells`` (harness.html_report).
+    results.json is written by the caller (harness.judge.results.dump_run); the HTML reads
+    the cells' histories from ``out_dir/cells`` (harness.report.html).
     """
     out_dir = Path(out_dir)
     paths = {"junit.xml": out_dir / "junit.xml", "summary.md": out_dir / "summary.md"}

@@ -16,7 +16,7 @@ data path?  Each engine that runs on a CPU machine is measured on one transfer:
 **raw** calls the engine object directly; **instrumented** makes the same calls
 through :class:`backends.mooncake.adapter.FaultyMooncakeEngine` /
 :class:`backends.nixl.adapter.FaultyNixlAgent` wrapped around the *same* engine
-object, with an :class:`harness.faults.EngineFaultCounter` whose plan is
+object, with an :class:`harness.role.faults.EngineFaultCounter` whose plan is
 ``EngineFaultPlan()`` (injects nothing).
 
 Setup (two processes, like a prefill and a decode)
@@ -54,7 +54,7 @@ is killed.  Errors: :class:`EngineUnavailable` (the engine cannot be imported or
 started here), :class:`EngineBenchError` (anything else: a failed or unverified
 transfer, a child that timed out or died), ``ValueError`` for bad sizes.
 
-``python -m harness.engine_bench [--engine mooncake|nixl] [--total-mib N]
+``python -m harness.bench.engines [--engine mooncake|nixl] [--total-mib N]
 [--block-kib N] [--repeats N]`` prints a table of :func:`compare` results.
 """
 
@@ -73,6 +73,7 @@ import zlib
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+from harness import ROOT
 
 ENGINES = ("mooncake", "nixl")
 DEFAULT_TOTAL_BYTES = 64 << 20  # 64 MiB
@@ -89,7 +90,6 @@ STOP_TIMEOUT_S = 10.0
 #: stub transfers per round when timing the wrapper's own cost (compare's ``wrapper_cost``)
 WRAPPER_COST_CALLS = 1000
 SEED = 20240517
-ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 
 SETUP = {
@@ -169,7 +169,7 @@ class _SourceMixin:
         return {"expected_crc": zlib.crc32(expected)}
 
     def _make_wrapper_counter(self):
-        from harness.faults import EngineFaultCounter, EngineFaultPlan
+        from harness.role.faults import EngineFaultCounter, EngineFaultPlan
 
         self.counter = EngineFaultCounter(EngineFaultPlan())
 
@@ -200,7 +200,7 @@ class _SourceMixin:
         NIXL: the stub's transfer is done when posted, and one ``check_xfer_state``
         (the poll that sees ``"DONE"``) is added to both; ``added_s_per_poll`` is what
         the wrapper adds to each poll (polls before the last overlap the transfer)."""
-        from harness.faults import EngineFaultCounter, EngineFaultPlan
+        from harness.role.faults import EngineFaultCounter, EngineFaultPlan
 
         stub = self._stub()
         wrapped = type(self.wrapped)(stub, EngineFaultCounter(EngineFaultPlan()))
@@ -253,7 +253,7 @@ class _MooncakeDestination(_Side):
 class _MooncakeSource(_Side, _SourceMixin):
     def __init__(self, total_bytes: int, block_bytes: int):
         super().__init__(total_bytes, block_bytes)
-        from harness import gpu_import_shims
+        from harness.target import gpu_import_shims
 
         gpu_import_shims.install()  # before the first sglang import
         from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import MooncakeTransferEngine
@@ -406,7 +406,7 @@ def _child_main(engine: str, role: str, fd: int) -> None:
     side = None
     code = 0
     try:
-        from harness import role_context
+        from harness.target import role_context
 
         role_context.apply_role_env()
         while True:
@@ -454,7 +454,7 @@ class _Child:
         self.engine, self.role = engine, role
         self.log = tempfile.TemporaryFile(mode="w+b")
         parent_sock, child_sock = socket.socketpair()
-        code = ("import sys; from harness.engine_bench import _child_main; "
+        code = ("import sys; from harness.bench.engines import _child_main; "
                 "_child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
         env = dict(os.environ)
         env.setdefault("MC_TRANSFER_TIMEOUT", str(int(TRANSFER_TIMEOUT_S)))
@@ -692,7 +692,7 @@ def _size(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.engine_bench",
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.engines",
                                      description="KV bytes/s through the real engines, raw vs the harness's wrappers")
     parser.add_argument("--engine", choices=ENGINES, action="append",
                         help="engine to measure (repeatable; default: all)")

@@ -5,8 +5,8 @@ starts two to four role processes.  The zygote is one long-lived process per run
 (and per sglang target) that imports them once, while it is still single-threaded,
 then forks:
 
-* a **cell** process (``harness.cell``) in a new process group of its own, and
-* the cell's **role** processes (``harness.role_host``), each joining its cell's
+* a **cell** process (``harness.drive.cell``) in a new process group of its own, and
+* the cell's **role** processes (``harness.drive.role_host``), each joining its cell's
   process group, so that killing the group still removes the cell and every role.
 
 Isolation is the same as with a fresh interpreter per process: the zygote never
@@ -19,8 +19,8 @@ Protocol: a UNIX stream socket; one JSON line per request, one JSON line per rep
 (see :class:`ZygoteClient`).  The zygote reaps its children and keeps their exit
 status until asked.  It exits when its parent (the runner) goes away.
 
-Started with ``python -m harness.zygote --socket PATH`` by :class:`Zygote`, with
-the target's interpreter and environment (harness.sglang_target).
+Started with ``python -m harness.drive.forkserver --socket PATH`` by :class:`Zygote`, with
+the target's interpreter and environment (harness.target.sglang).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+from harness import ROOT
 
 ZYGOTE_ENV = "PDCONFORM_ZYGOTE"  # set in a forked cell: the socket its launcher forks roles through
 READY_TIMEOUT_S = 120.0
@@ -70,17 +71,17 @@ def preload(impls: list[str]) -> list[str]:
     ``mooncake.engine``: its import starts native threads, which a fork would not carry over.
     """
     failed: list[str] = []
-    import harness.cell  # noqa: F401
-    import harness.role_host  # noqa: F401
-    from harness.scenario import all_scenarios
+    import harness.drive.cell  # noqa: F401
+    import harness.drive.role_host  # noqa: F401
+    from harness.spec.scenario import all_scenarios
 
     all_scenarios(include_test_only=True)  # every scenario module: a cell looks its scenario up first
-    import harness.frames  # noqa: F401 - hypothesis, for the cells that sample layouts or frames
-    import harness.layouts  # noqa: F401
+    import harness.spec.frames  # noqa: F401 - hypothesis, for the cells that sample layouts or frames
+    import harness.spec.layouts  # noqa: F401
 
     modules = list(dict.fromkeys(m for impl in impls for m in PRELOAD.get(impl, [])))
     if any(m.startswith("sglang") for m in modules):
-        from harness import gpu_import_shims
+        from harness.target import gpu_import_shims
 
         gpu_import_shims.install()
     for name in modules:
@@ -122,9 +123,9 @@ def _child(request: dict, listener: socket.socket, clients: list[socket.socket])
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         if request["kind"] == "cell":
-            from harness.cell import main
+            from harness.drive.cell import main
         else:
-            from harness.role_host import main
+            from harness.drive.role_host import main
         code = main(request["argv"]) or 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -223,7 +224,7 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.zygote")
+    parser = argparse.ArgumentParser(prog="python -m harness.drive.forkserver")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--preload", default="", help="comma-separated implementations whose imports to preload")
@@ -284,7 +285,7 @@ class ZygoteClient:
         if kind not in ("cell", "role"):
             raise ValueError(f"kind must be 'cell' or 'role', got {kind!r}")
         reply = self.call({"op": "fork", "kind": kind, "argv": list(argv), "log": str(log), "env": env or {},
-                           "pgid": pgid, "cwd": str(cwd or Path(__file__).resolve().parent.parent)})
+                           "pgid": pgid, "cwd": str(cwd or ROOT)})
         return ForkedProcess(self, reply["pid"])
 
 
@@ -382,10 +383,10 @@ class Zygote:
         self.client: ZygoteClient | None = None
         self.info: dict[str, Any] = {}
         self.process = subprocess.Popen(
-            [python, "-m", "harness.zygote", "--socket", self.socket_path, "--ready-file", str(self._ready),
+            [python, "-m", "harness.drive.forkserver", "--socket", self.socket_path, "--ready-file", str(self._ready),
              "--preload", ",".join(impls)],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0,
-            cwd=str(Path(__file__).resolve().parent.parent))
+            cwd=str(ROOT))
         if wait:
             try:
                 self.wait_ready()

@@ -1,9 +1,9 @@
 """One cell: one implementation x one scenario, run in its own process.
 
-``python -m harness.cell --impl NAME --scenario ID --seed N --workdir DIR``
-starts the scenario's roles through a :class:`harness.launcher.Launcher`,
+``python -m harness.drive.cell --impl NAME --scenario ID --seed N --workdir DIR``
+starts the scenario's roles through a :class:`harness.drive.launcher.Launcher`,
 executes its steps, observes every role, stops them, runs the checks on the
-history and writes ``DIR/cell.json`` (a :class:`harness.results.CellResult`)
+history and writes ``DIR/cell.json`` (a :class:`harness.judge.results.CellResult`)
 and ``DIR/history.jsonl``.  The runner kills the whole process group at the
 cell deadline, so nothing here needs to guard against its own hang.
 """
@@ -22,14 +22,14 @@ from typing import Any
 
 import zmq
 
-from harness import steps as s
-from harness.adapter import FAILED, kvpoll_name
-from harness.checks import verdict_of
-from harness.faults import push_frames
-from harness.history import History
-from harness.launcher import LocalLauncher, Launcher, RoleClient, RoleError, RoleHandle, RoleSpec
-from harness.results import CellResult
-from harness.scenario import Scenario, get_scenario
+from harness.spec import steps as s
+from harness.role.adapter import FAILED, kvpoll_name
+from harness.judge.checks import verdict_of
+from harness.role.faults import push_frames
+from harness.judge.history import History
+from harness.drive.launcher import LocalLauncher, Launcher, RoleClient, RoleError, RoleHandle, RoleSpec
+from harness.judge.results import CellResult
+from harness.spec.scenario import Scenario, get_scenario
 
 CALL_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.05  # between KVPoll reads of an AwaitStatus (seconds): a 50 ms latency floor, not 20 ms of pickled round trips
@@ -321,8 +321,8 @@ class CellDriver:
         from hypothesis import HealthCheck, find, settings
         from hypothesis.errors import NoSuchExample
 
-        from harness import layouts
-        from harness.frames import sample
+        from harness.spec import layouts
+        from harness.spec.frames import sample
 
         specs = sample(layouts.layout_specs(), step.count, step.seed)
         results = self.call(step.role, "plan_layouts", specs=specs)
@@ -353,8 +353,8 @@ class CellDriver:
                             value={"specs": specs, "results": results, "shrunk": shrunk})
 
     def _do_TransferLayouts(self, step: s.TransferLayouts) -> None:
-        from harness import layouts
-        from harness.frames import sample
+        from harness.spec import layouts
+        from harness.spec.frames import sample
 
         chosen = sample(layouts.single_stage_specs(), step.count, step.seed)
         shrunk = [e["value"]["shrunk"] for e in self.history.events if e["op"] == "layout-shrink"]
@@ -460,7 +460,7 @@ class CellDriver:
             self._observe(name)
 
     def _observe(self, name: str, op: str = "observe", args: dict | None = None) -> None:
-        """Record one role's :class:`harness.adapter.Observation` as an ``op`` event, or a
+        """Record one role's :class:`harness.role.adapter.Observation` as an ``op`` event, or a
         ``fail`` event saying why it cannot be observed (dead, broken, not answering)."""
         handle, client, args = self.handles[name], self.clients[name], args or {}
         if not handle.alive() or client.broken:
@@ -507,7 +507,7 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
     """Run one cell in this process (roles in child processes); return its result.
 
     ``full_waits``: every AwaitStatus waits its whole bound, even after a must-come
-    status never came (default: later waits are cut, see harness.steps.STALL_CUT_S)."""
+    status never came (default: later waits are cut, see harness.spec.steps.STALL_CUT_S)."""
     workdir.mkdir(parents=True, exist_ok=True)
     history = History(workdir / "history.jsonl")
     driver = CellDriver(impl, LocalLauncher(workdir), history, base_port)
@@ -559,7 +559,7 @@ def _die_with_parent(interval_s: float = 0.5) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.cell")
+    parser = argparse.ArgumentParser(prog="python -m harness.drive.cell")
     parser.add_argument("--impl", required=True)
     parser.add_argument("--scenario", required=True)
     parser.add_argument("--seed", type=int, default=0)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from harness.results import SglangInfo
+from harness import ROOT
+from harness.judge.results import SglangInfo
 
-ROOT = Path(__file__).resolve().parent.parent
 VERSION_ENV = "PDCONFORM_SGLANG_VERSION"
 SETUP_TIMEOUT_S = 1800.0
 PROBE_TIMEOUT_S = 60.0
@@ -41,7 +41,7 @@ class TargetError(ValueError):
 class SglangTarget:
     """How to start a cell process against one sglang.
 
-    ``python``: the interpreter that runs ``python -m harness.cell``; ``env``: variables
+    ``python``: the interpreter that runs ``python -m harness.drive.cell``; ``env``: variables
     added to the cell's environment (inherited by its roles); ``info``: what goes into
     results.json.
     """

@@ -24,7 +24,8 @@ from typing import Any
 
 import zmq
 
-from harness.zygote import ZYGOTE_ENV, ZygoteClient
+from harness import ROOT
+from harness.drive.forkserver import ZYGOTE_ENV, ZygoteClient
 
 
 class RoleError(RuntimeError):
@@ -162,9 +163,9 @@ class LocalRoleHandle(RoleHandle):
 class LocalLauncher(Launcher):
     """Runs each role as a local process in this cell's process group.
 
-    With ``PDCONFORM_ZYGOTE`` set (a cell forked by harness.zygote), roles are forked
+    With ``PDCONFORM_ZYGOTE`` set (a cell forked by harness.drive.forkserver), roles are forked
     by the zygote, which has sglang and the engines imported already, and join this
-    process group; otherwise each is a fresh ``python -m harness.role_host`` child.
+    process group; otherwise each is a fresh ``python -m harness.drive.role_host`` child.
     ``workdir`` receives one ``<role name>.log`` per role.
     """
 
@@ -186,17 +187,17 @@ class LocalLauncher(Launcher):
         env = dict(os.environ)
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [sys.executable, "-m", "harness.role_host", *args]
+        cmd = [sys.executable, "-m", "harness.drive.role_host", *args]
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                cwd=str(Path(__file__).resolve().parent.parent),
+                cwd=str(ROOT),
             )
         return LocalRoleHandle(spec, process, ready_file, log_path)
 
 
 class RoleClient:
-    """Calls :class:`harness.adapter.RoleAdapter` methods on a role, with a deadline each.
+    """Calls :class:`harness.role.adapter.RoleAdapter` methods on a role, with a deadline each.
 
     After a timeout the REQ socket cannot be reused: the client marks itself
     broken and every later call raises RoleError at once; a role whose process

@@ -1,7 +1,7 @@
 """A role process: hosts one adapter and serves the cell driver's commands.
 
-Started by a :class:`harness.launcher.Launcher` as
-``python -m harness.role_host --impl NAME --role prefill|decode --ready-file PATH``.
+Started by a :class:`harness.drive.launcher.Launcher` as
+``python -m harness.drive.role_host --impl NAME --role prefill|decode --ready-file PATH``.
 It binds a ZMQ REP command socket on loopback, imports the adapter (which
 imports sglang and the engine: several seconds), then writes the socket's
 endpoint to the ready file.  Requests and replies are pickled dicts (trusted,
@@ -27,7 +27,7 @@ import traceback
 
 import zmq
 
-from harness.adapter import RoleAdapter, RoleRecorder, Unsupported
+from harness.role.adapter import RoleAdapter, RoleRecorder, Unsupported
 
 # Ops a driver may call: exactly the RoleAdapter contract.
 ALLOWED_OPS = frozenset(
@@ -84,7 +84,7 @@ def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.role_host")
+    parser = argparse.ArgumentParser(prog="python -m harness.drive.role_host")
     parser.add_argument("--impl", required=True)
     parser.add_argument("--role", required=True, choices=["prefill", "decode"])
     parser.add_argument("--ready-file", required=True)

@@ -1,13 +1,13 @@
 """The adapter contract: what every implementation offers the harness.
 
-An adapter lives inside a *role process* (see :mod:`harness.role_host`) and
+An adapter lives inside a *role process* (see :mod:`harness.drive.role_host`) and
 drives one side of one implementation: the prefill (with its bootstrap server)
 or the decode.  The cell driver reaches it only through the role process's
 command socket, so the same contract works for local processes and, later,
 roles on other hosts.
 
 Adapters translate vocabulary calls into calls on the implementation and report
-*observations*; they never decide a verdict (that is :mod:`harness.checks`).
+*observations*; they never decide a verdict (that is :mod:`harness.judge.checks`).
 
 Every method that takes a ``room`` refers to a bootstrap room id (an int).
 Statuses are sglang ``KVPoll`` values as ints: Failed 0, Bootstrapping 1,
@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from harness.faults import Points
+from harness.role.faults import Points
 
 # KVPoll values (sglang.srt.disaggregation.base.conn.KVPoll), spelled out so
 # that the driver side never imports sglang.
@@ -175,7 +175,7 @@ class RoleAdapter(ABC):
         """Check this side's pools against (source, destination) page/slot pairs,
         leaving ``unchecked_kv`` pages and ``unchecked_aux`` slots unjudged and
         expecting K/V buffers of layers not in ``sent_layers`` (when given) untouched;
-        returns :meth:`harness.pattern.PoolReport.to_dict`."""
+        returns :meth:`harness.role.pattern.PoolReport.to_dict`."""
 
     # ---- either side -----------------------------------------------------
     @abstractmethod
@@ -217,7 +217,7 @@ class RoleAdapter(ABC):
     def observe(self) -> dict:
         """:class:`Observation` as a dict."""
 
-    # ---- fault injection (harness.faults) --------------------------------
+    # ---- fault injection (harness.role.faults) --------------------------------
     #: interleaving points this adapter can reach: name -> the code it wraps
     POINTS: ClassVar[dict[str, str]] = {}
 
@@ -228,7 +228,7 @@ class RoleAdapter(ABC):
         return self.__dict__["_points"]
 
     def arm_point(self, point: str, action: str, frames: list | None = None, hold_s: float = 20.0) -> None:
-        """Arm an interleaving point for its next hit (:meth:`harness.faults.Points.arm`).
+        """Arm an interleaving point for its next hit (:meth:`harness.role.faults.Points.arm`).
         Unsupported when this adapter cannot reach ``point``."""
         if point not in self.POINTS:
             reachable = ", ".join(sorted(self.POINTS)) or "none"
@@ -244,7 +244,7 @@ class RoleAdapter(ABC):
         return self.points.release(point)
 
     def set_engine_faults(self, **plan) -> dict:
-        """Install an :class:`harness.faults.EngineFaultPlan` on this role's transfer
+        """Install an :class:`harness.role.faults.EngineFaultPlan` on this role's transfer
         engine; returns what was installed.  Unsupported by default."""
         raise Unsupported(f"{self.impl} has no engine fault injection")
 
@@ -265,10 +265,10 @@ class RoleAdapter(ABC):
         message names none) and ``t`` (wall clock, seconds).  Empty by default."""
         return []
 
-    # ---- layout planning (harness.layouts) -------------------------------
+    # ---- layout planning (harness.spec.layouts) -------------------------------
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
         """Run the implementation's own KV layout planning on each spec
-        (:mod:`harness.layouts`): ``{"pairs": [[src, dst], ...]}`` or
+        (:mod:`harness.spec.layouts`): ``{"pairs": [[src, dst], ...]}`` or
         ``{"rejected": reason}`` per spec.  Unsupported by default."""
         raise Unsupported(f"{self.impl} exposes no layout planning function")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from harness.adapter import FAILED, SUCCESS, kvpoll_name
-from harness.history import completions
+from harness.role.adapter import FAILED, SUCCESS, kvpoll_name
+from harness.judge.history import completions
 
 PASS, FAIL, WARN, UNSUPPORTED, ERROR = "PASS", "FAIL", "WARN", "UNSUPPORTED", "ERROR"
 VERDICTS = (PASS, FAIL, WARN, UNSUPPORTED, ERROR)

@@ -13,10 +13,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.sglang_target import installed_info
+from harness import ROOT
+from harness.target.sglang import installed_info
 
 PROBE_TIMEOUT_S = 60.0
-ROOT = Path(__file__).resolve().parent.parent
 
 _MOONCAKE_PROBE = "from mooncake.engine import TransferEngine; TransferEngine()"
 _NIXL_PROBE = """

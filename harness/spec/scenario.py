@@ -2,8 +2,8 @@
 
 A scenario is data: a kebab-case ``id``, a ``title``, the requirement IDs it
 checks (docs/protocol.md), a cell deadline in seconds, the steps (from the
-closed vocabulary in :mod:`harness.steps`) and the checks (from
-:mod:`harness.checks`).  It imports no backend.  Scenarios live in
+closed vocabulary in :mod:`harness.spec.steps`) and the checks (from
+:mod:`harness.judge.checks`).  It imports no backend.  Scenarios live in
 ``scenarios/`` and register themselves with :func:`register`.
 """
 
@@ -15,8 +15,8 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harness.checks import Check
-from harness.steps import Step
+from harness.judge.checks import Check
+from harness.spec.steps import Step
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Scenario:
     def inherent_wait_s(self, seed: int) -> float:
         """Seconds any conforming implementation spends waiting in this scenario for ``seed``:
         its ``Sleep`` steps plus ``timeout_wait_s``."""
-        from harness.steps import Sleep
+        from harness.spec.steps import Sleep
 
         return round(sum(step.seconds for step in self.steps(seed) if isinstance(step, Sleep)) + self.timeout_wait_s, 3)
 

@@ -113,7 +113,7 @@ def single_stage_specs():
 
 def role_layouts(spec: dict):
     """(prefill Layout, decode Layout) for a spec (3-page-per-room pools, 16 pages)."""
-    from harness.adapter import Layout
+    from harness.role.adapter import Layout
 
     def side(start_end_draft):
         start, end, draft = start_end_draft
@@ -125,7 +125,7 @@ def role_layouts(spec: dict):
 
 def sent_layers(spec: dict) -> tuple[int, ...]:
     """Tag layers whose pages the prefill sends: its stage's layers and its draft layers."""
-    from harness.pattern import DRAFT_BASE
+    from harness.role.pattern import DRAFT_BASE
 
     start, end, draft = spec["prefill"]
     return tuple(range(start, end)) + tuple(DRAFT_BASE + d for d in range(draft))
@@ -134,8 +134,8 @@ def sent_layers(spec: dict) -> tuple[int, ...]:
 def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
     """One room from creation to Success between ``prefill`` and ``decode``, then the
     byte check for ``spec`` (R-LAYOUT-1/2)."""
-    from harness.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
-    from harness.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
+    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
     import random
 
     rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""KV and aux pools filled with the :mod:`harness.pattern` tags, for any role adapter.
+"""KV and aux pools filled with the :mod:`harness.role.pattern` tags, for any role adapter.
 
 Buffer order follows sglang's ``KVArgs.kv_data_ptrs`` for the side's pipeline
 stage: MHA ``[K of each layer..., V of each layer..., draft K..., draft V...]``,
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import pattern
-from harness.adapter import Layout
+from harness.role import pattern
+from harness.role.adapter import Layout
 
 
 def pattern_pools(side: int, layout: Layout) -> tuple[list[tuple[pattern.BufferSpec, Any]], tuple[pattern.BufferSpec, Any]]:

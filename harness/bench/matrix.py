@@ -4,14 +4,14 @@ Four figures, each the median and spread of several samples:
 
 - matrix wall time (seconds): the selected matrix, run ``repeat`` times;
 - per-cell overhead (seconds): a cell's wall time minus its scenario's inherent waits
-  (its sleeps and the timeouts it sets, harness.scenario.Scenario.inherent_wait_s),
+  (its sleeps and the timeouts it sets, harness.spec.scenario.Scenario.inherent_wait_s),
   over every cell of every repeat, and per implementation (``cell_overhead_s[IMPL]``,
   no goal: it tells the harness's own cost, the reference's cells, from the engines');
 - matrix CPU time (seconds, user + system, every cell and its roles: what a run costs a
   shared CI machine, and the floor of its wall time on N cores is this over N);
 - reference simulator throughput (seeded lifecycle runs per minute);
 - KV bytes per second through each real engine, raw and through the harness's
-  instrumentation, on the same transfer (harness.engine_bench).
+  instrumentation, on the same transfer (harness.bench.engines).
 
 :data:`GOALS` are the project's targets (issue "Speed"); the report marks each.
 """
@@ -79,12 +79,12 @@ def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_
     """Run the matrix ``repeat`` times; return (wall time, per-cell overhead and matrix CPU
     time figures, the runs).  The CPU figure has a sample only for runs whose every cell
     was measured (forked cells).  Every repeat orders its cells by ``duration_hint`` (as a
-    clean clone's first run does, see harness.runner.expected_durations), not by the
+    clean clone's first run does, see harness.drive.runner.expected_durations), not by the
     previous repeat's durations.
 
-    ``nixl_progress_delay_us``: passed to harness.runner.run_matrix (None: its default)."""
-    from harness.results import dump_run
-    from harness.runner import run_matrix
+    ``nixl_progress_delay_us``: passed to harness.drive.runner.run_matrix (None: its default)."""
+    from harness.judge.results import dump_run
+    from harness.drive.runner import run_matrix
 
     wall = Figure("matrix_wall_s", "s")
     overhead = Figure("cell_overhead_s", "s")
@@ -159,7 +159,7 @@ def bench_engines(total_bytes: int, repeat: int) -> list[Figure]:
     An engine that cannot run is reported in the figure's note, not raised.
     """
     try:
-        from harness.engine_bench import compare
+        from harness.bench.engines import compare
     except ImportError as exc:
         return [Figure("instrumentation_overhead_pct", "%", note=f"engine benchmark unavailable: {exc}")]
     figures = []

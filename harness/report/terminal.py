@@ -8,9 +8,9 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from harness.diff import describe as describe_divergence
-from harness.results import CellResult, RunResult
-from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US
+from harness.judge.diff import describe as describe_divergence
+from harness.judge.results import CellResult, RunResult
+from harness.target.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
                  "UNSUPPORTED": "cyan", "ERROR": "bold magenta"}
@@ -79,7 +79,7 @@ def engine_settings_line(run: RunResult) -> str:
 
 def reasons(run: RunResult) -> list[str]:
     """For each cell that did not PASS: why, its first divergence from the reference
-    (harness.diff) and the command that reproduces it."""
+    (harness.judge.diff) and the command that reproduces it."""
     lines = []
     for c in run.cells:
         if c.verdict == "PASS":

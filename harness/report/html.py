@@ -5,7 +5,7 @@ assets, works from ``file://``): scenarios as rows, implementations as columns,
 each cell coloured by verdict and marked when the verdict is not the expected
 one.  Clicking a cell opens its details: verdict and reason, failing checks,
 first divergence from the reference, a unified diff of the normalized histories
-(:func:`harness.diff.normalize`), the history as a compact table and the
+(:func:`harness.judge.diff.normalize`), the history as a compact table and the
 command that reproduces the cell.
 
 Long histories are cut at ``max_events`` rows and long values at
@@ -23,11 +23,11 @@ from typing import Any, Mapping
 
 import jinja2
 
-from harness import history as hist
-from harness.diff import describe as describe_divergence
-from harness.diff import normalize
-from harness.report import engine_settings_line, reproduce_command
-from harness.results import VERDICTS, CellResult, RunResult, cell_dir, cell_dir_name, reference_for_diff_dir
+from harness.judge import history as hist
+from harness.judge.diff import describe as describe_divergence
+from harness.judge.diff import normalize
+from harness.report.terminal import engine_settings_line, reproduce_command
+from harness.judge.results import VERDICTS, CellResult, RunResult, cell_dir, cell_dir_name, reference_for_diff_dir
 
 REFERENCE = "reference"
 MAX_EVENTS = 400  # history rows shown per cell
@@ -49,7 +49,7 @@ def load_histories(out_dir: str | Path, run: RunResult) -> dict[tuple[str, str],
     Reads ``OUT/cells/SCENARIO--IMPL/history.jsonl`` for each cell, and for each
     scenario without a reference cell ``OUT/reference-for-diff/SCENARIO/history.jsonl``
     (keyed ``(scenario, "reference")``).  Missing files are left out of the result;
-    a torn last line is skipped (:func:`harness.history.load`).  Never raises for
+    a torn last line is skipped (:func:`harness.judge.history.load`).  Never raises for
     missing or unreadable files.
     """
     out_dir = Path(out_dir)
@@ -146,7 +146,7 @@ def render_index_html(run: RunResult, histories: Mapping[tuple[str, str], list[d
     """The whole ``index.html`` page for ``run``, as a string (pure: no I/O).
 
     ``histories`` maps ``(scenario, impl)`` to that cell's raw history events
-    (:mod:`harness.history`), including ``(scenario, "reference")`` for the diff
+    (:mod:`harness.judge.history`), including ``(scenario, "reference")`` for the diff
     when the reference was not a column; a missing key renders as "no history".
     Each cell's history table shows at most ``max_events`` events, each value or
     error at most ``max_value_chars`` characters, and the normalized diff at most

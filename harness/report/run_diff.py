@@ -3,7 +3,7 @@
 Typical use: the same matrix against sglang before and after a pull request (or
 0.5.17 against 0.5.23).  A cell present in only one run is listed too, as
 ``missing`` on the other side.  Worse/better follows the verdict order of
-harness.expectations (PASS < WARN < UNSUPPORTED < FAIL < ERROR).
+harness.judge.expectations (PASS < WARN < UNSUPPORTED < FAIL < ERROR).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
-from harness.expectations import RANK
-from harness.report import VERDICT_STYLE
-from harness.results import RunResult
+from harness.judge.expectations import RANK
+from harness.report.terminal import VERDICT_STYLE
+from harness.judge.results import RunResult
 
 MISSING = "missing"
 

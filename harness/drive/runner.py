@@ -1,7 +1,7 @@
 """Runs a matrix of cells, each isolated in its own process group with a deadline.
 
 sglang keeps process-global state and starts daemon threads that never exit, so
-every cell runs in a fresh ``python -m harness.cell`` process whose roles are
+every cell runs in a fresh ``python -m harness.drive.cell`` process whose roles are
 its own children.  At the cell's deadline the runner kills the whole process
 group and reports ERROR with the last step the history recorded; the next cell
 starts clean.
@@ -26,16 +26,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from harness import history as hist
-from harness.diff import first_divergence
-from harness.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
-from harness.results import CellResult, RunResult, cell_dir, load_cell, reference_for_diff_dir
-from harness.sglang_target import SglangTarget, installed_target
-from harness.zygote import ZYGOTE_ENV, ForkedProcess, Zygote, ZygoteError
-from harness.scenario import Scenario
+from harness import ROOT
+from harness.judge import history as hist
+from harness.judge.diff import first_divergence
+from harness.target.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
+from harness.judge.results import CellResult, RunResult, cell_dir, load_cell, reference_for_diff_dir
+from harness.target.sglang import SglangTarget, installed_target
+from harness.drive.forkserver import ZYGOTE_ENV, ForkedProcess, Zygote, ZygoteError
+from harness.spec.scenario import Scenario
 
 REFERENCE = "reference"
-ROOT = Path(__file__).resolve().parent.parent
 
 PORT_BLOCK = 8
 
@@ -120,11 +120,11 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
                       base_port: int | None = None, full_waits: bool = False) -> CellResult:
     """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's).
 
-    ``target``: the sglang to run against (harness.sglang_target; default the installed one).
-    ``on_event``: called with each history event (harness.history) as the cell records it.
+    ``target``: the sglang to run against (harness.target.sglang; default the installed one).
+    ``on_event``: called with each history event (harness.judge.history) as the cell records it.
     ``zygote``: fork the cell (and its roles) from this fork server instead of starting
     fresh interpreters.  ``base_port``: first of the cell's PORT_BLOCK loopback ports
-    (default: a free block picked now).  ``full_waits``: see harness.cell.run_cell.
+    (default: a free block picked now).  ``full_waits``: see harness.drive.cell.run_cell.
     """
     target = target or installed_target()
     workdir = workdir.resolve()
@@ -135,7 +135,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
             "--base-port", str(base_port if base_port is not None else free_port_block())]
     if full_waits:
         args.append("--full-waits")
-    cmd = [target.python, "-m", "harness.cell", *args]
+    cmd = [target.python, "-m", "harness.drive.cell", *args]
     start = time.monotonic()
     with open(workdir / "cell.log", "wb") as log:
         process = None
@@ -240,7 +240,7 @@ def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
     scenario's inherent waits, plus one step bound for a cell expected to FAIL or ERROR
     (``expected_verdict(impl, scenario)``), since such cells wait out a status that never
     comes.  Only the order of the cells depends on it."""
-    from harness.steps import STEP_TIMEOUT_S
+    from harness.spec.steps import STEP_TIMEOUT_S
 
     hint = {}
     for sc in scenarios:
@@ -287,11 +287,11 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     ``on_start(i, total, impl, scenario)`` and ``on_cell(done, total, result)`` report
     progress (from worker threads when ``jobs`` > 1).  With ``diff``, each backend cell
     of a non-test scenario gets its first divergence from the reference's history for
-    the same scenario and seed (:mod:`harness.diff`); when the reference is not among
+    the same scenario and seed (:mod:`harness.judge.diff`); when the reference is not among
     ``impls``, its cell runs anyway, under ``OUT/reference-for-diff/``, and is not
     reported.  ``target``: the sglang the cells import (default: the installed one).
     ``on_event``: each history event of the reported cells as it is recorded (use with
-    ``jobs=1``).  ``fork``: start cells and roles from a harness.zygote fork server
+    ``jobs=1``).  ``fork``: start cells and roles from a harness.drive.forkserver fork server
     (sglang imported once per run); if it cannot start, fresh interpreters are used and
     ``on_note`` says why.  With ``jobs`` > 1 the longest cells start first (seconds per
     (scenario, impl) from ``duration_hint``, e.g. an earlier run or :func:`expected_durations`;
@@ -299,7 +299,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], seed: int, out_dir: 
     does not change.
     ``nixl_progress_delay_us``: the NIXL roles' progress-thread sleep (microseconds; 0 is
     sglang's busy loop; backends/nixl/adapter.py); recorded in ``engine_settings``.
-    ``full_waits``: no fail-fast cut of waits after a stuck step (harness.steps.STALL_CUT_S).
+    ``full_waits``: no fail-fast cut of waits after a stuck step (harness.spec.steps.STALL_CUT_S).
     """
     target = target or installed_target()
     target = replace(target, env={**target.env, NIXL_PROGRESS_DELAY_ENV: str(nixl_progress_delay_us)})

@@ -31,7 +31,7 @@ class CellResult(msgspec.Struct, kw_only=True):
     impl: str  # reference | mooncake | nixl | mori
     scenario: str
     verdict: Verdict
-    expected: Verdict = "PASS"  # from the expectations file (harness.expectations); PASS without one
+    expected: Verdict = "PASS"  # from the expectations file (harness.judge.expectations); PASS without one
     expected_reason: str = ""  # why the expectations file expects a verdict other than PASS
     expected_link: str = ""  # the issue/PR that tracks it
     engine: Optional[str] = None  # real | standin | reference (None: no role started)
@@ -81,9 +81,9 @@ class RunResult(msgspec.Struct, kw_only=True):
     started_at: str = ""
     expectations: Optional[str] = None  # the expectations file the cells were judged against
     # engine settings of this run that differ from how sglang runs the engine, e.g.
-    # {"nixl_progress_delay_us": 100} (harness.role_context); {} in runs made before it existed
+    # {"nixl_progress_delay_us": 100} (harness.target.role_context); {} in runs made before it existed
     engine_settings: dict[str, Any] = msgspec.field(default_factory=dict)
-    full_waits: bool = False  # no fail-fast cut of waits after a stuck step (harness.steps.STALL_CUT_S)
+    full_waits: bool = False  # no fail-fast cut of waits after a stuck step (harness.spec.steps.STALL_CUT_S)
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property

@@ -13,7 +13,7 @@ How the context is built drifts between sglang releases, so each supported range
 has a :class:`ContextStrategy`; :func:`strategy_for` picks one by version and
 raises :class:`UnsupportedSglang` (with the supported ranges) otherwise.
 
-Must be called in a fresh role process after :func:`harness.gpu_import_shims.install`
+Must be called in a fresh role process after :func:`harness.target.gpu_import_shims.install`
 and before any sglang KV manager is built.
 """
 
@@ -93,7 +93,7 @@ class _SingleRankPPGroup:
 
 def sglang_version() -> str:
     """The version of the sglang this process imports, without importing it: the
-    ``PDCONFORM_SGLANG_VERSION`` a source-tree target sets (harness.sglang_target),
+    ``PDCONFORM_SGLANG_VERSION`` a source-tree target sets (harness.target.sglang),
     else the installed package's metadata."""
     return os.environ.get("PDCONFORM_SGLANG_VERSION") or metadata.version("sglang")
 

@@ -1,0 +1,1 @@
+"""pdconform bench: matrix, simulator and engine figures against the project's goals."""

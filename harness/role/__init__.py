@@ -1,0 +1,1 @@
+"""Inside a role process: the adapter contract, the recorder, fault points and engine faults, the byte pattern and pools."""
