@@ -1,12 +1,21 @@
-"""The implementations pdconform knows, declared as data.
+"""The registry of implementations: everything the harness knows about a backend, as data.
 
-Each entry names the role-adapter class (imported only inside a role process,
-since importing it imports sglang and an engine), says in one line what runs,
-and declares the sglang releases its adapter supports (:class:`SglangRange`;
-None: any, for implementations that never import sglang).  A role of an
-implementation whose range excludes the installed sglang gets an adapter that
-answers every step with :class:`harness.role.adapter.Unsupported` naming the release
-and the range, so its cells are UNSUPPORTED instead of crashing on a changed
+Each implementation is an :class:`Implementation` that its own package declares
+(``backends/<name>/__init__.py``: ``IMPLEMENTATION = Implementation(...)``) and
+registers as a Python entry point of the group :data:`ENTRY_POINT_GROUP` (pyproject.toml
+lists pdconform's; another package may add its own backend the same way).  The harness
+never imports a backend: it finds them here and reaches their code only through the
+``"module:attribute"`` names an entry gives (:meth:`Implementation.hook`), inside the
+processes that need it (a role, the fork server, a doctor probe, an engine bench child).
+
+What an entry says: the role-adapter class (imported only inside a role process, since
+importing it imports sglang and an engine); the sglang releases it supports
+(:class:`harness.target.version.SglangRange`; None: any, it imports no sglang); what the
+fork server preloads for its roles and what it must do first; how doctor probes its
+engine; the engine settings a run may change (:class:`EngineSetting`); and optional
+tools (the reference's simulator, an engine benchmark).  A role of an implementation
+whose range excludes the sglang being driven gets an :class:`OutOfRangeRole`, so its
+cells are UNSUPPORTED naming the release and the range instead of crashing on a changed
 internal signature.
 """
 
@@ -14,65 +23,77 @@ from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from typing import Any
 
+from harness.judge.results import REFERENCE
 from harness.role.adapter import RoleAdapter, Unsupported
 from harness.spec.scenario import TEST_SCENARIOS_ENV
+from harness.target.version import SglangRange, sglang_version
 
-Release = tuple[int, int, int]
+ENTRY_POINT_GROUP = "pdconform.implementations"
+
+
+class RegistryError(RuntimeError):
+    """An entry point of :data:`ENTRY_POINT_GROUP` is unusable (does not load, or is not an Implementation)."""
 
 
 @dataclass(frozen=True)
-class SglangRange:
-    """The sglang releases an adapter supports: ``spans`` of ``(first, last)``
-    releases, both ends included, ``last`` None for no upper end; a version's
-    post/rc/local parts count as its release (``role_context.release_of``).
-    ``why`` says in one line where the ends come from."""
+class EngineSetting:
+    """An engine setting a run may change from how sglang runs the engine.
 
-    spans: tuple[tuple[Release, Release | None], ...]
-    why: str = ""
+    ``name``: its key in results.json ``engine_settings``; ``env``: the variable a role
+    reads it from; ``default``: what pdconform runs with; ``flag``: the ``pdconform
+    run`` option that sets it (reproduce commands carry it when not the default);
+    ``sglang_value``: sglang's own setting; ``as_sglang``/``changed``: the setting in
+    words for the reports, ``changed`` with ``{value}``."""
 
-    def contains(self, version: str) -> bool:
-        """True when ``version`` (e.g. ``"0.5.17"``) falls in one of the spans;
-        False for a version string with no release number."""
-        from harness.target.role_context import release_of
+    name: str
+    env: str
+    default: int
+    flag: str
+    sglang_value: int
+    as_sglang: str
+    changed: str
 
-        try:
-            release = release_of(version)
-        except ValueError:
-            return False
-        return any(first <= release and (last is None or release <= last) for first, last in self.spans)
-
-    def __str__(self) -> str:
-        def dotted(release: Release) -> str:
-            return ".".join(map(str, release))
-
-        return ", ".join(f">= {dotted(first)}" if last is None else
-                         (dotted(first) if first == last else f"{dotted(first)} - {dotted(last)}")
-                         for first, last in self.spans)
-
-
-# Mooncake, NIXL and Mori drive the same Common classes through backends/sglang_common.py.
-SGLANG_COMMON_RANGE = SglangRange(
-    spans=(((0, 5, 17), (0, 5, 18)), ((0, 5, 22), None)),
-    why="0.5.17 - 0.5.18: Common protocol before AbortNotification (matrix run on 0.5.17, three scenarios on 0.5.18); "
-        ">= 0.5.22: AbortNotification, handle_abort_ack_message, SpawnRanks (run on 0.5.23); "
-        "0.5.19 - 0.5.21 have neither shape",
-)
+    def describe(self, value: int) -> str:
+        """The setting ``value`` in words."""
+        return self.as_sglang if value == self.sglang_value else self.changed.format(value=value)
 
 
 @dataclass(frozen=True)
 class Implementation:
-    """One implementation: ``name``; ``adapter``, the ``"module:Class"`` of its
-    :class:`harness.role.adapter.RoleAdapter`; a one-line ``description``; ``test_only``
-    (hidden unless the self-test switch is on); ``sglang_range``, the sglang
-    releases its adapter supports (None: any, it does not use sglang)."""
+    """One implementation (see the module docstring).
+
+    ``name``; ``adapter``: ``"module:Class"`` of its harness.role.adapter.RoleAdapter;
+    ``description``: one line; ``rank``: its column's place in reports (lower first);
+    ``test_only``: hidden unless the self-test switch is on; ``sglang_range``: the sglang
+    releases its adapter supports (None: any, it imports no sglang); ``preload``: modules
+    the fork server imports once for its roles; ``prepare``: ``"module:function"`` the
+    fork server calls before preloading (e.g. put an engine stand-in on ``sys.path``);
+    ``probe``: ``"module:function"`` returning ``(engine, reason)`` with ``engine``
+    ``real`` or ``standin`` (raising with the reason when unusable), run by doctor in a
+    child process; ``engine_settings``; ``tools``: named ``"module:attribute"`` hooks
+    (``simulator``, ``engine_bench``)."""
 
     name: str
-    adapter: str  # "module:Class" of a harness.role.adapter.RoleAdapter subclass
+    adapter: str
     description: str
+    rank: int = 50
     test_only: bool = False
     sglang_range: SglangRange | None = None
+    preload: tuple[str, ...] = ()
+    prepare: str | None = None
+    probe: str | None = None
+    engine_settings: tuple[EngineSetting, ...] = ()
+    tools: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def imports_sglang(self) -> bool:
+        """Whether its roles import sglang (they then share the sglang fork server)."""
+        return self.sglang_range is not None
 
     def unsupported_sglang(self, version: str | None) -> str | None:
         """Why this implementation cannot run against sglang ``version`` (None: it can).
@@ -86,68 +107,78 @@ class Implementation:
         return (f"sglang {version} is outside the releases the {self.name} adapter supports "
                 f"({self.sglang_range}; {self.sglang_range.why})")
 
+    def hook(self, name: str) -> Any:
+        """Import and return the object a ``"module:attribute"`` field or tool names:
+        ``adapter``, ``prepare``, ``probe`` or a key of ``tools``.  KeyError when this
+        implementation has none of that name."""
+        spec = getattr(self, name, None) if name in ("adapter", "prepare", "probe") else self.tools.get(name)
+        if not spec:
+            raise KeyError(f"{self.name} has no {name}")
+        module, _, attribute = spec.partition(":")
+        target = importlib.import_module(module)
+        return getattr(target, attribute) if attribute else target
 
-IMPLEMENTATIONS: dict[str, Implementation] = {
-    impl.name: impl
-    for impl in (
-        Implementation(
-            "reference",
-            "backends.reference.adapter:ReferenceRole",
-            "pdconform's reference cores (docs/protocol.md) on ZMQ, HTTP and torch pools",
-        ),
-        Implementation(
-            "mooncake",
-            "backends.mooncake.adapter:MooncakeRole",
-            "sglang MooncakeKVManager on the real Mooncake TransferEngine (TCP, loopback)",
-            sglang_range=SGLANG_COMMON_RANGE,
-        ),
-        Implementation(
-            "nixl",
-            "backends.nixl.adapter:NixlRole",
-            "sglang NixlKVManager on a real NIXL agent (UCX over TCP on lo, DRAM)",
-            sglang_range=SGLANG_COMMON_RANGE,
-        ),
-        Implementation(
-            "mori",
-            "backends.mori.adapter:MoriRole",
-            "sglang MoriKVManager on amd-mori, or on the pdconform stand-in engine when mori cannot import",
-            sglang_range=SGLANG_COMMON_RANGE,
-        ),
-    )
-}
 
-# The harness's own test double: hidden unless the self-test switch is on.
-SELFTEST = Implementation("selftest", "backends.selftest.adapter:SelftestRole",
-                          "in-memory role for the harness's own tests (no sglang)", test_only=True)
-# The same test double declaring a range no sglang release is in: its cells take the
-# out-of-range path (OutOfRangeRole) whatever sglang is installed.
-SELFTEST_OUT_OF_RANGE = Implementation(
-    "selftest-out-of-range", "backends.selftest.adapter:SelftestRole",
-    "the self-test role behind a declared sglang range that excludes every release (harness self-test)",
-    test_only=True, sglang_range=SglangRange(spans=(((0, 0, 0), (0, 0, 0)),), why="no real release (self-test)"),
-)
-TEST_ONLY = (SELFTEST, SELFTEST_OUT_OF_RANGE)
+def _entry_points() -> list:
+    return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+@lru_cache(maxsize=None)
+def registered() -> dict[str, Implementation]:
+    """Every registered implementation by name, in report order (``rank``, then name).
+    RegistryError names an entry point that does not load or is not an Implementation."""
+    found: dict[str, Implementation] = {}
+    for entry in _entry_points():
+        try:
+            impl = entry.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is named, not a traceback
+            raise RegistryError(f"implementation entry point {entry.name} = {entry.value} does not load: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(impl, Implementation) or impl.name != entry.name:
+            raise RegistryError(f"implementation entry point {entry.name} = {entry.value} is not an "
+                                f"Implementation named {entry.name!r}")
+        found[impl.name] = impl
+    if not found:
+        raise RegistryError(f"no implementation is registered (entry point group {ENTRY_POINT_GROUP}): "
+                            "run `make setup`, which installs pdconform and its entry points")
+    return dict(sorted(found.items(), key=lambda kv: (kv[1].rank, kv[0])))
 
 
 def available(include_test_only: bool | None = None) -> dict[str, Implementation]:
     """Implementations a run may select; the self-test ones only with PDCONFORM_TEST_SCENARIOS=1."""
     if include_test_only is None:
         include_test_only = os.environ.get(TEST_SCENARIOS_ENV) == "1"
-    return {**IMPLEMENTATIONS, **({impl.name: impl for impl in TEST_ONLY} if include_test_only else {})}
+    return {name: impl for name, impl in registered().items() if include_test_only or not impl.test_only}
+
+
+def names() -> list[str]:
+    """The names of the implementations a default run selects, in report order."""
+    return [name for name, impl in registered().items() if not impl.test_only]
 
 
 def implementation(name: str) -> Implementation:
     """Look up an implementation; KeyError names the known ones."""
-    known = available(include_test_only=True)
+    known = registered()
     try:
         return known[name]
     except KeyError:
-        raise KeyError(f"unknown implementation {name!r} (known: {', '.join(IMPLEMENTATIONS)})") from None
+        raise KeyError(f"unknown implementation {name!r} (known: {', '.join(names())})") from None
+
+
+def engine_settings() -> dict[str, EngineSetting]:
+    """Every registered implementation's engine settings, by name."""
+    return {s.name: s for impl in registered().values() for s in impl.engine_settings}
+
+
+def settings_env(values: dict[str, int]) -> dict[str, str]:
+    """The role environment for engine-setting ``values`` (name -> value); KeyError for an unknown name."""
+    known = engine_settings()
+    return {known[name].env: str(value) for name, value in values.items()}
 
 
 class OutOfRangeRole(RoleAdapter):
     """Stands in a role process for an adapter whose declared sglang range excludes
-    the installed release: it never imports that adapter (its imports may already
+    the sglang being driven: it never imports that adapter (its imports may already
     fail there), and every step raises :class:`Unsupported` with ``reason``."""
 
     def __init__(self, impl: str, role: str, reason: str):
@@ -170,23 +201,17 @@ class OutOfRangeRole(RoleAdapter):
                 "remembered": {}}
 
 
-def installed_sglang() -> str | None:
-    """The installed sglang's version (package metadata, no import); None when absent."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def load_role_adapter(name: str, *, role: str, recorder):
     """Import and build the role adapter for ``name`` (inside a role process); an
-    :class:`OutOfRangeRole` when the installed sglang is outside its declared range."""
+    :class:`OutOfRangeRole` when the sglang being driven (harness.target.version.sglang_version)
+    is outside its declared range."""
     impl = implementation(name)
-    reason = impl.unsupported_sglang(installed_sglang())
+    reason = impl.unsupported_sglang(sglang_version())
     if reason is not None:
         return OutOfRangeRole(name, role, reason)
-    module_name, _, class_name = impl.adapter.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(role=role, recorder=recorder)
+    return impl.hook("adapter")(role=role, recorder=recorder)
+
+
+__all__ = ["ENTRY_POINT_GROUP", "REFERENCE", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
+           "SglangRange", "available", "engine_settings", "implementation", "load_role_adapter", "names",
+           "registered", "settings_env"]

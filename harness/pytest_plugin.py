@@ -56,10 +56,10 @@ class CellSpec:
 
 def _cells(config: pytest.Config) -> list[CellSpec]:
     """The cells the options select; pytest.UsageError (exit 4) for an unknown name."""
-    from harness.implementations import available
+    from harness.implementations import available, names
     from harness.spec.scenario import all_scenarios
 
-    impls = list(dict.fromkeys(config.getoption("--impl") or [i for i, v in available().items() if not v.test_only]))
+    impls = list(dict.fromkeys(config.getoption("--impl") or names()))
     known = {s.id: s for s in all_scenarios()}
     scenarios = list(dict.fromkeys(config.getoption("--scenario") or [s.id for s in known.values()
                                                                       if not s.test_only]))
@@ -147,18 +147,16 @@ def pdconform_expectations(request: pytest.FixtureRequest):
 
 
 def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -> None:
-    """Run ``cell`` with harness.drive.runner.run_matrix and turn its verdict into a test outcome."""
+    """Run ``cell`` through harness.session (as ``pdconform run`` does) and turn its verdict into a test outcome."""
+    from harness import session
     from harness.judge.diff import describe
-    from harness.judge.expectations import apply_expectations
-    from harness.report.terminal import reproduce_command
     from harness.judge.results import cell_dir_name
-    from harness.drive.runner import run_matrix
+    from harness.report.terminal import reproduce_command
     from harness.spec.scenario import get_scenario
 
     out = Path(config.getoption("--cells-out")).expanduser().resolve() / cell_dir_name(cell.scenario, cell.impl)
-    run = run_matrix([cell.impl], [get_scenario(cell.scenario)], config.getoption("--seed"), out, target=target)
-    if expectations:
-        apply_expectations(run, expectations)
+    run = session.run(session.RunConfig(impls=[cell.impl], scenarios=[get_scenario(cell.scenario)], out_dir=out,
+                                        target=target, seed=config.getoption("--seed"), expectations=expectations))
     result = run.cells[0]
     lines = [f"{result.verdict} (expected {result.expected}): {result.reason}"]
     if result.divergence:

@@ -7,11 +7,11 @@ import random
 from dataclasses import dataclass
 
 from harness.judge import checks as c
-from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT, Layout
+from harness.spec.protocol import KVPoll, Layout
 from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
 
 LAYOUT = Layout(num_layers=3, num_pages=16, page_size=4, page_bytes=256, aux_slots=4, aux_bytes=64)
-DONE = (SUCCESS, FAILED)
+DONE = (KVPoll.Success, KVPoll.Failed)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def open_and_request(p: RoomPlan) -> list:
     to be WaitingForInput."""
     return [OpenRoom(p.room, prefill=p.prefill, decode=p.decode),
             RequestKV(p.room, p.dst, p.aux_dst, decode=p.decode),
-            AwaitStatus(p.room, p.prefill, (WAITING_FOR_INPUT, FAILED))]
+            AwaitStatus(p.room, p.prefill, (KVPoll.WaitingForInput, KVPoll.Failed))]
 
 
 def send_all(p: RoomPlan) -> list:
@@ -90,18 +90,18 @@ def verify(rooms: list[RoomPlan], decode: str = "decode", unchecked_kv: tuple[in
 
 def room_succeeds(p: RoomPlan, requirement: str, name: str) -> list[c.Check]:
     """Both sides of ``p`` reached Success."""
-    return [c.Check(f"{name}-prefill-success", requirement, "MUST", c.reached_status(p.room, p.prefill, SUCCESS)),
-            c.Check(f"{name}-decode-success", requirement, "MUST", c.reached_status(p.room, p.decode, SUCCESS))]
+    return [c.Check(f"{name}-prefill-success", requirement, c.reached_status(p.room, p.prefill, KVPoll.Success)),
+            c.Check(f"{name}-decode-success", requirement, c.reached_status(p.room, p.decode, KVPoll.Success))]
 
 
 def pair_healthy(bytes_exact: bool = True) -> list[c.Check]:
     """The checks closing most scenarios: the decode's pools byte-exact (R-LAYOUT-1),
     every role and loop alive at the end and no thread dead (R-LIVE-2)."""
-    return ([c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact())] if bytes_exact else []) + [
-        c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-        c.Check("no-dead-thread", "R-LIVE-2", "MUST", c.no_dead_threads()),
+    return ([c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact())] if bytes_exact else []) + [
+        c.Check("loops-alive", "R-LIVE-2", c.loops_alive()),
+        c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads()),
     ]
 
 
-__all__ = ["pair_healthy", "LAYOUT", "DONE", "RoomPlan", "Planner", "open_and_request", "send_all", "await_done", "full_room",
-           "verify", "room_succeeds", "TRANSFERRING"]
+__all__ = ["pair_healthy", "LAYOUT", "DONE", "RoomPlan", "Planner", "open_and_request", "send_all", "await_done",
+           "full_room", "verify", "room_succeeds"]

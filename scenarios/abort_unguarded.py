@@ -12,7 +12,7 @@ prefill's loops must survive, and a new room completes (R-LIVE-2, R-XFER-1).
 from __future__ import annotations
 
 from harness.judge import checks as c
-from harness.role.adapter import FAILED, SUCCESS
+from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InjectAbort, Observe, StartRoles
 from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify, pair_healthy
@@ -35,7 +35,7 @@ def steps(seed: int):
         StartRoles(layout=LAYOUT),
         *open_and_request(target),
         InjectAbort(target.room),
-        AwaitStatus(target.room, "prefill", (FAILED, SUCCESS), timeout_s=PROMPT_S + 3),
+        AwaitStatus(target.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=PROMPT_S + 3, must_come=False),
         InjectAbort(stranger.room, known=False),
         Observe(("prefill",), settle_s=0.5, label=LABEL),
         *full_room(after),
@@ -46,13 +46,13 @@ def steps(seed: int):
 def checks(seed: int):
     target, stranger, after = _plan(seed)
     return [
-        c.Check("aborted-room-failed-promptly", "R-ABORT-1", "MUST",
+        c.Check("aborted-room-failed-promptly", "R-ABORT-1",
                 c.failed_within(target.room, "prefill", "inject-abort", "prefill", 0, PROMPT_S,
                                 need_reason=False)),
-        c.Check("reason-names-abort", "R-REASON-1", "SHOULD",
+        c.Check("reason-names-abort", "R-REASON-1",
                 c.failed_within(target.room, "prefill", "inject-abort", "prefill", 0, 1e9, ("abort",))),
-        c.Check("not-logged-as-malformed", "R-ABORT-1", "MUST", c.no_log_matching("prefill", MALFORMED)),
-        c.Check("loops-alive-after-aborts", "R-LIVE-1", "MUST", c.loops_alive_at(LABEL, ("prefill",))),
+        c.Check("not-logged-as-malformed", "R-ABORT-1", c.no_log_matching("prefill", MALFORMED)),
+        c.Check("loops-alive-after-aborts", "R-LIVE-1", c.loops_alive_at(LABEL, ("prefill",))),
         *room_succeeds(after, "R-XFER-1", "room-after-aborts"),
         *pair_healthy(),
     ]
@@ -62,7 +62,6 @@ SCENARIO = register(
     Scenario(
         id="abort-unguarded",
         title="A plain Common ABORT (no guard frame) fails the room within 2 s; one for an unknown room is harmless",
-        requirements=("R-ABORT-1", "R-LIVE-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
         steps=steps,
         checks=checks,
         timeout_s=150.0,

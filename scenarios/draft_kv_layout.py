@@ -87,10 +87,10 @@ def _layout_transfers_exact(events):
 def checks(seed: int):
     room = Planner(seed).room()
     return [
-        c.Check("planning-matches-reference", "R-LAYOUT-2", "MUST", _planned_like_reference),
-        c.Check("sampled-layouts-bytes-exact", "R-LAYOUT-2", "MUST", _layout_transfers_exact),
+        c.Check("planning-matches-reference", "R-LAYOUT-2", _planned_like_reference),
+        c.Check("sampled-layouts-bytes-exact", "R-LAYOUT-2", _layout_transfers_exact),
         *room_succeeds(room, "R-XFER-1", "sample-room"),
-        c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+        c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
     ]
 
 
@@ -98,7 +98,6 @@ SCENARIO = register(
     Scenario(
         id="draft-kv-layout",
         title="Generated MHA/MLA x PP-stage x draft-KV layouts planned like the reference; shrunk when not",
-        requirements=("R-LAYOUT-2", "R-LAYOUT-1", "R-XFER-1"),
         steps=steps,
         checks=checks,
         timeout_s=240.0,

@@ -14,8 +14,8 @@ from harness.spec.steps import ArmPoint, Sleep, VerifyPools
 
 def _selftest(id: str, title: str, steps, timeout_s: float) -> None:
     """Register a test-only scenario whose one check is that every step completed."""
-    register(Scenario(id=id, title=title, requirements=(), steps=steps,
-                      checks=lambda seed: [c.Check("steps-complete", "-", "MUST", c.steps_completed())],
+    register(Scenario(id=id, title=title, steps=steps,
+                      checks=lambda seed: [c.Check("steps-complete", "R-XFER-1", c.steps_completed())],
                       timeout_s=timeout_s, test_only=True))
 
 
@@ -23,7 +23,6 @@ register(
     Scenario(
         id="selftest-hang",
         title="A cell that hangs (harness self-test)",
-        requirements=(),
         steps=lambda seed: [Sleep(3600.0)],
         checks=lambda seed: [],
         timeout_s=3.0,
@@ -53,9 +52,8 @@ register(
     Scenario(
         id="selftest-misplaced",
         title="happy-path checked against a wrong plan: the byte check must fail (harness self-test)",
-        requirements=("R-LAYOUT-1",),
         steps=_misplaced_steps,
-        checks=lambda seed: [c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact())],
+        checks=lambda seed: [c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact())],
         timeout_s=150.0,
         test_only=True,
     )
@@ -63,10 +61,11 @@ register(
 
 
 def _open_room_steps(room: int):
-    from harness.role.adapter import SUCCESS, FAILED
+    from harness.spec.protocol import KVPoll
     from harness.spec.steps import AwaitStatus, OpenRoom, StartRoles
 
-    return lambda seed: [StartRoles(ready_timeout_s=30), OpenRoom(room), AwaitStatus(room, "prefill", (SUCCESS, FAILED), 2)]
+    return lambda seed: [StartRoles(ready_timeout_s=30), OpenRoom(room),
+                         AwaitStatus(room, "prefill", (KVPoll.Success, KVPoll.Failed), 2, must_come=False)]
 
 
 _selftest("selftest-role-dies", "The prefill role process exits in the middle of a call (harness self-test, impl selftest)",
@@ -98,12 +97,12 @@ KILL_ROOM, INJECT_ROOM = 4242, 4343
 
 
 def _kill_steps(seed: int):
-    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.protocol import KVPoll
     from harness.spec.steps import AwaitStatus, KillRole, OpenRoom, RequestKV, StartRoles
 
     return [StartRoles(ready_timeout_s=60), OpenRoom(KILL_ROOM), RequestKV(KILL_ROOM, (1, 2), 0),
-            AwaitStatus(KILL_ROOM, "prefill", (WAITING_FOR_INPUT,)), KillRole("prefill"),
-            AwaitStatus(KILL_ROOM, "decode", (FAILED, SUCCESS), timeout_s=20)]
+            AwaitStatus(KILL_ROOM, "prefill", (KVPoll.WaitingForInput,)), KillRole("prefill"),
+            AwaitStatus(KILL_ROOM, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=20)]
 
 
 def _reason_names_the_dead_prefill(events):
@@ -117,11 +116,10 @@ register(
     Scenario(
         id="selftest-kill-detected",
         title="The prefill process is killed: the decode room fails naming it (fault self-test)",
-        requirements=("R-HB-1",),
         steps=_kill_steps,
         checks=lambda seed: [
-            c.Check("decode-failed", "R-HB-1", "MUST", c.reached_status(KILL_ROOM, "decode", 0)),
-            c.Check("reason-names-prefill", "R-HB-1", "MUST", _reason_names_the_dead_prefill),
+            c.Check("decode-failed", "R-HB-1", c.reached_status(KILL_ROOM, "decode", 0)),
+            c.Check("reason-names-prefill", "R-HB-1", _reason_names_the_dead_prefill),
         ],
         timeout_s=90.0,
         test_only=True,
@@ -150,12 +148,11 @@ register(
     Scenario(
         id="selftest-inject-frames",
         title="Malformed frames are injected into the prefill's control socket before a room (fault self-test)",
-        requirements=("R-LIVE-1",),
         steps=_inject_steps,
         checks=lambda seed: [
-            c.Check("delivered", "R-LIVE-1", "MUST", _injected_frames_were_delivered),
-            c.Check("loops-alive", "R-LIVE-2", "MUST", c.loops_alive()),
-            c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+            c.Check("delivered", "R-LIVE-1", _injected_frames_were_delivered),
+            c.Check("loops-alive", "R-LIVE-2", c.loops_alive()),
+            c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
         ],
         timeout_s=90.0,
         test_only=True,
@@ -172,7 +169,7 @@ def _happy_parts(seed: int):
 def _point_steps(seed: int):
     """happy-path with the prefill's transfer worker paused on the first chunk: the
     room cannot finish while it waits, and finishes once it is released."""
-    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.protocol import KVPoll
     from harness.spec.steps import (AwaitPoint, AwaitStatus, InitSender, OpenRoom, ReleasePoint, RequestKV,
                                SendChunk, StartRoles, VerifyPools)
 
@@ -181,14 +178,15 @@ def _point_steps(seed: int):
     return [
         StartRoles(layout=hp.LAYOUT, arm=(arm,)),
         OpenRoom(room), RequestKV(room, tuple(dst), aux_dst),
-        AwaitStatus(room, "prefill", (WAITING_FOR_INPUT, FAILED)),
+        AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),
         InitSender(room, hp.NUM_PAGES, aux_src),
         *[SendChunk(room, tuple(chunk)) for chunk in chunks],
         AwaitPoint("prefill", "worker-take-chunk"),
-        AwaitStatus(room, "decode", (SUCCESS, FAILED), timeout_s=1.0),  # must not be reached: paused
+        AwaitStatus(room, "decode", (KVPoll.Success, KVPoll.Failed),
+                    timeout_s=1.0, must_come=False),  # paused: must not come
         ReleasePoint("prefill", "worker-take-chunk"),
-        AwaitStatus(room, "prefill", (SUCCESS, FAILED)),
-        AwaitStatus(room, "decode", (SUCCESS, FAILED)),
+        AwaitStatus(room, "prefill", (KVPoll.Success, KVPoll.Failed)),
+        AwaitStatus(room, "decode", (KVPoll.Success, KVPoll.Failed)),
         VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),)),
     ]
 
@@ -213,11 +211,10 @@ register(
     Scenario(
         id="selftest-point-pause",
         title="The prefill transfer worker pauses at worker-take-chunk and resumes (fault self-test)",
-        requirements=("R-XFER-1",),
         steps=_point_steps,
         checks=lambda seed: [
-            c.Check("paused-then-released", "R-XFER-1", "MUST", _paused_then_released(seed)),
-            c.Check("bytes-exact", "R-LAYOUT-1", "MUST", c.pools_exact()),
+            c.Check("paused-then-released", "R-XFER-1", _paused_then_released(seed)),
+            c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
         ],
         timeout_s=90.0,
         test_only=True,
@@ -229,7 +226,7 @@ FAIL_NTH = 2
 
 def _engine_fault_steps(seed: int):
     """happy-path whose second transfer (the second chunk's KV write) fails in the engine."""
-    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.protocol import KVPoll
     from harness.spec.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles
 
     hp, (room, src, dst, aux_src, aux_dst, chunks) = _happy_parts(seed)
@@ -237,13 +234,13 @@ def _engine_fault_steps(seed: int):
     return [
         StartRoles(layout=hp.LAYOUT),
         OpenRoom(room), RequestKV(room, tuple(dst), aux_dst),
-        AwaitStatus(room, "prefill", (WAITING_FOR_INPUT, FAILED)),
+        AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),
         EngineFaults("prefill", fail_nth=FAIL_NTH),
         InitSender(room, hp.NUM_PAGES, aux_src),
         SendChunk(room, tuple(chunks[0])),
         Sleep(0.5),  # the first chunk's write is the first transfer
         SendChunk(room, tuple(chunks[1])),
-        AwaitStatus(room, "prefill", (SUCCESS, FAILED)),
+        AwaitStatus(room, "prefill", (KVPoll.Success, KVPoll.Failed)),
         Sleep(0.5),
         VerifyPools(tuple(zip(src[:first], dst[:first])), ((aux_src, aux_dst),)),
     ]
@@ -259,12 +256,11 @@ register(
     Scenario(
         id="selftest-engine-fault",
         title="The engine fails exactly the 2nd transfer: the room fails, the 1st chunk and aux landed (fault self-test)",
-        requirements=("R-XFER-1",),
         steps=_engine_fault_steps,
         checks=lambda seed: [
-            c.Check("only-nth-failed", "R-XFER-1", "MUST", _exactly_the_nth_failed),
-            c.Check("prefill-failed", "R-XFER-1", "MUST", c.reached_status(_happy_parts(seed)[1][0], "prefill", 0)),
-            c.Check("other-transfers-landed", "R-LAYOUT-1", "MUST", c.pools_exact()),
+            c.Check("only-nth-failed", "R-XFER-1", _exactly_the_nth_failed),
+            c.Check("prefill-failed", "R-XFER-1", c.reached_status(_happy_parts(seed)[1][0], "prefill", 0)),
+            c.Check("other-transfers-landed", "R-LAYOUT-1", c.pools_exact()),
         ],
         timeout_s=90.0,
         test_only=True,

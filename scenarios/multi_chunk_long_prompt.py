@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.judge import checks as c
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import InitSender, SendChunk, StartRoles
 from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, verify, pair_healthy
@@ -59,7 +58,6 @@ SCENARIO = register(
     Scenario(
         id="multi-chunk-long-prompt",
         title="A 48-page prompt in 12 chunks, pages scattered, interleaved with a second room: every byte lands",
-        requirements=("R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
         steps=steps,
         checks=checks,
         timeout_s=150.0,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness.judge import checks as c
-from harness.role.adapter import FAILED, SUCCESS
+from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenSender, Sleep, StartRoles
 from scenarios._flows import DONE, LAYOUT, Planner, full_room, open_and_request, send_all, pair_healthy
@@ -47,7 +47,7 @@ def steps(seed: int):
         *open_and_request(stalled),  # its prefill never sends
         *open_and_request(aborted),
         Abort(aborted.room, "decode"),
-        AwaitStatus(aborted.room, "prefill", DONE, timeout_s=5.0),
+        AwaitStatus(aborted.room, "prefill", DONE, timeout_s=5.0, must_come=False),
         *open_and_request(waiting),
         *open_and_request(failed),
         EngineFaults("prefill", fail_nth=1),
@@ -67,14 +67,14 @@ def checks(seed: int):
     r = _plan(seed)
     rooms = tuple(p.room for p in r.values())
     return [
-        c.Check("succeeded-room", "R-XFER-1", "MUST", c.reached_status(r["succeeded"].room, "decode", SUCCESS)),
-        c.Check("failed-room", "R-TERM-1", "MUST", c.reached_status(r["failed"].room, "decode", FAILED)),
-        c.Check("bootstrap-timeout-room", "R-TIMEOUT-1", "MUST",
-                c.reached_status(r["bootstrap-timeout"].room, "prefill", FAILED)),
-        c.Check("waiting-timeout-room", "R-TIMEOUT-2", "MUST",
-                c.reached_status(r["waiting-timeout"].room, "decode", FAILED)),
-        c.Check("prefill-no-residue", "R-RESIDUE-1", "MUST", c.no_residue(("prefill",), rooms)),
-        c.Check("decode-no-residue", "R-RESIDUE-1", "MUST", c.no_residue(("decode",), rooms)),
+        c.Check("succeeded-room", "R-XFER-1", c.reached_status(r["succeeded"].room, "decode", KVPoll.Success)),
+        c.Check("failed-room", "R-TERM-1", c.reached_status(r["failed"].room, "decode", KVPoll.Failed)),
+        c.Check("bootstrap-timeout-room", "R-TIMEOUT-1",
+                c.reached_status(r["bootstrap-timeout"].room, "prefill", KVPoll.Failed)),
+        c.Check("waiting-timeout-room", "R-TIMEOUT-2",
+                c.reached_status(r["waiting-timeout"].room, "decode", KVPoll.Failed)),
+        c.Check("prefill-no-residue", "R-RESIDUE-1", c.no_residue(("prefill",), rooms)),
+        c.Check("decode-no-residue", "R-RESIDUE-1", c.no_residue(("decode",), rooms)),
         *pair_healthy(bytes_exact=False),
     ]
 
@@ -83,7 +83,6 @@ SCENARIO = register(
     Scenario(
         id="no-residue",
         title="Rooms that succeed, fail, abort, time out or are dropped leave no per-room state once cleared",
-        requirements=("R-RESIDUE-1", "R-XFER-1", "R-TERM-1", "R-TIMEOUT-1", "R-TIMEOUT-2", "R-LIVE-2"),
         steps=steps,
         checks=checks,
         timeout_s=180.0,

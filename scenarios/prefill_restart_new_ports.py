@@ -56,7 +56,7 @@ def _ports_changed(events):
 def checks(seed: int):
     before, after = _plan(seed)
     return [
-        c.Check("ports-changed", "R-RESTART-1", "MUST", _ports_changed),
+        c.Check("ports-changed", "R-RESTART-1", _ports_changed),
         *room_succeeds(before, "R-XFER-1", "room-before-restart"),
         *room_succeeds(after, "R-RESTART-1", "room-after-restart"),
         *pair_healthy(),
@@ -67,7 +67,6 @@ SCENARIO = register(
     Scenario(
         id="prefill-restart-new-ports",
         title="A prefill restarted behind the same bootstrap address on new ports: the decode's next room succeeds",
-        requirements=("R-RESTART-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
         steps=steps,
         checks=checks,
         timeout_s=180.0,

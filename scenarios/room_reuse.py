@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness.judge import checks as c
-from harness.role.adapter import FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, Sleep, StartRoles
 from scenarios._flows import DONE, LAYOUT, Planner, await_done, open_and_request, pair_healthy, send_all, verify
@@ -48,7 +48,7 @@ DONE_BOUND_S = 5.0  # the bound of decode poll 0 and prefill poll 2 (lifecycle 1
 # once (no delay any more).  8 s after the reopen is 1 s after that.  (Mooncake, aborted
 # PROBE_S after the send, concludes its queued second chunk 2 s after the send.)
 SETTLE_S = 6 * LATE_S - DONE_BOUND_S + 1.0
-ANY = (WAITING_FOR_INPUT, SUCCESS, FAILED)  # stop at a stale terminal status too
+ANY = (KVPoll.WaitingForInput, KVPoll.Success, KVPoll.Failed)  # stop at a stale terminal status too
 
 
 def _plan(seed: int):
@@ -66,25 +66,26 @@ def steps(seed: int):
         *open_and_request(first),  # prefill poll 0
         EngineFaults("prefill", delay_s=LATE_S),
         *send_all(first),
-        AwaitStatus(room, "prefill", (TRANSFERRING, SUCCESS, FAILED), timeout_s=PROBE_S),  # prefill poll 1
+        AwaitStatus(room, "prefill", (KVPoll.Transferring, KVPoll.Success, KVPoll.Failed), timeout_s=PROBE_S,
+                    label="first-in-flight", must_come=False),
         Abort(room, "decode"),
-        AwaitStatus(room, "decode", DONE, timeout_s=DONE_BOUND_S),  # decode poll 0
+        AwaitStatus(room, "decode", DONE, timeout_s=DONE_BOUND_S, label="first-aborted-decode", must_come=False),
         Clear(room, "decode"),
-        AwaitStatus(room, "prefill", DONE, timeout_s=DONE_BOUND_S),  # prefill poll 2
+        AwaitStatus(room, "prefill", DONE, timeout_s=DONE_BOUND_S, label="first-aborted-prefill", must_come=False),
         Clear(room, "prefill"),
         # lifecycle 2, while lifecycle 1's writes are still in the engine
         OpenRoom(room),
         RequestKV(room, second.dst, second.aux_dst),
-        AwaitStatus(room, "prefill", ANY, timeout_s=5.0),  # prefill poll 3
-        AwaitStatus(room, "decode", ANY, timeout_s=5.0),  # decode poll 1
+        AwaitStatus(room, "prefill", ANY, timeout_s=5.0, label="second-opened-prefill", must_come=False),
+        AwaitStatus(room, "decode", ANY, timeout_s=5.0, label="second-opened-decode", must_come=False),
         # writes the prefill starts from now on (lifecycle 1's queued rest, lifecycle 2's)
         # are not delayed: the writes in flight at the abort are the late ones
         EngineFaults("prefill"),
         # lifecycle 1's writes complete and the prefill concludes it; the polls below come
         # 1 s after the slowest old lifecycle seen ends (see SETTLE_S)
         Sleep(SETTLE_S),
-        AwaitStatus(room, "decode", (SUCCESS, FAILED), timeout_s=0.0),  # decode poll 2
-        AwaitStatus(room, "prefill", (SUCCESS, FAILED), timeout_s=0.0),  # prefill poll 4
+        AwaitStatus(room, "decode", DONE, timeout_s=0.0, label="after-old-conclusion-decode", must_come=False),
+        AwaitStatus(room, "prefill", DONE, timeout_s=0.0, label="after-old-conclusion-prefill", must_come=False),
         *send_all(second),
         # Mori's stand-in engine may still run lifecycle 1's first-chunk writes (one after
         # another until 12 s after the send) that lifecycle 2's writes queue behind
@@ -97,15 +98,15 @@ def checks(seed: int):
     first, second = _plan(seed)
     room = first.room
     return [
-        c.Check("first-lifecycle-aborted", "R-ABORT-1", "MUST", c.nth_status(room, "decode", 0, (FAILED,))),
-        c.Check("prefill-starts-fresh", "R-REUSE-1", "MUST", c.nth_status(room, "prefill", 3, (WAITING_FOR_INPUT,))),
-        c.Check("decode-starts-fresh", "R-REUSE-1", "MUST", c.nth_status(room, "decode", 1, (WAITING_FOR_INPUT,))),
-        c.Check("decode-ignores-old-conclusion", "R-REUSE-1", "MUST",
-                c.nth_status(room, "decode", 2, (WAITING_FOR_INPUT,))),
-        c.Check("prefill-ignores-old-conclusion", "R-REUSE-1", "MUST",
-                c.nth_status(room, "prefill", 4, (WAITING_FOR_INPUT,))),
-        c.Check("second-lifecycle-prefill-success", "R-REUSE-1", "MUST", c.reached_status(room, "prefill", SUCCESS)),
-        c.Check("second-lifecycle-decode-success", "R-REUSE-1", "MUST", c.reached_status(room, "decode", SUCCESS)),
+        c.Check("first-lifecycle-aborted", "R-ABORT-1", c.status_at("first-aborted-decode", (KVPoll.Failed,))),
+        c.Check("prefill-starts-fresh", "R-REUSE-1", c.status_at("second-opened-prefill", (KVPoll.WaitingForInput,))),
+        c.Check("decode-starts-fresh", "R-REUSE-1", c.status_at("second-opened-decode", (KVPoll.WaitingForInput,))),
+        c.Check("decode-ignores-old-conclusion", "R-REUSE-1",
+                c.status_at("after-old-conclusion-decode", (KVPoll.WaitingForInput,))),
+        c.Check("prefill-ignores-old-conclusion", "R-REUSE-1",
+                c.status_at("after-old-conclusion-prefill", (KVPoll.WaitingForInput,))),
+        c.Check("second-lifecycle-prefill-success", "R-REUSE-1", c.reached_status(room, "prefill", KVPoll.Success)),
+        c.Check("second-lifecycle-decode-success", "R-REUSE-1", c.reached_status(room, "decode", KVPoll.Success)),
         *pair_healthy(),
     ]
 
@@ -114,7 +115,6 @@ SCENARIO = register(
     Scenario(
         id="room-reuse",
         title="A room number reused while the old lifecycle's writes finish starts fresh and ignores the old conclusion",
-        requirements=("R-REUSE-1", "R-ABORT-1", "R-XFER-1", "R-LAYOUT-1", "R-LIVE-2"),
         steps=steps,
         checks=checks,
         timeout_s=150.0,

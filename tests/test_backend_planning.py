@@ -20,7 +20,7 @@ PLAIN = [{"attention": kind, "num_layers": n, "stages": 1, "prefill": [0, n, 0],
 PROGRAM = """
 import json, sys
 from harness.spec import layouts
-from harness.role.adapter import RoleRecorder
+from harness.role.recorder import RoleRecorder
 from harness.implementations import load_role_adapter
 specs = json.loads(sys.argv[2])
 role = load_role_adapter(sys.argv[1], role="prefill", recorder=RoleRecorder())

@@ -1,5 +1,5 @@
-"""The cell driver's waits and starts.  Fail fast (harness.spec.steps.STALL_CUT_S): after a status that must come never came, the
-cell's later waits are cut; probes with short bounds never start the cut; --full-waits
+"""The cell driver's waits and starts.  Fail fast (harness.spec.steps.STALL_CUT_S): after a status that must come
+never came, the cell's later waits are cut; probes (must_come=False) never start the cut; --full-waits
 keeps every bound.  And RoleAdapter.await_status, the role-side wait the cell calls."""
 
 import time
@@ -8,7 +8,8 @@ import pytest
 
 from harness.judge import checks as c
 from harness.spec import steps as s
-from harness.role.adapter import BOOTSTRAPPING, SUCCESS, WAITING_FOR_INPUT, RoleAdapter
+from harness.spec.protocol import KVPoll
+from harness.role.adapter import RoleAdapter
 from harness.drive.cell import CellDriver
 from harness.judge.history import History
 
@@ -23,7 +24,7 @@ class StuckRole:
         assert op == "await_status"
         assert deadline_s > kwargs["timeout_s"]  # the call outlives the wait it asks for
         self.bounds.append(kwargs["timeout_s"])
-        return {"status": BOOTSTRAPPING, "trail": ["Bootstrapping"], "waited_s": kwargs["timeout_s"]}
+        return {"status": KVPoll.Bootstrapping, "trail": ["Bootstrapping"], "waited_s": kwargs["timeout_s"]}
 
 
 def drive(steps, full_waits=False):
@@ -38,11 +39,11 @@ def drive(steps, full_waits=False):
 
 
 STEPS = [
-    s.AwaitStatus(1, "prefill", (WAITING_FOR_INPUT,), timeout_s=2.0),  # a probe: may run out, no cut
-    s.AwaitStatus(1, "prefill", (WAITING_FOR_INPUT,)),  # must come: runs out -> the cut starts
-    s.AwaitStatus(1, "decode", (SUCCESS,)),
-    s.AwaitStatus(1, "prefill", (SUCCESS,), timeout_s=15.0),
-    s.AwaitStatus(1, "prefill", (SUCCESS,), timeout_s=0.5),  # already shorter than the cut
+    s.AwaitStatus(1, "prefill", (KVPoll.WaitingForInput,), timeout_s=2.0, must_come=False),  # a probe: no cut
+    s.AwaitStatus(1, "prefill", (KVPoll.WaitingForInput,)),  # must come: runs out -> the cut starts
+    s.AwaitStatus(1, "decode", (KVPoll.Success,)),
+    s.AwaitStatus(1, "prefill", (KVPoll.Success,), timeout_s=15.0),
+    s.AwaitStatus(1, "prefill", (KVPoll.Success,), timeout_s=0.5, must_come=False),  # already shorter than the cut
 ]
 
 
@@ -53,7 +54,7 @@ def test_waits_after_a_stuck_must_come_status_are_cut():
     cuts = [e["args"].get("cut") for e in events if e["op"] == "await_status" and e["type"] == "invoke"]
     assert cuts == [None, None, {"from_s": s.STEP_TIMEOUT_S, "after_step": 1}, {"from_s": 15.0, "after_step": 1},
                     None]
-    ok, detail = c.reached_status(1, "decode", SUCCESS)(events)
+    ok, detail = c.reached_status(1, "decode", KVPoll.Success)(events)
     assert not ok and f"bound cut from {s.STEP_TIMEOUT_S:g} s" in detail and "step 1" in detail
 
 
@@ -87,18 +88,18 @@ Room.__abstractmethods__ = frozenset()
 
 
 def test_await_status_sees_a_status_within_milliseconds_and_keeps_the_trail():
-    room = Room([(0, BOOTSTRAPPING), (0.05, WAITING_FOR_INPUT), (0.1, SUCCESS)])
-    seen = room.await_status(7, [SUCCESS], timeout_s=5.0)
-    assert seen["status"] == SUCCESS and seen["trail"] == ["Bootstrapping", "WaitingForInput", "Success"]
+    room = Room([(0, KVPoll.Bootstrapping), (0.05, KVPoll.WaitingForInput), (0.1, KVPoll.Success)])
+    seen = room.await_status(7, [KVPoll.Success], timeout_s=5.0)
+    assert seen["status"] == KVPoll.Success and seen["trail"] == ["Bootstrapping", "WaitingForInput", "Success"]
     assert 0.1 <= seen["waited_s"] < 1.0
     assert room.polls >= 10  # read every few milliseconds, not once per 50 ms round trip
 
 
 def test_await_status_is_bounded_and_reads_at_least_once():
-    room = Room([(0, BOOTSTRAPPING)])
-    seen = room.await_status(7, [SUCCESS], timeout_s=0.2)
-    assert seen["status"] == BOOTSTRAPPING and 0.2 <= seen["waited_s"] < 1.0
-    assert Room([(0, SUCCESS)]).await_status(7, [SUCCESS], timeout_s=0.0)["status"] == SUCCESS
+    room = Room([(0, KVPoll.Bootstrapping)])
+    seen = room.await_status(7, [KVPoll.Success], timeout_s=0.2)
+    assert seen["status"] == KVPoll.Bootstrapping and 0.2 <= seen["waited_s"] < 1.0
+    assert Room([(0, KVPoll.Success)]).await_status(7, [KVPoll.Success], timeout_s=0.0)["status"] == KVPoll.Success
 
 
 def test_await_status_propagates_what_poll_raises():
@@ -107,7 +108,7 @@ def test_await_status_propagates_what_poll_raises():
             raise KeyError(f"room {room} is not open")
 
     with pytest.raises(KeyError, match="room 7"):
-        Gone([]).await_status(7, [SUCCESS], timeout_s=1.0)
+        Gone([]).await_status(7, [KVPoll.Success], timeout_s=1.0)
 
 
 class Starter:
@@ -129,7 +130,7 @@ class Starter:
 
 
 def test_call_all_starts_every_role_before_waiting_and_records_in_order():
-    from harness.drive.launcher import RoleError
+    from harness.drive.errors import RoleError
 
     history, log = History(), []
     driver = CellDriver("x", launcher=None, history=history, base_port=0)
@@ -146,8 +147,8 @@ def test_call_all_starts_every_role_before_waiting_and_records_in_order():
 
 
 def test_call_all_reads_every_reply_before_giving_up_on_an_unsupported_call():
-    from harness.drive.cell import CellAborted
-    from harness.drive.launcher import RoleError
+    from harness.drive.errors import CellAborted
+    from harness.drive.errors import RoleError
 
     log = []
     driver = CellDriver("x", launcher=None, history=History(), base_port=0)

@@ -1,8 +1,12 @@
 """Checkers are pure functions of the history; the verdict folds their results."""
 
+import pytest
+
 from harness.judge import checks as c
-from harness.role.adapter import FAILED, SUCCESS
 from harness.judge.history import History
+from harness.judge.judge import verdict_of
+from harness.spec.protocol import KVPoll
+from harness.spec.requirements import UnknownRequirement
 
 
 def _await(h: History, role: str, room: int, status: int, reason=None):
@@ -14,16 +18,16 @@ def _await(h: History, role: str, room: int, status: int, reason=None):
 
 def test_reached_status_pass_and_fail_detail():
     h = History()
-    _await(h, "decode", 7, FAILED, reason="prefill 127.0.0.1:9 is dead")
-    ok, detail = c.reached_status(7, "decode", SUCCESS)(h.events)
+    _await(h, "decode", 7, KVPoll.Failed, reason="prefill 127.0.0.1:9 is dead")
+    ok, detail = c.reached_status(7, "decode", KVPoll.Success)(h.events)
     assert not ok
     assert "ended at Failed, expected Success" in detail and "prefill 127.0.0.1:9 is dead" in detail
-    _await(h, "decode", 7, SUCCESS)
-    assert c.reached_status(7, "decode", SUCCESS)(h.events)[0]
+    _await(h, "decode", 7, KVPoll.Success)
+    assert c.reached_status(7, "decode", KVPoll.Success)(h.events)[0]
 
 
 def test_never_polled_room_fails():
-    ok, detail = c.reached_status(1, "prefill", SUCCESS)([])
+    ok, detail = c.reached_status(1, "prefill", KVPoll.Success)([])
     assert not ok and "never polled" in detail
 
 
@@ -31,20 +35,26 @@ def test_verdict_levels():
     must = c.CheckResult("a", "R-1", "MUST", False, "broken")
     should = c.CheckResult("b", "R-2", "SHOULD", False, "meh")
     fine = c.CheckResult("c", "R-3", "MUST", True, "")
-    assert c.verdict_of([fine]) == ("PASS", "")
-    assert c.verdict_of([fine, should])[0] == "WARN"
-    assert c.verdict_of([should, must]) == ("FAIL", "R-1 a: broken")
-    assert c.verdict_of([must], run_error="role died")[0] == "ERROR"
-    assert c.verdict_of([must], unsupported="no such hook")[0] == "UNSUPPORTED"
+    assert verdict_of([fine]) == ("PASS", "")
+    assert verdict_of([fine, should])[0] == "WARN"
+    assert verdict_of([should, must]) == ("FAIL", "R-1 a: broken")
+    assert verdict_of([]) == ("ERROR", "the scenario declares no check: nothing was judged")
 
 
 def test_crashing_checker_is_unknown_not_a_crash():
     def boom(events):
         raise KeyError("value")
 
-    result = c.Check("x", "R-1", "MUST", boom).run([])
+    result = c.Check("x", "R-XFER-1", boom).run([])
     assert result.ok is None and "checker error" in result.detail
-    assert c.verdict_of([result])[0] == "ERROR"
+    assert verdict_of([result])[0] == "ERROR"
+
+
+def test_a_check_takes_its_level_from_protocol_md_and_refuses_an_unknown_id():
+    assert c.Check("x", "R-REASON-1", c.steps_completed()).level == "SHOULD"
+    assert c.Check("x", "R-XFER-1", c.steps_completed()).level == "MUST"
+    with pytest.raises(UnknownRequirement, match="R-NOPE-1 is not a requirement of docs/protocol.md"):
+        c.Check("x", "R-NOPE-1", c.steps_completed())
 
 
 def test_dead_thread_and_stopped_loop_are_reported():
@@ -61,8 +71,8 @@ def test_dead_thread_and_stopped_loop_are_reported():
 
 def test_terminal_status_that_flips_is_caught():
     h = History()
-    _await(h, "prefill", 5, SUCCESS)
-    _await(h, "prefill", 5, FAILED)
+    _await(h, "prefill", 5, KVPoll.Success)
+    _await(h, "prefill", 5, KVPoll.Failed)
     ok, detail = c.stays_terminal(5, ("prefill",))(h.events)
     assert not ok and "prefill room 5: Success -> Failed" in detail
 
@@ -80,12 +90,8 @@ def test_launched_role_that_was_never_observed_fails_liveness():
         assert not ok and "killed by SIGKILL" in detail
 
 
-def test_no_checks_is_an_error_not_a_pass():
-    assert c.verdict_of([]) == ("ERROR", "the scenario declares no check: nothing was judged")
-
-
 def test_unknown_check_yields_to_must_failure():
     must = c.CheckResult("a", "R-1", "MUST", False, "broken")
     unknown = c.CheckResult("b", "R-2", "MUST", None, "could not run")
-    assert c.verdict_of([unknown, must])[0] == "FAIL"
-    assert c.verdict_of([unknown])[0] == "ERROR"
+    assert verdict_of([unknown, must])[0] == "FAIL"
+    assert verdict_of([unknown])[0] == "ERROR"

@@ -47,9 +47,11 @@ def test_doctor_reports_python_sglang_and_every_engine():
     assert report["sglang"]["version"] == "0.5.23"
     assert report["sglang"]["path"].endswith("sglang")
     engines = {e["impl"]: e for e in report["engines"]}
-    assert set(engines) == {"mooncake", "nixl", "mori"}
+    assert set(engines) == {"reference", "mooncake", "nixl", "mori"}
     for e in engines.values():
-        assert e["engine"] in ("real", "standin", "unusable") and e["reason"]
+        assert e["engine"] in ("real", "standin", "reference", "unusable") and e["reason"] and e["sglang_range"]
+    assert engines["reference"]["engine"] == "reference" and "imports no sglang" in engines["reference"]["sglang_range"]
+    assert engines["nixl"]["settings"] == {"nixl_progress_delay_us": 100} and ">= 0.5.22" in engines["nixl"]["sglang_range"]
     # This machine (CPU, no ROCm): real Mooncake and NIXL, Mori on the stand-in.
     assert engines["mooncake"]["engine"] == "real"
     assert engines["nixl"]["engine"] == "real"

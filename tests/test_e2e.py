@@ -9,10 +9,9 @@ Expected bytes for happy-path: 5 pages x 256 B x (3 layers x K,V) + one 64 B aux
 
 import pytest
 
-from harness.drive.runner import run_cell_isolated
-from harness.drive.forkserver import Zygote
+from cellruns import run_one
+from harness.drive.forkserver_client import Zygote
 from procs import harness_processes
-from harness.spec.scenario import get_scenario
 from scenarios import happy_path
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +33,7 @@ def _leftovers(workdir):
 @pytest.mark.parametrize("impl, engine", [("reference", "reference"), ("mooncake", "real"), ("nixl", "real"),
                                           ("mori", "standin")])
 def test_happy_path(impl, engine, tmp_path, zygote):
-    cell = run_cell_isolated(impl, get_scenario("happy-path"), seed=1, workdir=tmp_path, zygote=zygote)
+    cell = run_one(impl, "happy-path", tmp_path, seed=1, zygote=zygote)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert cell.engine == engine
     assert cell.bytes_verified == EXPECTED_BYTES
@@ -44,7 +43,7 @@ def test_happy_path(impl, engine, tmp_path, zygote):
 
 def test_byte_check_fails_on_a_wrong_plan_and_names_the_pages(tmp_path):
     """The same real transfer, checked against a plan with two destinations swapped."""
-    cell = run_cell_isolated("mooncake", get_scenario("selftest-misplaced"), seed=1, workdir=tmp_path)
+    cell = run_one("mooncake", "selftest-misplaced", tmp_path, seed=1)
     assert cell.verdict == "FAIL"
     assert "R-LAYOUT-1 bytes-exact" in cell.reason
     assert "decode layer 0 K page" in cell.reason and "expected prefill layer 0 K page" in cell.reason
@@ -57,7 +56,7 @@ SEED_SCENARIOS = ["dead-prefill", "stale-chunk-after-clear", "early-watermark", 
 @pytest.mark.parametrize("scenario", SEED_SCENARIOS)
 def test_reference_passes_the_seed_scenarios(scenario, tmp_path, zygote):
     """The oracle conforms to its own spec under every fault the scenarios inject."""
-    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path, zygote=zygote)
+    cell = run_one("reference", scenario, tmp_path, seed=0, zygote=zygote)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert cell.bytes_verified > 0
     assert not _leftovers(tmp_path)
@@ -71,7 +70,7 @@ FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "a
 @pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
 def test_reference_passes_the_field_scenarios(scenario, tmp_path, zygote):
     """The twelve field scenarios: the oracle PASSes each (timeouts, ABORTs, restarts, residue)."""
-    cell = run_cell_isolated("reference", get_scenario(scenario), seed=0, workdir=tmp_path, zygote=zygote)
+    cell = run_one("reference", scenario, tmp_path, seed=0, zygote=zygote)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert all(check["ok"] for check in cell.checks), cell.checks
     assert not _leftovers(tmp_path)

@@ -23,7 +23,7 @@ def _bench_children() -> list[int]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", engine_bench.ENGINES)
+@pytest.mark.parametrize("engine", engine_bench.engines())
 def test_compare_moves_verified_bytes(engine):
     start = time.monotonic()
     try:

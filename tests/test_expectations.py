@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.expectations import (ExpectationsError, apply_expectations, fixes, is_fix, is_regression,
-                                  load_expectations, regressions)
-from harness.implementations import IMPLEMENTATIONS
+from harness.implementations import available
+from harness.judge.expectations import ExpectationsError, fixes, is_fix, is_regression, load_expectations, regressions
 from harness.judge.results import CellResult, RunResult, SglangInfo
 from harness.spec.scenario import all_scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = [s.id for s in all_scenarios()]
+IMPLEMENTATIONS = available()
 ENTRY = '[[expect]]\nimpl = "{impl}"\nscenario = "{scenario}"\nverdict = "{verdict}"\nreason = "{reason}"\nlink = "x#1"\n'
 
 
@@ -58,24 +58,25 @@ def test_missing_file(tmp_path):
         load_expectations(tmp_path / "nope.toml", IMPLEMENTATIONS, SCENARIOS)
 
 
-def test_apply_classifies_regressions_and_fixes(tmp_path):
+def test_expected_verdicts_classify_regressions_and_fixes(tmp_path):
     path = write(tmp_path, {"impl": "nixl", "scenario": "room-reuse", "verdict": "FAIL"},
                  {"impl": "mori", "scenario": "no-residue", "verdict": "WARN"},
                  {"impl": "mooncake", "scenario": "no-residue", "verdict": "FAIL"})
+    expectations = load_expectations(path, IMPLEMENTATIONS, SCENARIOS)
+    seen = [("nixl", "room-reuse", "FAIL"),  # as expected
+            ("mori", "no-residue", "FAIL"),  # worse than WARN
+            ("mooncake", "no-residue", "PASS"),  # fixed
+            ("nixl", "happy-path", "ERROR"),  # worse than the default PASS
+            ("nixl", "no-residue", "PASS")]
     run = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[
-        CellResult(impl="nixl", scenario="room-reuse", verdict="FAIL"),       # as expected
-        CellResult(impl="mori", scenario="no-residue", verdict="FAIL"),       # worse than WARN
-        CellResult(impl="mooncake", scenario="no-residue", verdict="PASS"),   # fixed
-        CellResult(impl="nixl", scenario="happy-path", verdict="ERROR"),      # worse than the default PASS
-        CellResult(impl="nixl", scenario="no-residue", verdict="PASS"),
-    ])
-    apply_expectations(run, load_expectations(path, IMPLEMENTATIONS, SCENARIOS))
+        CellResult(impl=i, scenario=s, verdict=v, expected=expectations.verdict_for(i, s)) for i, s, v in seen])
     assert [c.expected for c in run.cells] == ["FAIL", "WARN", "FAIL", "PASS", "PASS"]
-    assert run.cells[0].expected_reason == "because" and run.cells[0].expected_link == "x#1"
+    assert expectations.for_cell("nixl", "room-reuse").reason == "because"
+    assert expectations.for_cell("nixl", "happy-path") is None
     assert [(c.impl, c.scenario) for c in regressions(run)] == [("mori", "no-residue"), ("nixl", "happy-path")]
     assert [(c.impl, c.scenario) for c in fixes(run)] == [("mooncake", "no-residue")]
     assert not is_regression(run.cells[0]) and not is_fix(run.cells[0])
-    assert run.expectations == str(path) and not run.all_as_expected
+    assert not run.all_as_expected
 
 
 def _run(tmp_path, expectations, *scenarios):

@@ -1,7 +1,7 @@
 """The checkers the field scenarios add, on hand-built histories (no roles run)."""
 
 from harness.judge import checks as c
-from harness.role.adapter import FAILED, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
 from harness.judge.history import History
 from scenarios.abort_ack_after_drain import ack_arrives, acks_safe
 
@@ -16,7 +16,7 @@ def _failed_history(after_s: float, reason: str | None) -> list[dict]:
     h = History()
     _event(h, "ok", "open_sender", "prefill", 10.0, args={"room": 5})
     _event(h, "ok", "await_status", "prefill", 10.0 + after_s, args={"room": 5},
-           value={"status": FAILED, "failure_reason": reason})
+           value={"status": KVPoll.Failed, "failure_reason": reason})
     return h.events
 
 
@@ -38,7 +38,7 @@ def test_failed_within_counts_too_early_from_the_start_of_the_call():
     _event(h, "invoke", "open_sender", "prefill", 10.000, args={"room": 5})
     _event(h, "ok", "open_sender", "prefill", 10.003, args={"room": 5})
     _event(h, "ok", "await_status", "prefill", 13.002, args={"room": 5},
-           value={"status": FAILED, "failure_reason": "timed out after 3.0s"})
+           value={"status": KVPoll.Failed, "failure_reason": "timed out after 3.0s"})
     assert c.failed_within(5, "prefill", "open_sender", "prefill", 3, 8)(h.events)[0]
     ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 3.5, 8)(h.events)
     assert not ok and "after open_sender was called, before the 3.5 s deadline" in detail
@@ -53,7 +53,7 @@ def test_failed_within_reason_optional_only_when_asked():
 def test_failed_within_never_failed():
     h = History()
     _event(h, "ok", "open_sender", "prefill", 1.0, args={"room": 5})
-    _event(h, "ok", "await_status", "prefill", 9.0, args={"room": 5}, value={"status": WAITING_FOR_INPUT})
+    _event(h, "ok", "await_status", "prefill", 9.0, args={"room": 5}, value={"status": KVPoll.WaitingForInput})
     ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 9)(h.events)
     assert not ok and "never became Failed (last: WaitingForInput)" in detail
 

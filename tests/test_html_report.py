@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.judge.diff import first_divergence
-from harness.report.html import load_histories, render_index_html, write_index_html
+from harness.judge.results import load_histories
+from harness.report.html import render_index_html, write_index_html
 from harness.report.terminal import reproduce_command
 from harness.judge.results import CellResult, RunResult, SglangInfo, dump_run
 
@@ -162,8 +163,10 @@ def _write_out_dir(tmp_path: Path, reference_column: bool = True) -> tuple[RunRe
 def test_load_histories_reads_the_out_directory_layout(tmp_path):
     for reference_column in (True, False):
         run, out = _write_out_dir(tmp_path / str(reference_column), reference_column)
-        assert load_histories(out, run) == fixture_run()[1]  # the torn last lines skipped
-        assert write_index_html(run, out) == out / "index.html"
+        cells = [(c.scenario, c.impl) for c in run.cells]
+        histories = load_histories(out, cells)
+        assert histories == fixture_run()[1]  # the torn last lines skipped
+        assert write_index_html(run, out, histories) == out / "index.html"
         html = (out / "index.html").read_text()
         assert '<span class="add">+step 1 AwaitStatus: await_status on decode: Failed</span>' in html
         assert html.count('<th data-impl="reference">') == 1  # dead-prefill keeps its reference column
@@ -186,7 +189,7 @@ def test_index_html_in_headless_chromium(tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     run, out = _write_out_dir(tmp_path)
-    page = write_index_html(run, out)
+    page = write_index_html(run, out, load_histories(out, [(c.scenario, c.impl) for c in run.cells]))
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",

@@ -2,7 +2,7 @@
 
 from hypothesis import given, settings
 
-from backends.reference.planner import Plan, plan
+from harness.spec.layout_plan import Plan, plan
 from harness.spec import layouts
 
 

@@ -1,7 +1,7 @@
 """The reference decode state machine: scripted transitions for its requirements."""
 
 from backends.reference import decode_core as dc
-from harness.role.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
 
 
 def requested(core, room, prefill="P-A", now=0.0):
@@ -13,11 +13,11 @@ def requested(core, room, prefill="P-A", now=0.0):
 def test_success_of_the_current_generation_only():
     core = dc.DecodeCore()
     reg = requested(core, 5)
-    assert core.status(5) == WAITING_FOR_INPUT
-    assert core.handle(dc.StatusReceived(5, "P-A", SUCCESS, generation=reg.generation + 1)) == []
-    actions = core.handle(dc.StatusReceived(5, "P-A", SUCCESS, generation=reg.generation))
-    assert dc.ReleaseSafe(5) in actions and core.status(5) == SUCCESS
-    assert core.handle(dc.StatusReceived(5, "P-A", FAILED, "late", reg.generation)) == []  # R-TERM-1
+    assert core.status(5) == KVPoll.WaitingForInput
+    assert core.handle(dc.StatusReceived(5, "P-A", KVPoll.Success, generation=reg.generation + 1)) == []
+    actions = core.handle(dc.StatusReceived(5, "P-A", KVPoll.Success, generation=reg.generation))
+    assert dc.ReleaseSafe(5) in actions and core.status(5) == KVPoll.Success
+    assert core.handle(dc.StatusReceived(5, "P-A", KVPoll.Failed, "late", reg.generation)) == []  # R-TERM-1
 
 
 def test_reused_room_ignores_the_old_lifecycle():
@@ -26,8 +26,8 @@ def test_reused_room_ignores_the_old_lifecycle():
     core.handle(dc.Clear(5))
     new = requested(core, 5)
     assert new.generation != old.generation
-    assert core.handle(dc.StatusReceived(5, "P-A", SUCCESS, generation=old.generation)) == []
-    assert core.status(5) == WAITING_FOR_INPUT
+    assert core.handle(dc.StatusReceived(5, "P-A", KVPoll.Success, generation=old.generation)) == []
+    assert core.status(5) == KVPoll.WaitingForInput
 
 
 def test_dead_prefill_fails_only_its_rooms():
@@ -41,7 +41,7 @@ def test_dead_prefill_fails_only_its_rooms():
     actions = core.handle(dc.HeartbeatResult("P-A", False, 4.0))
     assert {a.room for a in actions} == {1, 2}
     assert all("prefill P-A stopped answering" in a.reason for a in actions)
-    assert core.status(3) == WAITING_FOR_INPUT
+    assert core.status(3) == KVPoll.WaitingForInput
 
 
 def test_waiting_timeout_names_the_prefill():
@@ -50,7 +50,7 @@ def test_waiting_timeout_names_the_prefill():
     core.handle(dc.OpenReceiver(2, "P-A", 0.0))
     assert [a for a in core.handle(dc.Tick(9.9)) if isinstance(a, dc.StatusChanged)] == []
     (failed,) = [a for a in core.handle(dc.Tick(10.0)) if isinstance(a, dc.StatusChanged)]
-    assert failed.room == 1 and "prefill P-A" in failed.reason and core.status(2) == BOOTSTRAPPING
+    assert failed.room == 1 and "prefill P-A" in failed.reason and core.status(2) == KVPoll.Bootstrapping
 
 
 def test_abort_releases_only_on_the_ack_of_this_generation():

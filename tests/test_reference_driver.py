@@ -6,8 +6,10 @@ import time
 import pytest
 import zmq
 
-from backends.reference.adapter import MalformedFrame, ReferenceRole, parse
-from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT, Layout, RoleRecorder
+from backends.reference.adapter import ReferenceRole
+from backends.reference.wire import MalformedFrame, parse
+from harness.spec.protocol import KVPoll, Layout
+from harness.role.recorder import RoleRecorder
 from harness.drive.runner import free_port_block
 
 LAYOUT = Layout(num_layers=2, num_pages=8, page_bytes=64, aux_slots=2, aux_bytes=32)
@@ -36,17 +38,17 @@ def transfer(prefill, decode, addr, room, src, dst):
     prefill.open_sender(room, addr)
     decode.open_receiver(room, addr, 5)
     decode.request_kv(room, dst, 1)
-    assert wait(prefill, room, (WAITING_FOR_INPUT,)) == WAITING_FOR_INPUT  # as sglang's scheduler waits
+    assert wait(prefill, room, (KVPoll.WaitingForInput,)) == KVPoll.WaitingForInput  # as sglang's scheduler waits
     prefill.init_sender(room, len(src), 0)
     prefill.send_chunk(room, src[:1])
     prefill.send_chunk(room, src[1:])
-    return wait(prefill, room, (SUCCESS, FAILED)), wait(decode, room, (SUCCESS, FAILED))
+    return wait(prefill, room, (KVPoll.Success, KVPoll.Failed)), wait(decode, room, (KVPoll.Success, KVPoll.Failed))
 
 
 def test_room_transfers_exact_bytes(pair):
     """The first room right after start-up is served (R-LIVE-4)."""
     prefill, decode, addr = pair
-    assert transfer(prefill, decode, addr, 11, [1, 4, 6], [7, 0, 2]) == (SUCCESS, SUCCESS)
+    assert transfer(prefill, decode, addr, 11, [1, 4, 6], [7, 0, 2]) == (KVPoll.Success, KVPoll.Success)
     report = decode.verify([(1, 7), (4, 0), (6, 2)], [(0, 1)])
     assert report["ok"], report["mismatches"]
     assert report["bytes_verified"] == 3 * 64 * 4 + 32
@@ -64,7 +66,7 @@ def test_malformed_frames_are_dropped_and_the_loop_lives(pair):
         sock.send_multipart(frames)
     sock.close()
     ctx.term()
-    assert transfer(prefill, decode, addr, 12, [0, 1], [3, 4]) == (SUCCESS, SUCCESS)
+    assert transfer(prefill, decode, addr, 12, [0, 1], [3, 4]) == (KVPoll.Success, KVPoll.Success)
     observed = prefill.observe()
     assert all(observed["loops"].values()) and not observed["dead_threads"]
     assert sum("malformed control frame" in r["message"] for r in observed["log_records"]) == 7, observed
@@ -81,7 +83,7 @@ def test_layout_mismatch_fails_the_room_at_bootstrap(pair, change):
     try:
         prefill.open_sender(13, addr)
         decode.open_receiver(13, addr, 5)
-        assert wait(decode, 13, (FAILED,)) == FAILED
+        assert wait(decode, 13, (KVPoll.Failed,)) == KVPoll.Failed
         reason = decode.failure_reason(13)
         field = next(iter(change))
         assert reason.startswith("layout rejected: ") and f"prefill {field}=" in reason, reason
@@ -99,7 +101,7 @@ def test_abort_with_a_bad_endpoint_cannot_kill_the_loop(pair):
     sock.send_multipart([b"REGISTER", b"5", b"tcp://[::1", b"1", b"1", b"0"])
     sock.close()
     ctx.term()
-    assert transfer(prefill, decode, addr, 14, [0], [1]) == (SUCCESS, SUCCESS)
+    assert transfer(prefill, decode, addr, 14, [0], [1]) == (KVPoll.Success, KVPoll.Success)
     observed = prefill.observe()
     assert all(observed["loops"].values()) and not observed["dead_threads"]
 

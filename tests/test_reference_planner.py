@@ -8,7 +8,7 @@ own lookup: for MHA a side with n main and d draft layers lists K main at
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
+from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
 
 
 def identity_at(attention, side, index):

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from backends.reference import prefill_core as pc
-from harness.role.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
 
 D = "decode-0"
 
@@ -23,23 +23,23 @@ def opened(core, room=7, pages=(5, 6, 7)):
 
 def test_two_chunks_then_success_sent_to_the_decode():
     core = opened(pc.PrefillCore())
-    assert core.status(7) == WAITING_FOR_INPUT
+    assert core.status(7) == KVPoll.WaitingForInput
     w1 = writes(core.handle(pc.SendChunk(7, (0, 1), last=False)))
     assert [(w.src, w.dst) for w in w1] == [((0, 1), (5, 6))]
     w2 = writes(core.handle(pc.SendChunk(7, (9,), last=True)))
     assert [(w.src, w.dst, w.aux) for w in w2] == [((9,), (7,), False), ((1,), (2,), True)]
-    assert core.status(7) == TRANSFERRING
+    assert core.status(7) == KVPoll.Transferring
     for w in w1 + w2[:1]:
         assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == []
     actions = core.handle(pc.WriteDone(7, w2[1].write_id, ok=True))
-    assert pc.SendStatus(7, D, SUCCESS) in actions and core.status(7) == SUCCESS
+    assert pc.SendStatus(7, D, KVPoll.Success) in actions and core.status(7) == KVPoll.Success
 
 
 def test_registration_before_the_sender_is_kept():
     core = pc.PrefillCore()
     core.handle(pc.DecodeRegistered(3, D, (1,), 0))
     core.handle(pc.OpenSender(3, now=0.0))
-    assert core.status(3) == WAITING_FOR_INPUT
+    assert core.status(3) == KVPoll.WaitingForInput
 
 
 def test_bootstrap_timeout_only_while_bootstrapping():
@@ -48,7 +48,7 @@ def test_bootstrap_timeout_only_while_bootstrapping():
     opened(core, room=2)
     assert core.handle(pc.Tick(4.9)) == []
     actions = core.handle(pc.Tick(5.0))
-    assert core.status(1) == FAILED and core.status(2) == WAITING_FOR_INPUT
+    assert core.status(1) == KVPoll.Failed and core.status(2) == KVPoll.WaitingForInput
     assert "bootstrap timeout of 5 s" in actions[0].reason
 
 
@@ -56,10 +56,10 @@ def test_a_write_that_never_completes_fails_the_room_at_the_transfer_timeout():
     core = opened(pc.PrefillCore(transfer_timeout_s=4))
     core.handle(pc.Tick(1.0))
     stuck = writes(core.handle(pc.SendChunk(7, (0, 1, 2), last=True)))
-    assert core.handle(pc.Tick(4.9)) == [] and core.status(7) == TRANSFERRING
+    assert core.handle(pc.Tick(4.9)) == [] and core.status(7) == KVPoll.Transferring
     actions = core.handle(pc.Tick(5.0))
-    assert core.status(7) == FAILED
-    assert any(isinstance(a, pc.SendStatus) and a.status == FAILED and "transfer timeout of 4 s" in a.reason
+    assert core.status(7) == KVPoll.Failed
+    assert any(isinstance(a, pc.SendStatus) and a.status == KVPoll.Failed and "transfer timeout of 4 s" in a.reason
                for a in actions)
     # the lost writes no longer hold the room: a late completion is ignored and clear leaves no drain
     core.handle(pc.WriteDone(7, stuck[0].write_id, ok=True))
@@ -72,7 +72,7 @@ def test_no_transfer_timeout_by_default():
     core.handle(pc.Tick(0.0))
     core.handle(pc.SendChunk(7, (0, 1, 2), last=True))
     core.handle(pc.Tick(10_000.0))
-    assert core.status(7) == TRANSFERRING
+    assert core.status(7) == KVPoll.Transferring
 
 
 def test_stale_chunk_after_clear_is_dropped_without_a_write():
@@ -88,7 +88,7 @@ def test_abort_mid_transfer_acks_once_after_drain():
     core = opened(pc.PrefillCore())
     (w,) = writes(core.handle(pc.SendChunk(7, (0,), last=False)))
     actions = core.handle(pc.AbortReceived(7, D, generation=0))
-    assert core.status(7) == FAILED and not any(isinstance(a, pc.SendAbortAck) for a in actions)
+    assert core.status(7) == KVPoll.Failed and not any(isinstance(a, pc.SendAbortAck) for a in actions)
     assert core.handle(pc.AbortReceived(7, D, generation=0)) == []  # duplicate ABORT: still waiting
     assert writes(core.handle(pc.SendChunk(7, (1,), last=True))) == []  # no write after Failed
     assert core.handle(pc.WriteDone(7, w.write_id, ok=True)) == [pc.SendAbortAck(7, D, 0)]
@@ -117,7 +117,7 @@ def test_abort_for_an_unknown_room_is_harmless():
     # A registration of the aborted generation that arrives late must not start a transfer.
     core.handle(pc.DecodeRegistered(99, D, (1,), 0, generation=0))
     core.handle(pc.OpenSender(99, now=0.0))
-    assert core.status(99) == BOOTSTRAPPING
+    assert core.status(99) == KVPoll.Bootstrapping
     core.handle(pc.Clear(99))
     assert core.residue() == {"tombstones": [99]}
     core.handle(pc.Tick(now=100.0))  # no time was known when it was made: it starts counting now
@@ -147,7 +147,7 @@ class PrefillMachine(RuleBasedStateMachine):
             if isinstance(a, pc.StatusChanged):
                 old = self.terminal.get(a.room)
                 assert old is None, f"room {a.room} left terminal {old} for {a.status}"  # R-TERM-1
-                if a.status in (SUCCESS, FAILED):
+                if a.status in (KVPoll.Success, KVPoll.Failed):
                     self.terminal[a.room] = a.status
             elif isinstance(a, pc.StartWrite):
                 assert a.room not in self.cleared, "write for a cleared room"  # R-STALE-1
@@ -244,13 +244,13 @@ def test_failure_on_one_destination_reaches_every_destination():
     core = pc.PrefillCore()
     core.handle(pc.OpenSender(8, now=0.0, destinations=2))
     core.handle(pc.DecodeRegistered(8, "rank-0", (1, 2), 0, generation=3))
-    assert core.status(8) == BOOTSTRAPPING  # waits for every destination
+    assert core.status(8) == KVPoll.Bootstrapping  # waits for every destination
     core.handle(pc.DecodeRegistered(8, "rank-1", (5, 6), 1, generation=9))
     core.handle(pc.InitSender(8, 2, 0))
     w = writes(core.handle(pc.SendChunk(8, (0, 1), last=False)))
     assert sorted((x.decode, x.dst, x.generation) for x in w) == [("rank-0", (1, 2), 3), ("rank-1", (5, 6), 9)]
     actions = core.handle(pc.WriteDone(8, w[1].write_id, ok=False, reason="link down"))
-    told = {(a.decode, a.generation) for a in actions if isinstance(a, pc.SendStatus) and a.status == FAILED}
+    told = {(a.decode, a.generation) for a in actions if isinstance(a, pc.SendStatus) and a.status == KVPoll.Failed}
     assert told == {("rank-0", 3), ("rank-1", 9)}
 
 
@@ -260,7 +260,7 @@ def test_abort_from_one_destination_fails_the_room_for_all():
     core.handle(pc.DecodeRegistered(8, "rank-0", (1,), 0, generation=1))
     core.handle(pc.DecodeRegistered(8, "rank-1", (2,), 0, generation=1))
     actions = core.handle(pc.AbortReceived(8, "rank-1", generation=1))
-    told = {a.decode for a in actions if isinstance(a, pc.SendStatus) and a.status == FAILED}
+    told = {a.decode for a in actions if isinstance(a, pc.SendStatus) and a.status == KVPoll.Failed}
     assert told == {"rank-0", "rank-1"}
     assert pc.SendAbortAck(8, "rank-1", 1) in actions
 
@@ -271,7 +271,7 @@ def test_registration_before_any_clock_survives_the_first_tick():
     core.handle(pc.DecodeRegistered(6, D, (1,), 0, generation=1))
     core.handle(pc.Tick(5000.0))
     core.handle(pc.OpenSender(6, now=5000.1))
-    assert core.status(6) == WAITING_FOR_INPUT
+    assert core.status(6) == KVPoll.WaitingForInput
 
 
 def test_late_abort_of_an_old_generation_leaves_the_reused_room_alone():
@@ -280,7 +280,7 @@ def test_late_abort_of_an_old_generation_leaves_the_reused_room_alone():
     core.handle(pc.OpenSender(7, now=1.0))
     core.handle(pc.DecodeRegistered(7, D, (3,), 0, generation=2))
     actions = core.handle(pc.AbortReceived(7, D, generation=0))
-    assert core.status(7) == WAITING_FOR_INPUT
+    assert core.status(7) == KVPoll.WaitingForInput
     assert not any(isinstance(a, pc.SendAbortAck) for a in actions)  # R-REUSE-1
 
 
@@ -289,12 +289,12 @@ def test_late_registration_of_a_cleared_generation_is_refused():
     core.handle(pc.Clear(7))
     core.handle(pc.DecodeRegistered(7, D, (5, 6, 7), 2, generation=0))  # duplicate arriving late
     core.handle(pc.OpenSender(7, now=1.0))
-    assert core.status(7) == BOOTSTRAPPING  # waits for the new generation's registration
+    assert core.status(7) == KVPoll.Bootstrapping  # waits for the new generation's registration
     core.handle(pc.DecodeRegistered(7, D, (1,), 0, generation=1))
-    assert core.status(7) == WAITING_FOR_INPUT
+    assert core.status(7) == KVPoll.WaitingForInput
 
 
 def test_last_chunk_short_of_the_request_fails_instead_of_succeeding():
     core = opened(pc.PrefillCore())  # 3 pages announced
     actions = core.handle(pc.SendChunk(7, (0,), last=True))
-    assert core.status(7) == FAILED and "last chunk ends at page 1 of 3" in actions[0].reason
+    assert core.status(7) == KVPoll.Failed and "last chunk ends at page 1 of 3" in actions[0].reason

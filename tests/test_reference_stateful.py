@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
-from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
 
 P, D = "prefill-0", "decode-0"
 ROOMS = st.sampled_from([1, 2])
@@ -47,7 +47,7 @@ class ReferenceMachine(RuleBasedStateMachine):
         key = (side, room)
         old = self.terminal.get(key)
         assert old is None or old == status, f"{side} room {room}: terminal {old} became {status}"  # R-TERM-1
-        if status in (SUCCESS, FAILED):
+        if status in (KVPoll.Success, KVPoll.Failed):
             self.terminal[key] = status
 
     def to_prefill(self, event):
@@ -107,7 +107,7 @@ class ReferenceMachine(RuleBasedStateMachine):
     @rule(room=ROOMS, split=st.integers(0, 3))
     def send(self, room, split):
         r = self.prefill.rooms.get(room)
-        if not self.alive or r is None or r.status != WAITING_FOR_INPUT:
+        if not self.alive or r is None or r.status != KVPoll.WaitingForInput:
             return  # the scheduler sends only once the sender is WaitingForInput
         n = len(r.dst_pages)
         self.to_prefill(pc.InitSender(room, n, 0))
@@ -121,13 +121,13 @@ class ReferenceMachine(RuleBasedStateMachine):
     @rule(room=ROOMS)
     def clear_decode(self, room):
         r = self.decode.rooms.get(room)
-        if r is not None and r.status in (SUCCESS, FAILED) and not r.awaiting_ack:
+        if r is not None and r.status in (KVPoll.Success, KVPoll.Failed) and not r.awaiting_ack:
             self.to_decode(dc.Clear(room))
             self.terminal.pop(("decode", room), None)
 
     @rule(room=ROOMS)
     def clear_prefill(self, room):
-        if self.alive and self.prefill.status(room) in (SUCCESS, FAILED):
+        if self.alive and self.prefill.status(room) in (KVPoll.Success, KVPoll.Failed):
             self.to_prefill(pc.Clear(room))
             self.terminal.pop(("prefill", room), None)
 
@@ -196,7 +196,7 @@ class ReferenceMachine(RuleBasedStateMachine):
                 self.to_prefill(event) if target == "P" else self.to_decode(event)
             for write_id in sorted(self.writes):
                 self.land(write_id, True)
-            waiting = self.alive and any(r.status == WAITING_FOR_INPUT for r in self.prefill.rooms.values())
+            waiting = self.alive and any(r.status == KVPoll.WaitingForInput for r in self.prefill.rooms.values())
             if not self.net and not self.writes and not waiting:
                 break
         for _ in range(int((WAITING_TIMEOUT + BOOTSTRAP_TIMEOUT) / HB_INTERVAL) + 3):
@@ -205,10 +205,10 @@ class ReferenceMachine(RuleBasedStateMachine):
                 target, event = self.net.pop(0)
                 self.to_prefill(event) if target == "P" else self.to_decode(event)
         for room, r in self.decode.rooms.items():
-            assert r.status in (SUCCESS, FAILED), f"decode room {room} still {r.status} after every timeout"
+            assert r.status in (KVPoll.Success, KVPoll.Failed), f"decode room {room} still {r.status} after every timeout"
         if self.alive:
             for room, r in self.prefill.rooms.items():
-                assert r.status in (SUCCESS, FAILED), f"prefill room {room} still {r.status} after every timeout"
+                assert r.status in (KVPoll.Success, KVPoll.Failed), f"prefill room {room} still {r.status} after every timeout"
 
     @invariant()
     def no_residue_when_everything_is_cleared(self):

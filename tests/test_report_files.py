@@ -1,7 +1,5 @@
 """junit.xml and summary.md: pure functions of the result tree, readable back."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 from hypothesis import given, strategies as st
@@ -78,7 +76,7 @@ def test_summary_stays_short_enough_for_a_pr_comment():
 
 
 def test_write_reports_writes_every_file(tmp_path):
-    paths = write_reports(sample_run(), tmp_path)
+    paths = write_reports(sample_run(), tmp_path, {})
     assert {"junit.xml", "summary.md"} <= set(paths)
     for path in paths.values():
         assert path.exists() and path.stat().st_size > 0

@@ -2,7 +2,7 @@
 
 from collections import defaultdict
 
-from backends.sglang_common import room_residue
+from backends.sglang_hooks import room_residue
 
 
 class FakeManager:

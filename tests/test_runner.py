@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from harness.drive.runner import run_matrix
+from cellruns import run_cells as run_matrix
 from procs import harness_processes
 from harness.spec.scenario import get_scenario
 
@@ -20,7 +20,7 @@ def _role_processes(workdir):
 def test_hanging_cell_is_killed_and_the_run_continues(tmp_path):
     scenarios = [get_scenario("selftest-hang"), get_scenario("selftest-noop")]
     start = time.monotonic()
-    run = run_matrix(["mooncake"], scenarios, seed=0, out_dir=tmp_path)
+    run = run_matrix(["mooncake"], scenarios, tmp_path)
     elapsed = time.monotonic() - start
     hang, noop = run.cells
     assert hang.verdict == "ERROR"
@@ -43,7 +43,7 @@ def test_cli_exit_code_and_results_for_a_hanging_cell(tmp_path):
 
 def test_role_that_dies_mid_call_is_noticed_at_once(tmp_path):
     start = time.monotonic()
-    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-dies")], seed=0, out_dir=tmp_path).cells
+    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-dies")], tmp_path).cells
     assert cell.verdict == "FAIL"
     assert "prefill: its process ended (exit code 9) while open_sender was running" in cell.reason
     assert time.monotonic() - start < 20  # not the 30 s call deadline
@@ -51,7 +51,7 @@ def test_role_that_dies_mid_call_is_noticed_at_once(tmp_path):
 
 
 def test_role_that_hangs_in_a_call_is_killed_with_the_cell(tmp_path):
-    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-hangs")], seed=0, out_dir=tmp_path).cells
+    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-hangs")], tmp_path).cells
     assert cell.verdict == "ERROR"
     assert "deadline of 6 s" in cell.reason
     assert "in step 1 OpenRoom, last event: open_sender on prefill (invoke)" in cell.reason
@@ -59,25 +59,31 @@ def test_role_that_hangs_in_a_call_is_killed_with_the_cell(tmp_path):
 
 
 def test_unknown_role_op_is_an_error_not_a_crash(tmp_path):
+    import pytest
     import zmq
 
-    from harness.drive.launcher import LocalLauncher, RoleClient, RoleError, RoleSpec
+    from harness.drive.launcher import LocalLauncher, RoleSpec
+    from harness.drive.role_client import RoleClient
+    from harness.role.adapter import ContractError
 
     handle = LocalLauncher(tmp_path).start(RoleSpec(name="p", impl="selftest", role="prefill"))
     ctx = zmq.Context()
     try:
         client = RoleClient(ctx, "p", handle.wait_ready(30), handle=handle)
-        try:
+        with pytest.raises(ContractError, match="'format_disk' is not a role op"):  # the client checks first
             client.call("format_disk", 5)
-        except RoleError as exc:
-            assert "unknown role op 'format_disk'" in str(exc)
-        else:
-            raise AssertionError("an unknown op must be refused")
+        with pytest.raises(ContractError, match="unexpected keyword argument 'rooom'"):
+            client.call("poll", 5, room=1, rooom=2)
+        raw = ctx.socket(zmq.REQ)  # a caller that skips the check: the role host refuses it too
+        raw.connect(client.endpoint)
+        raw.send_pyobj({"op": "format_disk", "kwargs": {}})
+        assert raw.poll(5000) and "unknown role op 'format_disk'" in raw.recv_pyobj()["message"]
+        raw.close(0)
         assert client.call("engine", 5) == "reference"  # still serving
         client.close()
     finally:
         handle.stop(5)
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what a failed assertion left open
     assert not handle.alive()
 
 
@@ -121,7 +127,7 @@ def test_forked_cells_are_isolated_from_a_leaking_or_crashing_cell(tmp_path):
     # behind (a running non-daemon thread, changed module state, a native crash) must
     # not reach the third, and no process of theirs may outlive them.
     scenarios = [get_scenario(s) for s in ("selftest-leak-thread", "selftest-native-crash", "selftest-clean")]
-    run = run_matrix(["selftest"], scenarios, seed=0, out_dir=tmp_path, jobs=1, fork=True)
+    run = run_matrix(["selftest"], scenarios, tmp_path, jobs=1, fork=True)
     leak, crash, clean = run.cells
     assert leak.verdict == "PASS", leak.reason
     leaked = _observations(tmp_path / "cells" / "selftest-leak-thread--selftest")
@@ -136,8 +142,8 @@ def test_forked_cells_are_isolated_from_a_leaking_or_crashing_cell(tmp_path):
 def test_parallel_cells_give_the_same_verdicts(tmp_path):
     scenarios = [get_scenario(s) for s in ("selftest-noop", "selftest-role-dies", "selftest-clean",
                                             "selftest-native-crash")]
-    serial = run_matrix(["selftest"], scenarios, seed=0, out_dir=tmp_path / "serial", jobs=1)
-    parallel = run_matrix(["selftest"], scenarios, seed=0, out_dir=tmp_path / "parallel", jobs=4)
+    serial = run_matrix(["selftest"], scenarios, tmp_path / "serial", jobs=1)
+    parallel = run_matrix(["selftest"], scenarios, tmp_path / "parallel", jobs=4)
     assert [(c.scenario, c.verdict) for c in serial.cells] == [(c.scenario, c.verdict) for c in parallel.cells]
     assert [c.verdict for c in parallel.cells] == ["PASS", "FAIL", "PASS", "FAIL"]
     assert not _role_processes(tmp_path)
@@ -162,7 +168,7 @@ def test_sigterm_with_parallel_jobs_stops_every_running_cell_at_once(tmp_path):
 
 
 def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
-    from harness.drive.runner import run_matrix as rm
+    from harness.drive.scheduler import Callbacks
 
     killed = []
 
@@ -175,24 +181,24 @@ def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
                     proc.kill()
                     killed.append(proc.pid)
 
-    run = rm(["selftest"], [get_scenario("selftest-noop"), get_scenario("selftest-clean")], seed=0, out_dir=tmp_path,
-             jobs=1, on_start=kill_zygote)
+    run = run_matrix(["selftest"], [get_scenario("selftest-noop"), get_scenario("selftest-clean")], tmp_path,
+                     jobs=1, callbacks=Callbacks(on_start=kill_zygote))
     assert killed
     assert [c.verdict for c in run.cells] == ["PASS", "PASS"]
     assert "fork server unusable" in (tmp_path / "cells" / "selftest-clean--selftest" / "cell.log").read_text()
     assert not _role_processes(tmp_path)
 
 
-def test_cell_json_carries_what_only_the_runner_knows(tmp_path):
-    # The cell writes cell.json before it exits; its inherent wait and its CPU time (the
-    # fork server reaps it) are known only to the runner, which must write them there too,
-    # so a cell's own report agrees with results.json.
+def test_cell_json_is_the_cells_entry_in_results_json(tmp_path):
+    # The judge decides a cell once, in the parent, from its history; the CPU time (the fork
+    # server reaps the cell) and the wall time come from the runner's cell-exit event.
     scenario = get_scenario("stale-chunk-after-clear")
-    (cell,) = run_matrix(["reference"], [scenario], seed=0, out_dir=tmp_path, jobs=1, fork=True).cells
+    (cell,) = run_matrix(["reference"], [scenario], tmp_path, jobs=1, fork=True).cells
     saved = json.loads((tmp_path / "cells" / "stale-chunk-after-clear--reference" / "cell.json").read_text())
     assert cell.inherent_wait_s == scenario.inherent_wait_s(0) > 0
-    assert cell.cpu_s is not None and cell.cpu_s > 0
-    assert (saved["inherent_wait_s"], saved["cpu_s"]) == (cell.inherent_wait_s, cell.cpu_s)
+    assert cell.cpu_s is not None and cell.cpu_s > 0 and cell.duration_s > cell.inherent_wait_s
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert saved == results["cells"][0]
 
 
 def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
@@ -208,7 +214,7 @@ def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
     while not (tmp_path / "zygote-sglang.log").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # sglang's fork server is importing (seconds); workers wait on it
-    assert not list(tmp_path.glob("cells/*--mooncake/cell.json"))
+    assert not list(tmp_path.glob("cells/*--mooncake/history.jsonl"))
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
@@ -217,9 +223,9 @@ def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
     assert "fresh interpreters" not in stderr
     time.sleep(1.0)
     assert not _role_processes(tmp_path)
-    assert not list(tmp_path.glob("cells/*--mooncake/cell.json"))  # no sglang cell ran after the interrupt
+    assert not list(tmp_path.glob("cells/*--mooncake/history.jsonl"))  # no sglang cell ran after the interrupt
 
 
 def test_more_jobs_than_cells_starts_one_worker_per_cell(tmp_path):
-    run = run_matrix(["selftest"], [get_scenario("selftest-noop")], seed=0, out_dir=tmp_path, jobs=10**12)
+    run = run_matrix(["selftest"], [get_scenario("selftest-noop")], tmp_path, jobs=10**12)
     assert [c.verdict for c in run.cells] == ["PASS"]

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from backends.sglang_common import ReceiveTap, SglangCommonRole
+from backends.sglang_common import SglangCommonRole
+from backends.sglang_hooks import ReceiveTap
 from harness.role.adapter import Unsupported
 
 ROOT = Path(__file__).resolve().parents[1]

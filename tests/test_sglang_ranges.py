@@ -7,11 +7,11 @@ the out-of-range path never imports the adapter.
 
 import pytest
 
+from backends.sglang_releases import SGLANG_COMMON_RANGE
+from cellruns import run_one
 from harness import implementations as im
 from harness.role.adapter import Unsupported
-from harness.target.role_context import release_of
-from harness.drive.runner import run_cell_isolated
-from harness.spec.scenario import get_scenario
+from harness.target.version import VERSION_ENV, SglangRange, release_of
 
 
 @pytest.mark.parametrize("version, release", [
@@ -28,7 +28,7 @@ def test_a_version_without_a_release_number_is_rejected():
 
 
 def test_the_reference_runs_against_any_release():
-    reference = im.IMPLEMENTATIONS["reference"]
+    reference = im.implementation("reference")
     assert reference.sglang_range is None
     assert reference.unsupported_sglang("0.4.0") is None
     assert reference.unsupported_sglang(None) is None
@@ -40,23 +40,23 @@ def test_the_reference_runs_against_any_release():
     ("0.5.19", False), ("0.5.20", False), ("0.5.21", False), ("0.5.22", True), ("0.5.23", True), ("0.6.0", True),
 ])
 def test_sglang_backends_declare_the_releases_they_were_checked_on(impl, version, supported):
-    declared = im.IMPLEMENTATIONS[impl].sglang_range
-    assert declared is im.SGLANG_COMMON_RANGE
+    declared = im.implementation(impl).sglang_range
+    assert declared is SGLANG_COMMON_RANGE
     assert declared.contains(version) is supported
-    assert (im.IMPLEMENTATIONS[impl].unsupported_sglang(version) is None) is supported
+    assert (im.implementation(impl).unsupported_sglang(version) is None) is supported
 
 
 def test_a_range_reads_as_its_spans():
-    assert str(im.SGLANG_COMMON_RANGE) == "0.5.17 - 0.5.18, >= 0.5.22"
-    assert str(im.SglangRange(spans=(((0, 5, 20), (0, 5, 20)),))) == "0.5.20"
+    assert str(SGLANG_COMMON_RANGE) == "0.5.17 - 0.5.18, >= 0.5.22"
+    assert str(SglangRange(spans=(((0, 5, 20), (0, 5, 20)),))) == "0.5.20"
 
 
 def test_the_reason_names_the_release_the_range_and_why():
-    reason = im.IMPLEMENTATIONS["nixl"].unsupported_sglang("0.5.20")
+    reason = im.implementation("nixl").unsupported_sglang("0.5.20")
     assert reason.startswith(
         "sglang 0.5.20 is outside the releases the nixl adapter supports (0.5.17 - 0.5.18, >= 0.5.22;")
     assert "0.5.19 - 0.5.21 have neither shape" in reason
-    assert "sglang is not installed" in im.IMPLEMENTATIONS["mori"].unsupported_sglang(None)
+    assert "sglang is not installed" in im.implementation("mori").unsupported_sglang(None)
 
 
 def test_an_out_of_range_role_refuses_every_step_with_the_reason():
@@ -73,7 +73,7 @@ def test_an_out_of_range_role_refuses_every_step_with_the_reason():
 
 
 def test_an_out_of_range_adapter_is_never_imported(monkeypatch):
-    monkeypatch.setattr(im, "installed_sglang", lambda: "0.5.20")
+    monkeypatch.setenv(VERSION_ENV, "0.5.20")  # as a --sglang-src tree of that release sets it
     role = im.load_role_adapter("nixl", role="decode", recorder=None)
     assert isinstance(role, im.OutOfRangeRole)
     assert role.impl == "nixl" and "sglang 0.5.20" in role.reason
@@ -82,7 +82,7 @@ def test_an_out_of_range_adapter_is_never_imported(monkeypatch):
 def test_a_cell_outside_the_declared_range_is_unsupported(tmp_path):
     """Through real role processes: the test-only implementation declares a range no
     release is in, so whatever sglang is installed its happy-path cell is UNSUPPORTED."""
-    result = run_cell_isolated("selftest-out-of-range", get_scenario("happy-path"), 0, tmp_path / "cell")
+    result = run_one("selftest-out-of-range", "happy-path", tmp_path / "cell")
     assert result.verdict == "UNSUPPORTED", result.reason
     assert "start_prefill" in result.reason
     assert "is outside the releases the selftest-out-of-range adapter supports (0.0.0; no real release" in result.reason

@@ -94,11 +94,23 @@ def test_cli_exit_2(args, message):
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-def test_tree_of_an_unsupported_release_exits_2(tmp_path):
-    tree = make_tree(tmp_path / "old", "version.py", "0.4.0")
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "reference", "--scenario",
-                          "happy-path", "--sglang-src", str(tree)], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert out.returncode == 2 and "0.4.0" in out.stderr, out.stderr
+# 0.5.20 has a role-context strategy but neither shape of the Common classes; 0.4.0 has nothing
+@pytest.mark.parametrize("version", ["0.5.20", "0.4.0"])
+def test_a_tree_outside_the_adapters_range_gives_unsupported_backend_cells(tmp_path, version):
+    """The range gate reads the tree's version (not the installed 0.5.23): the backend's cells
+    are UNSUPPORTED naming that version and the range; the reference still runs."""
+    tree = make_tree(tmp_path / "old", "version.py", version)
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "reference", "--impl", "mooncake",
+                          "--scenario", "happy-path", "--sglang-src", str(tree), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 1, out.stdout + out.stderr  # the UNSUPPORTED cell is not the PASS expected
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["sglang"]["version"] == version
+    cells = {c["impl"]: c for c in data["cells"]}
+    assert cells["reference"]["verdict"] == "PASS", cells["reference"]["reason"]
+    assert cells["mooncake"]["verdict"] == "UNSUPPORTED"
+    assert (f"sglang {version} is outside the releases the mooncake adapter supports (0.5.17 - 0.5.18, >= 0.5.22"
+            in cells["mooncake"]["reason"]), cells["mooncake"]["reason"]
 
 
 def test_results_record_the_source_tree(tmp_path):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.drive.runner import _zygote_groups
-from harness.drive.forkserver import Zygote, ZygoteError
+from harness.drive.scheduler import fork_groups
+from harness.drive.forkserver_client import Zygote, ZygoteError
 
 
 def test_a_zygote_started_without_waiting_becomes_ready_and_forks(tmp_path):
@@ -31,18 +31,17 @@ def test_a_zygote_that_dies_while_importing_fails_every_wait_the_same_way(tmp_pa
         zygote.close()
 
 
-def test_the_reference_gets_its_own_fork_server():
-    assert _zygote_groups(["mooncake", "nixl", "reference"]) == {"sglang": ["mooncake", "nixl"],
-                                                                "reference": ["reference"]}
-    assert _zygote_groups(["reference"]) == {"reference": ["reference"]}
+def test_implementations_that_import_no_sglang_get_their_own_fork_server():
+    assert fork_groups(["mooncake", "nixl", "reference"]) == {"sglang": ["mooncake", "nixl"], "plain": ["reference"]}
+    assert fork_groups(["reference", "selftest"]) == {"plain": ["reference", "selftest"]}
 
 
 def test_a_forked_cell_reports_the_cpu_time_of_itself_and_its_roles(tmp_path):
-    from harness.drive.runner import run_matrix
+    from cellruns import run_cells
     from harness.spec.scenario import get_scenario
 
-    fork, fresh = (run_matrix(["selftest"], [get_scenario("selftest-clean")], seed=0, out_dir=tmp_path / name,
-                              fork=forked).cells[0] for name, forked in (("fork", True), ("fresh", False)))
+    fork, fresh = (run_cells(["selftest"], [get_scenario("selftest-clean")], tmp_path / name, fork=forked).cells[0]
+                   for name, forked in (("fork", True), ("fresh", False)))
     assert fork.verdict == "PASS" and fork.cpu_s is not None
     assert 0 < fork.cpu_s < 2 * fork.duration_s + 1  # two roles and the cell, mostly waiting
     assert fresh.cpu_s is None  # fresh interpreters: not measured, not guessed

@@ -33,6 +33,16 @@ def real_mori_error() -> str | None:
     return None
 
 
+def use_standin_if_needed() -> str | None:
+    """Put the stand-in first on ``sys.path`` unless the real ``mori.io`` imports (once per
+    process; the fork server calls it before it preloads Mori's conn module).  Returns why
+    the real one does not import (None: it does)."""
+    why = real_mori_error()
+    if why is not None and str(STANDIN_PATH) not in sys.path:
+        sys.path.insert(0, str(STANDIN_PATH))
+    return why
+
+
 class MoriRole(SglangCommonRole):
     impl = "mori"
     backend = "mori"
@@ -46,9 +56,7 @@ class MoriRole(SglangCommonRole):
 
     def prepare_imports(self) -> None:
         self._standin_past_faults: list[dict] = []
-        self.real_error = real_mori_error()
-        if self.real_error is not None:
-            sys.path.insert(0, str(STANDIN_PATH))
+        use_standin_if_needed()
 
     def engine(self) -> str:
         import mori

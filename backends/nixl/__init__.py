@@ -1,1 +1,46 @@
+"""NIXL: sglang's ``NixlKVManager`` on a real NIXL agent (UCX over TCP on ``lo``, KV as DRAM).
 
+Registered as the ``nixl`` implementation (pyproject.toml entry point); the adapter is
+backends/nixl/adapter.py.  Its one engine setting, the agent's progress-thread delay,
+is declared here (the adapter's docstring says why the harness does not keep nixl's
+busy loop).
+"""
+
+from backends.sglang_releases import COMMON_PRELOAD, SGLANG_COMMON_RANGE
+from harness.implementations import EngineSetting, Implementation
+
+#: the environment variable a NIXL role reads its progress-thread delay from (microseconds)
+PROGRESS_DELAY_ENV = "PDCONFORM_NIXL_PROGRESS_DELAY_US"
+#: pdconform's default: about 2 % of a core while idle, instead of 100 %
+DEFAULT_PROGRESS_DELAY_US = 100
+
+PROGRESS_DELAY = EngineSetting(
+    name="nixl_progress_delay_us", env=PROGRESS_DELAY_ENV, default=DEFAULT_PROGRESS_DELAY_US,
+    flag="--nixl-progress-delay-us", sglang_value=0,
+    as_sglang="NIXL progress thread: busy loop, as sglang runs it",
+    changed="NIXL progress thread: sleeps {value} us between polls (sglang: busy loop; --nixl-progress-delay-us 0)",
+)
+
+IMPLEMENTATION = Implementation(
+    "nixl",
+    "backends.nixl.adapter:NixlRole",
+    "sglang NixlKVManager on a real NIXL agent (UCX over TCP on lo, DRAM)",
+    rank=20,
+    sglang_range=SGLANG_COMMON_RANGE,
+    preload=(*COMMON_PRELOAD, "sglang.srt.disaggregation.nixl.conn", "backends.nixl.adapter"),
+    probe="backends.nixl:probe",
+    engine_settings=(PROGRESS_DELAY,),
+    tools={"engine_bench": "backends.nixl.engine_bench:SIDES"},
+)
+
+
+def probe() -> tuple[str, str]:
+    """A NIXL agent with the UCX backend starts over TCP on ``lo``."""
+    import os
+
+    os.environ.setdefault("UCX_TLS", "tcp")
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    nixl_agent("pdconform-doctor", nixl_agent_config(backends=["UCX"]))
+    return "real", "NIXL agent with the UCX backend starts (UCX_TLS=tcp, lo)"

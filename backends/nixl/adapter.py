@@ -12,7 +12,7 @@ API creates every agent with ``pthrDelay = 0`` (``nixl_cu12/_api.py``), so the t
 polls UCX in a busy loop and keeps a whole core busy for the life of the role, even
 when nothing moves.  A cell has two to four NIXL roles and a 2-core CI machine runs
 several cells at once, so by default the harness has the thread sleep
-:data:`harness.target.role_context.DEFAULT_NIXL_PROGRESS_DELAY_US` between polls (the engine, its threads and every
+:data:`backends.nixl.DEFAULT_PROGRESS_DELAY_US` between polls (the engine, its threads and every
 transfer are still the real ones).  ``pdconform run --nixl-progress-delay-us 0``
 restores sglang's busy loop; results.json records which one a run used.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from backends.sglang_common import SglangCommonRole
 from harness.role.faults import FAIL, NEVER, EngineFaultCounter
-from harness.target.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US, NIXL_PROGRESS_DELAY_ENV
+from backends.nixl import DEFAULT_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,10 @@ def progress_delay_us() -> int:
     busy loop as in sglang), from ``PDCONFORM_NIXL_PROGRESS_DELAY_US``.
 
     Raises ValueError when the variable is set but not a non-negative integer."""
-    raw = os.environ.get(NIXL_PROGRESS_DELAY_ENV, str(DEFAULT_NIXL_PROGRESS_DELAY_US))
+    raw = os.environ.get(PROGRESS_DELAY_ENV, str(DEFAULT_PROGRESS_DELAY_US))
     value = int(raw)
     if value < 0:
-        raise ValueError(f"{NIXL_PROGRESS_DELAY_ENV}={raw}: must be >= 0 microseconds")
+        raise ValueError(f"{PROGRESS_DELAY_ENV}={raw}: must be >= 0 microseconds")
     return value
 
 
@@ -139,7 +139,7 @@ class NixlRole(SglangCommonRole):
         delay = progress_delay_us()
         if not install_progress_delay(delay):
             log.warning("this nixl's API has no nixlBind.nixlAgentConfig.pthrDelay: the progress "
-                        "thread keeps its own setting (%s ignored)", NIXL_PROGRESS_DELAY_ENV)
+                        "thread keeps its own setting (%s ignored)", PROGRESS_DELAY_ENV)
 
     def fill_backend_kv_args(self, kv_args: Any) -> None:
         kv_args.kv_data_mem_kinds = ["DRAM"] * len(kv_args.kv_data_ptrs)

@@ -9,203 +9,39 @@ backend, so it can be killed, frozen and sent malformed frames:
 * an HTTP endpoint on the prefill's bootstrap port: ``/health`` (heartbeat) and
   ``/bootstrap`` (the prefill's control endpoint and KV layout);
 * torch CPU pools filled with the :mod:`harness.role.pattern` tags;
-* layout pairs from :mod:`backends.reference.planner` (a rejected layout fails
+* layout pairs from :mod:`harness.spec.layout_plan` (a rejected layout fails
   the room at bootstrap with the reason, R-LAYOUT-2).
 
-Wire frames (ASCII fields, like the Common protocol's)::
-
-    D->P  REGISTER   room decode_endpoint generation dst_pages(csv) aux_slot
-    D->P  ABORT      room decode_endpoint generation
-    P->D  WRITE      room generation write_id aux(0|1) dst(csv) payload prefill_endpoint
-    D->P  WRITE_DONE room write_id ok(0|1) reason
-    P->D  STATUS     room generation status reason
-    P->D  ABORT_ACK  room generation
-
-A frame that does not parse, or whose handling fails, is dropped with a warning
-(R-LIVE-1): nothing a peer sends can stop a control thread.  The decode answers
-every WRITE with WRITE_DONE to the endpoint in the frame, whatever the room's
-state, as an RDMA completion would.  All core calls happen on the side's
-control thread; API calls post work to it and wait for the answer.
+Wire frames and the control loop: :mod:`backends.reference.wire`.  All core calls happen on
+the side's control thread; API calls post work to it and wait for the answer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
-import re
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import zmq
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
 from backends.reference.shared_events import Clear
-from backends.reference.planner import LayoutSpec, Plan, Rejection, SideLayout, plan
+from backends.reference.wire import (HEALTH_TIMEOUT_S, HOST, ControlSide, MalformedFrame, csv, endpoint,  # noqa: F401
+                                    env_flag, env_seconds, ints, parse)
+from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
 from harness.role import pattern
-from harness.role.adapter import BOOTSTRAPPING, FAILED, Layout, RoleAdapter, RoleRecorder
+from harness.spec.protocol import KVPoll, Layout
+from harness.role.adapter import RoleAdapter
+from harness.role.recorder import RoleRecorder
 from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
 from harness.role.pools import pattern_pools
 
 log = logging.getLogger("pdconform.reference")
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A timeout knob from the role's environment (sglang's variable names, so one
-    scenario setting reaches every implementation); ValueError names a bad value."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ValueError(f"{name}={raw!r} must be above 0 seconds")
-    return value
-
-
-def env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    return default if raw is None or raw == "" else raw.strip().lower() in ("1", "true", "yes", "on")
-HOST = "127.0.0.1"
-TICK_S = 0.05
-HEALTH_TIMEOUT_S = 1.0
-
-
-class MalformedFrame(ValueError):
-    """A control frame that does not parse."""
-
-
-ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:\d{1,5}$")
-
-
-def endpoint(frame: bytes) -> str:
-    """A ``tcp://host:port`` endpoint field; MalformedFrame otherwise."""
-    text = frame.decode("ascii")
-    if not ENDPOINT.match(text):
-        raise MalformedFrame(f"bad endpoint {text[:64]!r}")
-    return text
-
-
-def _csv(values) -> bytes:
-    return ",".join(str(int(v)) for v in values).encode("ascii")
-
-
-def _ints(frame: bytes) -> tuple[int, ...]:
-    text = frame.decode("ascii")
-    return tuple(int(x) for x in text.split(",")) if text else ()
-
-
-def parse(frames: list[bytes]) -> tuple[str, list[bytes]]:
-    """Split a multipart message into its tag and fields; MalformedFrame when the
-    tag is unknown or the field count is wrong."""
-    arity = {b"REGISTER": 5, b"ABORT": 3, b"WRITE": 7, b"WRITE_DONE": 4, b"STATUS": 4, b"ABORT_ACK": 2}
-    if not frames or frames[0] not in arity:
-        raise MalformedFrame(f"unknown tag {frames[0][:32]!r}" if frames else "empty message")
-    if len(frames) - 1 != arity[frames[0]]:
-        raise MalformedFrame(f"{frames[0].decode()} with {len(frames) - 1} fields, expected {arity[frames[0]]}")
-    return frames[0].decode(), frames[1:]
-
-
-class _Side:
-    """A control thread that owns one core, one PULL socket and the PUSH sockets."""
-
-    def __init__(self, name: str, handle_frames, on_tick):
-        self.ctx = zmq.Context()
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.LINGER, 0)
-        self.port = self.pull.bind_to_random_port(f"tcp://{HOST}")
-        self.endpoint = f"tcp://{HOST}:{self.port}"
-        self.push: dict[str, zmq.Socket] = {}
-        self.inbox: queue.Queue = queue.Queue()
-        # a byte on this pipe wakes the loop for inbox work (instead of waiting out TICK_S)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self.poller = zmq.Poller()
-        self.poller.register(self.pull, zmq.POLLIN)
-        self.poller.register(self._wake_r, zmq.POLLIN)
-        self.handle_frames = handle_frames
-        self.on_tick = on_tick
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name=f"reference-{name}-control", daemon=True)
-
-    def submit(self, fn) -> None:
-        """Run ``fn()`` on the control thread, as soon as it finishes what it is doing (any thread)."""
-        self.inbox.put(fn)
-        try:
-            os.write(self._wake_w, b"w")
-        except BlockingIOError:  # the pipe is full of wake-ups already
-            pass
-        except OSError:  # closed: the side is stopping
-            pass
-
-    def send(self, endpoint: str, frames: list[bytes]) -> None:
-        sock = self.push.get(endpoint)
-        if sock is None:
-            sock = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 10000)
-            try:
-                sock.connect(endpoint)
-            except zmq.ZMQError as exc:
-                sock.close(0)
-                log.warning("cannot connect to %s: %s", endpoint, exc)
-                return
-            self.push[endpoint] = sock
-        try:
-            sock.send_multipart(frames, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("dropped a %s frame to %s: send queue full", frames[0][:16], endpoint)
-        except zmq.ZMQError as exc:
-            log.warning("could not send a %s frame to %s: %s", frames[0][:16], endpoint, exc)
-
-    def _loop(self) -> None:
-        next_tick = time.monotonic()
-        while not self.stop.is_set():
-            ready = dict(self.poller.poll(int(max(0.0, next_tick - time.monotonic()) * 1000)))
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
-            if ready.get(self.pull):
-                frames = self.pull.recv_multipart()
-                try:
-                    self.handle_frames(frames)
-                except (MalformedFrame, UnicodeDecodeError, ValueError) as exc:
-                    log.warning("dropped a malformed control frame: %s", exc)  # R-LIVE-1
-                except Exception as exc:  # handling failed: still never fatal (R-LIVE-1)
-                    log.warning("dropped a control frame it could not handle: %r", exc)
-            while True:
-                try:
-                    fn = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                try:
-                    fn()
-                except Exception as exc:  # an API call's own error goes back to its caller via _sync
-                    log.error("control work failed: %r", exc)
-            if time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + TICK_S
-                self.on_tick(time.monotonic())
-
-    def close(self) -> None:
-        self.stop.set()
-        self.submit(lambda: None)  # wake the loop now
-        self.thread.join(timeout=2)
-        if not self.thread.is_alive():
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-        for sock in self.push.values():
-            sock.close(0)
-        self.pull.close(0)
-        self.ctx.term()
 
 
 class ReferenceRole(RoleAdapter):
@@ -230,7 +66,7 @@ class ReferenceRole(RoleAdapter):
         self.role = role
         self.recorder = recorder
         self.recorder.logger_prefixes = tuple(recorder.logger_prefixes) + ("pdconform.reference",)
-        self.side: _Side | None = None
+        self.side: ControlSide | None = None
         self.http: ThreadingHTTPServer | None = None
         self.buffers: list[tuple[pattern.BufferSpec, Any]] = []
         self.layout: Layout | None = None
@@ -260,7 +96,7 @@ class ReferenceRole(RoleAdapter):
         self.buffers = kv + [aux]
 
     def _layout_plan(self, prefill: Layout) -> Plan | Rejection:
-        """Plan the room's buffer pairs by identity with :func:`backends.reference.planner.plan`
+        """Plan the room's buffer pairs by identity with :func:`harness.spec.layout_plan.plan`
         (pipeline stages and draft KV included), or reject a layout this pair cannot serve
         (R-LAYOUT-2): a different attention kind, model, page geometry or heads."""
         mine = self.layout
@@ -277,7 +113,7 @@ class ReferenceRole(RoleAdapter):
 
     def _record(self, room: int, status: int, reason: str) -> None:
         self.status[room] = status
-        if status == FAILED:
+        if status == KVPoll.Failed:
             self.reasons[room] = reason
 
     # ---- prefill -----------------------------------------------------------------
@@ -289,7 +125,7 @@ class ReferenceRole(RoleAdapter):
         self.prefill = pc.PrefillCore(bootstrap_timeout_s=self.bootstrap_timeout_s,
                                       deferred_release=self.deferred_release,
                                       transfer_timeout_s=self.waiting_timeout_s)
-        self.side = _Side("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)))
+        self.side = ControlSide("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)))
         info = json.dumps({"endpoint": self.side.endpoint, "layout": layout}).encode()
 
         class Handler(BaseHTTPRequestHandler):
@@ -359,7 +195,7 @@ class ReferenceRole(RoleAdapter):
         return [entry for counter in counters for entry in counter.snapshot()]
 
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
-        """The reference planner (:func:`backends.reference.planner.plan`) on each spec."""
+        """The reference planner (:func:`harness.spec.layout_plan.plan`) on each spec."""
         from harness.spec.layouts import to_spec
 
         out = []
@@ -394,12 +230,12 @@ class ReferenceRole(RoleAdapter):
         else:
             payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind != pattern.AUX)
         self.side.send(w.decode, [b"WRITE", str(w.room).encode(), str(generation).encode(), str(w.write_id).encode(),
-                                  b"1" if w.aux else b"0", _csv(w.dst), payload, self.side.endpoint.encode()])
+                                  b"1" if w.aux else b"0", csv(w.dst), payload, self.side.endpoint.encode()])
 
     def _prefill_frames(self, frames: list[bytes]) -> None:
         tag, f = parse(frames)
         if tag == "REGISTER":
-            self._prefill_event(pc.DecodeRegistered(int(f[0]), endpoint(f[1]), _ints(f[3]), int(f[4]), int(f[2])))
+            self._prefill_event(pc.DecodeRegistered(int(f[0]), endpoint(f[1]), ints(f[3]), int(f[4]), int(f[2])))
         elif tag == "ABORT":
             self._prefill_event(pc.AbortReceived(int(f[0]), endpoint(f[1]), int(f[2])))
         elif tag == "WRITE_DONE":
@@ -409,7 +245,7 @@ class ReferenceRole(RoleAdapter):
 
     def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
         self.rooms_seen.append(room)
-        self.status.setdefault(room, BOOTSTRAPPING)
+        self.status.setdefault(room, KVPoll.Bootstrapping)
         self.side.submit(lambda: self._prefill_event(pc.OpenSender(room, time.monotonic(), destinations)))
 
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
@@ -429,7 +265,7 @@ class ReferenceRole(RoleAdapter):
             heartbeat_interval_s=max(env_seconds("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 2.0), 2.0),
             heartbeat_max_failures=max(int(env_seconds("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)), 1),
             deferred_release=self.deferred_release)
-        self.side = _Side("decode", self._decode_frames, lambda now: self._decode_event(dc.Tick(now)))
+        self.side = ControlSide("decode", self._decode_frames, lambda now: self._decode_event(dc.Tick(now)))
         self.probes: queue.Queue = queue.Queue()
         probe_thread = threading.Thread(target=self._probe_loop, name="reference-heartbeat", daemon=True)
         probe_thread.start()
@@ -456,7 +292,7 @@ class ReferenceRole(RoleAdapter):
             if isinstance(action, dc.SendRegistration):
                 self.side.send(self.peer[action.room], [
                     b"REGISTER", str(action.room).encode(), self.side.endpoint.encode(),
-                    str(action.generation).encode(), _csv(action.dst_pages), str(action.aux_slot).encode()])
+                    str(action.generation).encode(), csv(action.dst_pages), str(action.aux_slot).encode()])
             elif isinstance(action, dc.SendAbort):
                 self.side.send(self.peer[action.room], [b"ABORT", str(action.room).encode(),
                                                         self.side.endpoint.encode(), str(action.generation).encode()])
@@ -468,7 +304,7 @@ class ReferenceRole(RoleAdapter):
     def _decode_frames(self, frames: list[bytes]) -> None:
         tag, f = parse(frames)
         if tag == "WRITE":
-            room, write_id, aux, dst, payload = int(f[0]), int(f[2]), f[3] == b"1", _ints(f[4]), f[5]
+            room, write_id, aux, dst, payload = int(f[0]), int(f[2]), f[3] == b"1", ints(f[4]), f[5]
             reply_to = endpoint(f[6])
             ok, reason = self._apply_write(room, aux, dst, payload)
             self.side.send(reply_to, [b"WRITE_DONE", str(room).encode(), str(write_id).encode(),
@@ -516,7 +352,7 @@ class ReferenceRole(RoleAdapter):
                 time.sleep(0.05)
         self.peer[room] = info["endpoint"]
         result = self._layout_plan(Layout(**info["layout"]))
-        self.status.setdefault(room, BOOTSTRAPPING)
+        self.status.setdefault(room, KVPoll.Bootstrapping)
 
         def open_room() -> None:
             self._decode_event(dc.OpenReceiver(room, bootstrap_addr, time.monotonic()))
@@ -524,8 +360,8 @@ class ReferenceRole(RoleAdapter):
                 self.plans[room] = result
             else:  # R-LAYOUT-2: rejected at bootstrap, visibly
                 log.error("room %s: layout rejected: %s", room, result.reason)
-                self.decode.rooms[room].status = FAILED
-                self._record(room, FAILED, f"layout rejected: {result.reason}")
+                self.decode.rooms[room].status = KVPoll.Failed
+                self._record(room, KVPoll.Failed, f"layout rejected: {result.reason}")
 
         self.side.submit(open_room)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from backends.reference.shared_events import Clear, StatusChanged, Tick
-from harness.role.adapter import BOOTSTRAPPING, FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
 
 
 # ---- events ---------------------------------------------------------------------
@@ -102,7 +102,7 @@ DecodeAction = Union[SendRegistration, SendAbort, ProbeHealth, StatusChanged, Re
 class _Room:
     prefill: str
     generation: int
-    status: int = BOOTSTRAPPING
+    status: int = KVPoll.Bootstrapping
     waiting_since: float | None = None
     awaiting_ack: bool = False
     reason: str = ""
@@ -130,10 +130,10 @@ class DecodeCore:
         self._generation = 0
 
     def _set(self, room: int, r: _Room, status: int, reason: str = "") -> list[DecodeAction]:
-        if r.status in (SUCCESS, FAILED) or r.status == status:
+        if r.status in (KVPoll.Success, KVPoll.Failed) or r.status == status:
             return []  # R-TERM-1
         r.status = status
-        if status == FAILED:
+        if status == KVPoll.Failed:
             r.reason = reason
         return [StatusChanged(room, status, reason)]
 
@@ -146,24 +146,24 @@ class DecodeCore:
         self._generation += 1
         self.rooms[e.room] = _Room(e.prefill, self._generation)
         self.last_probe.setdefault(e.prefill, e.now)
-        return [StatusChanged(e.room, BOOTSTRAPPING)]
+        return [StatusChanged(e.room, KVPoll.Bootstrapping)]
 
     def _on_RequestKV(self, e: RequestKV) -> list[DecodeAction]:
         r = self.rooms.get(e.room)
-        if r is None or r.status != BOOTSTRAPPING:
+        if r is None or r.status != KVPoll.Bootstrapping:
             return []
         r.waiting_since = e.now
-        return self._set(e.room, r, WAITING_FOR_INPUT) + [
+        return self._set(e.room, r, KVPoll.WaitingForInput) + [
             SendRegistration(e.room, r.prefill, e.dst_pages, e.aux_slot, r.generation)]
 
     def _on_StatusReceived(self, e: StatusReceived) -> list[DecodeAction]:
         r = self.rooms.get(e.room)
         if r is None or r.prefill != e.prefill or r.waiting_since is None or e.generation != r.generation:
             return []  # a late message of an old lifecycle, or for another prefill (R-REUSE-1)
-        if e.status == SUCCESS:
-            return self._set(e.room, r, SUCCESS) + ([ReleaseSafe(e.room)] if r.status == SUCCESS else [])
-        if e.status == FAILED:
-            return self._set(e.room, r, FAILED, e.reason or f"prefill {e.prefill} reported a failure")
+        if e.status == KVPoll.Success:
+            return self._set(e.room, r, KVPoll.Success) + ([ReleaseSafe(e.room)] if r.status == KVPoll.Success else [])
+        if e.status == KVPoll.Failed:
+            return self._set(e.room, r, KVPoll.Failed, e.reason or f"prefill {e.prefill} reported a failure")
         return []
 
     def _on_HeartbeatResult(self, e: HeartbeatResult) -> list[DecodeAction]:
@@ -178,7 +178,7 @@ class DecodeCore:
         actions: list[DecodeAction] = []
         for room, r in self.rooms.items():
             if r.prefill == e.prefill:
-                actions += self._set(room, r, FAILED,
+                actions += self._set(room, r, KVPoll.Failed,
                                      f"prefill {e.prefill} stopped answering its health endpoint")  # R-HB-1
         return actions
 
@@ -186,8 +186,8 @@ class DecodeCore:
         r = self.rooms.get(e.room)
         if r is None:
             return []
-        actions = self._set(e.room, r, FAILED, "aborted")
-        if r.status == FAILED and not r.awaiting_ack and r.waiting_since is not None:
+        actions = self._set(e.room, r, KVPoll.Failed, "aborted")
+        if r.status == KVPoll.Failed and not r.awaiting_ack and r.waiting_since is not None:
             actions.append(SendAbort(e.room, r.prefill, r.generation))
             if self.deferred_release:
                 r.awaiting_ack = True
@@ -212,9 +212,9 @@ class DecodeCore:
     def _on_Tick(self, e: Tick) -> list[DecodeAction]:
         actions: list[DecodeAction] = []
         for room, r in self.rooms.items():
-            if r.status == WAITING_FOR_INPUT and r.waiting_since is not None \
+            if r.status == KVPoll.WaitingForInput and r.waiting_since is not None \
                     and e.now - r.waiting_since >= self.waiting_timeout_s:
-                actions += self._set(room, r, FAILED,
+                actions += self._set(room, r, KVPoll.Failed,
                                      f"no transfer result from prefill {r.prefill} within the waiting timeout "
                                      f"of {self.waiting_timeout_s:g} s")  # R-TIMEOUT-2
         for prefill, last in list(self.last_probe.items()):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from backends.reference.shared_events import Clear, Log, StatusChanged, Tick
-from harness.role.adapter import BOOTSTRAPPING, FAILED, SUCCESS, TRANSFERRING, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
 
 
 #: residue entries that are the bounded memory of ended generations R-REUSE-1 allows
@@ -134,7 +134,7 @@ class _Dest:
 class _Room:
     opened_at: float
     destinations: int = 1
-    status: int = BOOTSTRAPPING
+    status: int = KVPoll.Bootstrapping
     dests: dict[str, _Dest] = field(default_factory=dict)
     num_pages: int | None = None
     src_aux: int | None = None
@@ -198,12 +198,12 @@ class PrefillCore:
 
     # -- helpers -------------------------------------------------------------------
     def _set(self, room: int, r: _Room, status: int, reason: str = "") -> list[PrefillAction]:
-        if r.status in (SUCCESS, FAILED) or r.status == status:
+        if r.status in (KVPoll.Success, KVPoll.Failed) or r.status == status:
             return []  # terminal until clear (R-TERM-1)
         r.status = status
-        r.reason = reason if status == FAILED else r.reason
+        r.reason = reason if status == KVPoll.Failed else r.reason
         actions: list[PrefillAction] = [StatusChanged(room, status, reason)]
-        if status in (SUCCESS, FAILED):  # every destination hears it (R-FANOUT-1)
+        if status in (KVPoll.Success, KVPoll.Failed):  # every destination hears it (R-FANOUT-1)
             actions += [SendStatus(room, decode, status, reason, d.generation) for decode, d in r.dests.items()]
         return actions
 
@@ -221,15 +221,15 @@ class PrefillCore:
         self.clock = now if self.clock is None else max(self.clock, now)
 
     def _maybe_success(self, room: int, r: _Room) -> list[PrefillAction]:
-        if r.status == TRANSFERRING and r.last_sent and not r.outstanding:
-            return self._set(room, r, SUCCESS)
+        if r.status == KVPoll.Transferring and r.last_sent and not r.outstanding:
+            return self._set(room, r, KVPoll.Success)
         return []
 
     def _bind(self, room: int, r: _Room, reg: DecodeRegistered) -> list[PrefillAction]:
         r.dests[reg.decode] = _Dest(reg.dst_pages, reg.aux_slot, reg.generation)
         if len(r.dests) < r.destinations:
             return []
-        return self._set(room, r, WAITING_FOR_INPUT)
+        return self._set(room, r, KVPoll.WaitingForInput)
 
     # -- events --------------------------------------------------------------------
     def handle(self, event: PrefillEvent) -> list[PrefillAction]:
@@ -240,7 +240,7 @@ class PrefillCore:
             return [Log("warning", f"room {e.room} opened twice; keeping the first sender")]
         self._see(e.now)
         r = self.rooms[e.room] = _Room(opened_at=e.now, destinations=max(1, e.destinations))
-        actions: list[PrefillAction] = [StatusChanged(e.room, BOOTSTRAPPING)]
+        actions: list[PrefillAction] = [StatusChanged(e.room, KVPoll.Bootstrapping)]
         for reg, _ in self.registrations.pop(e.room, {}).values():
             actions += self._bind(e.room, r, reg)
         return actions
@@ -253,7 +253,7 @@ class PrefillCore:
         if r is None:  # the decode may be faster than the scheduler
             self.registrations.setdefault(e.room, {})[e.decode] = (e, self.clock)
             return []
-        if r.status != BOOTSTRAPPING:
+        if r.status != KVPoll.Bootstrapping:
             return [Log("warning", f"room {e.room}: registration while {r.status}; dropped")]
         return self._bind(e.room, r, e)
 
@@ -266,18 +266,18 @@ class PrefillCore:
 
     def _on_SendChunk(self, e: SendChunk) -> list[PrefillAction]:
         r = self.rooms.get(e.room)
-        if r is None or r.status in (SUCCESS, FAILED):
+        if r is None or r.status in (KVPoll.Success, KVPoll.Failed):
             why = "unknown or cleared" if r is None else "concluded"
             return [Log("debug", f"room {e.room}: chunk for a {why} room dropped")]  # R-STALE-1
-        if r.status == BOOTSTRAPPING or r.num_pages is None:
-            return self._set(e.room, r, FAILED, "chunk sent before the decode registered or init")
+        if r.status == KVPoll.Bootstrapping or r.num_pages is None:
+            return self._set(e.room, r, KVPoll.Failed, "chunk sent before the decode registered or init")
         end = r.sent + len(e.pages)
         if end > len(r.dst_pages) or end > r.num_pages:
-            return self._set(e.room, r, FAILED,
+            return self._set(e.room, r, KVPoll.Failed,
                              f"chunk ends at page {end}, past the decode's {len(r.dst_pages)} destination pages")
         if e.last and end != r.num_pages:
-            return self._set(e.room, r, FAILED, f"last chunk ends at page {end} of {r.num_pages}")
-        actions = self._set(e.room, r, TRANSFERRING)
+            return self._set(e.room, r, KVPoll.Failed, f"last chunk ends at page {end} of {r.num_pages}")
+        actions = self._set(e.room, r, KVPoll.Transferring)
         for decode, d in r.dests.items():
             if e.pages:
                 actions.append(self._write(e.room, r, decode, e.pages, d.dst_pages[r.sent:end], aux=False))
@@ -300,7 +300,7 @@ class PrefillCore:
             return [Log("debug", f"room {e.room}: completion of unknown write {e.write_id} dropped")]
         r.outstanding.discard(e.write_id)
         if not e.ok:  # every destination is told at once (R-FANOUT-1)
-            return self._set(e.room, r, FAILED, f"write {e.write_id} failed: {e.reason}")
+            return self._set(e.room, r, KVPoll.Failed, f"write {e.write_id} failed: {e.reason}")
         return self._maybe_success(e.room, r)
 
     def _finish_drain(self, room: int, drain: _Drain) -> list[PrefillAction]:
@@ -330,7 +330,7 @@ class PrefillCore:
         if bound is not None and bound.generation != e.generation:
             return [Log("info", f"room {e.room}: ABORT of old generation {e.generation} from {e.decode} ignored")]
         held = bound is not None
-        actions = self._set(e.room, r, FAILED, f"aborted by decode {e.decode}") if held else []
+        actions = self._set(e.room, r, KVPoll.Failed, f"aborted by decode {e.decode}") if held else []
         if held and r.outstanding and self.planted_bug != "ack-before-drain":  # drain first
             self.draining.setdefault(e.room, _Drain(set())).outstanding |= r.outstanding
             r.outstanding.clear()
@@ -357,7 +357,7 @@ class PrefillCore:
         r = self.rooms.get(e.room)
         if r is None:
             return [Log("info", f"abort of room {e.room} that is not held: nothing to do")]
-        return self._set(e.room, r, FAILED, "aborted by the prefill")
+        return self._set(e.room, r, KVPoll.Failed, "aborted by the prefill")
 
     def _on_Clear(self, e: Clear) -> list[PrefillAction]:
         r = self.rooms.pop(e.room, None)
@@ -390,8 +390,8 @@ class PrefillCore:
                 del self.registrations[room]
         actions: list[PrefillAction] = self._expire_writes(e.now)
         for room, r in list(self.rooms.items()):
-            if r.status == BOOTSTRAPPING and e.now - r.opened_at >= self.bootstrap_timeout_s:
-                actions += self._set(room, r, FAILED,
+            if r.status == KVPoll.Bootstrapping and e.now - r.opened_at >= self.bootstrap_timeout_s:
+                actions += self._set(room, r, KVPoll.Failed,
                                      f"decode did not register within the bootstrap timeout of {self.bootstrap_timeout_s:g} s")
         return actions
 
@@ -414,7 +414,7 @@ class PrefillCore:
             r = self.rooms.get(room)
             if r is not None and write_id in r.outstanding:
                 r.outstanding.discard(write_id)
-                actions += self._set(room, r, FAILED, f"write {write_id} did not complete within the transfer "
+                actions += self._set(room, r, KVPoll.Failed, f"write {write_id} did not complete within the transfer "
                                                       f"timeout of {self.transfer_timeout_s:g} s")
         return actions
 

@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
-from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+from harness.spec.protocol import KVPoll
+
+#: the planted bugs a simulation may run with (test-only: backends.reference.prefill_core.PrefillCore)
+PLANTED_BUGS = pc.PrefillCore.PLANTED_BUGS
 
 P, D = "prefill-0", "decode-0"
 
@@ -187,7 +190,7 @@ class Simulation:
                 self.released.add(action.room)
             elif isinstance(action, dc.StatusChanged):
                 self._status("decode", action.room, action.status)
-                if action.status in (SUCCESS, FAILED):
+                if action.status in (KVPoll.Success, KVPoll.Failed):
                     self.outcome[action.room] = action.status
 
     def _status(self, side: str, room: int, status: int) -> None:
@@ -195,7 +198,7 @@ class Simulation:
         old = self.terminal.get(key)
         if old is not None and old != status:
             self.violate(f"{side} room {room} changed from terminal {old} to {status}")
-        if status in (SUCCESS, FAILED):
+        if status in (KVPoll.Success, KVPoll.Failed):
             self.terminal[key] = status
 
     def _own(self, event: tuple) -> None:
@@ -210,12 +213,12 @@ class Simulation:
         elif kind == "send":  # like sglang's scheduler: only once the sender is WaitingForInput
             _, room, pages = event
             status = self.prefill.status(room) if self.prefill_alive else None
-            if status == WAITING_FOR_INPUT:
+            if status == KVPoll.WaitingForInput:
                 self._to_prefill(pc.InitSender(room, pages, 0))
                 split = self.rng.randint(0, pages)
                 self._to_prefill(pc.SendChunk(room, tuple(range(split)), last=False))
                 self._to_prefill(pc.SendChunk(room, tuple(range(split, pages)), last=True))
-            elif status not in (None, SUCCESS, FAILED):
+            elif status not in (None, KVPoll.Success, KVPoll.Failed):
                 self.at(self.now + self.cfg.tick_s, "X", event)  # try again later
         elif kind == "crash":
             self.prefill_alive = False
@@ -223,7 +226,7 @@ class Simulation:
             self.at(self.now + deadline, "X", ("heartbeat-deadline",))
         elif kind == "heartbeat-deadline":  # R-HB-1: the dead prefill's rooms are Failed by now
             for room, r in self.decode.rooms.items():
-                if r.status not in (SUCCESS, FAILED):
+                if r.status not in (KVPoll.Success, KVPoll.Failed):
                     self.violate(f"decode room {room} still {r.status} after the dead prefill's heartbeat window")
         elif kind == "clear-all":
             self._clear_all()
@@ -234,12 +237,12 @@ class Simulation:
             if faultless and r.awaiting_ack:  # ABORT_ACK liveness when no message was lost
                 self.violate(f"decode room {room} never got its ABORT_ACK")
         for room in list(self.decode.rooms):
-            if self.decode.status(room) not in (SUCCESS, FAILED):
+            if self.decode.status(room) not in (KVPoll.Success, KVPoll.Failed):
                 self.violate(f"decode room {room} still {self.decode.status(room)} after every timeout passed")
             self._to_decode(dc.Clear(room))
         if self.prefill_alive:
             for room in list(self.prefill.rooms):
-                if self.prefill.status(room) not in (SUCCESS, FAILED):
+                if self.prefill.status(room) not in (KVPoll.Success, KVPoll.Failed):
                     self.violate(f"prefill room {room} still {self.prefill.status(room)} after every timeout passed")
                 self._to_prefill(pc.Clear(room))
 
@@ -264,8 +267,8 @@ class Simulation:
         if self.prefill_alive and self.prefill.residue():
             self.violate(f"prefill residue after clear and quiescence: {self.prefill.residue()}")
         return SimResult(self.seed, not self.violations, self.violations, self.trace, delivered,
-                         rooms_success=sum(1 for s in self.outcome.values() if s == SUCCESS),
-                         rooms_failed=sum(1 for s in self.outcome.values() if s == FAILED))
+                         rooms_success=sum(1 for s in self.outcome.values() if s == KVPoll.Success),
+                         rooms_failed=sum(1 for s in self.outcome.values() if s == KVPoll.Failed))
 
 
 def simulate(seed: int, config: SimConfig | None = None) -> SimResult:

@@ -17,7 +17,9 @@ import os
 import threading
 import time
 
-from harness.role.adapter import SUCCESS, WAITING_FOR_INPUT, RoleAdapter, RoleRecorder
+from harness.spec.protocol import KVPoll
+from harness.role.adapter import RoleAdapter
+from harness.role.recorder import RoleRecorder
 
 HANG_ROOM = 1001
 DIE_ROOM = 1002
@@ -56,19 +58,19 @@ class SelftestRole(RoleAdapter):
             LEAKED.append(f"room {room} in pid {os.getpid()}")
         if room == CRASH_ROOM:
             ctypes.string_at(0)  # reads address 0: SIGSEGV in C, no Python exception
-        self.status[room] = WAITING_FOR_INPUT
+        self.status[room] = KVPoll.WaitingForInput
 
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
         pass
 
     def send_chunk(self, room: int, pages: list[int]) -> None:
-        self.status[room] = SUCCESS
+        self.status[room] = KVPoll.Success
 
     def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
-        self.status[room] = WAITING_FOR_INPUT
+        self.status[room] = KVPoll.WaitingForInput
 
     def request_kv(self, room: int, pages: list[int], aux_slot: int) -> None:
-        self.status[room] = SUCCESS
+        self.status[room] = KVPoll.Success
 
     def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = (),
                sent_layers: list | None = None) -> dict:

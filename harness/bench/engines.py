@@ -67,20 +67,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
-import zlib
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 from harness import ROOT
+from harness.bench.engine_sides import sides
+from harness.implementations import registered
 
-ENGINES = ("mooncake", "nixl")
 DEFAULT_TOTAL_BYTES = 64 << 20  # 64 MiB
 DEFAULT_BLOCK_BYTES = 64 << 10  # 64 KiB: a KV page of a few tokens across heads
 DEFAULT_REPEATS = 5
-#: blocks per Mooncake batch_transfer_sync call (a batch of ~4096 fails over TCP)
-MOONCAKE_MAX_BATCH_ENTRIES = 1024
 #: seconds a child may take to import its engine and register its buffer
 #: (sglang's import alone takes 5-10 s on a loaded 2-core machine)
 STARTUP_TIMEOUT_S = 120.0
@@ -89,17 +84,10 @@ TRANSFER_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 #: stub transfers per round when timing the wrapper's own cost (compare's ``wrapper_cost``)
 WRAPPER_COST_CALLS = 1000
-SEED = 20240517
-LOOPBACK = "127.0.0.1"
 
-SETUP = {
-    "mooncake": ("two processes: source = sglang MooncakeTransferEngine (TCP, P2PHANDSHAKE) in a child that "
-                 "imported sglang; destination = a second Mooncake TransferEngine (same initialize/register "
-                 "calls, no sglang) in another child; buffers are registered numpy uint8 arrays"),
-    "nixl": ("two processes: source = nixl_agent configured as NixlKVManager's prefill (UCX, 8 threads, "
-             "STRICT sync); destination = nixl_agent as its decode (UCX, 0 threads); UCX_TLS=tcp on lo; "
-             "buffers are numpy uint8 arrays registered as DRAM"),
-}
+def engines() -> list[str]:
+    """The implementations whose engines this benchmark can measure (an ``engine_bench`` tool)."""
+    return [name for name, impl in registered().items() if "engine_bench" in impl.tools]
 
 
 class EngineBenchError(RuntimeError):
@@ -116,332 +104,14 @@ class EngineUnavailable(EngineBenchError):
 
 def _check_sizes(engine: str, total_bytes: int, block_bytes: int, repeats: int) -> int:
     """Validate the arguments; return the number of blocks.  ValueError when wrong."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine not in engines():
+        raise ValueError(f"engine must be one of {', '.join(engines())}, got {engine!r}")
     for name, value in (("total_bytes", total_bytes), ("block_bytes", block_bytes), ("repeats", repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if total_bytes % block_bytes:
         raise ValueError(f"total_bytes ({total_bytes}) must be a multiple of block_bytes ({block_bytes})")
     return total_bytes // block_bytes
-
-
-def _permutation(blocks: int):
-    """The destination block of each source block: a fixed seeded permutation."""
-    import numpy as np
-
-    return np.random.default_rng(SEED).permutation(blocks)
-
-
-# --------------------------------------------------------------------------- child side
-
-
-class _Side:
-    """One engine instance and its registered buffer, inside a child process."""
-
-    def __init__(self, total_bytes: int, block_bytes: int):
-        import numpy as np
-
-        self.total_bytes, self.block_bytes = total_bytes, block_bytes
-        self.blocks = total_bytes // block_bytes
-        self.buf = np.zeros(total_bytes, dtype=np.uint8)
-        self.addr = int(self.buf.ctypes.data)
-
-    # destination commands
-    def clear(self) -> None:
-        self.buf.fill(0)
-
-    def checksum(self) -> int:
-        return zlib.crc32(self.buf)
-
-
-class _SourceMixin:
-    """Source-side state shared by both engines: random bytes, the expected image."""
-
-    def _fill_source(self) -> dict:
-        import numpy as np
-
-        rng = np.random.default_rng(SEED + 1)
-        self.buf[:] = np.frombuffer(rng.bytes(self.total_bytes), dtype=np.uint8)
-        self.perm = _permutation(self.blocks)
-        expected = np.empty_like(self.buf)
-        expected.reshape(self.blocks, self.block_bytes)[self.perm] = self.buf.reshape(self.blocks, self.block_bytes)
-        return {"expected_crc": zlib.crc32(expected)}
-
-    def _make_wrapper_counter(self):
-        from harness.role.faults import EngineFaultCounter, EngineFaultPlan
-
-        self.counter = EngineFaultCounter(EngineFaultPlan())
-
-    def wrapper_stats(self) -> dict:
-        return {"transfers": self.counter.transfers, "groups": self.counter.groups,
-                "faults_logged": len(self.counter.snapshot())}
-
-    # the engine calls of one transfer, on ``engine`` (raw, wrapped or a stub)
-    def _drive(self, engine, deadline: float):
-        raise NotImplementedError
-
-    def _after(self, handle) -> None:
-        """Untimed clean-up of one transfer (NIXL: release the handle)."""
-
-    def transfer(self, instrumented: bool, timeout_s: float) -> float:
-        """One transfer through the raw engine or its wrapper; returns its seconds."""
-        engine = self.wrapped if instrumented else self.raw
-        start = time.perf_counter()
-        handle = self._drive(engine, start + timeout_s)
-        seconds = time.perf_counter() - start
-        self._after(handle)
-        return seconds
-
-    def wrapper_cost(self, calls: int) -> dict:
-        """Seconds the wrapper adds to one transfer's engine calls, measured on a stub
-        engine that answers at once (no I/O): the same calls as :meth:`transfer`, raw
-        stub against the wrapper around it, best of 5 rounds of ``calls`` transfers.
-        NIXL: the stub's transfer is done when posted, and one ``check_xfer_state``
-        (the poll that sees ``"DONE"``) is added to both; ``added_s_per_poll`` is what
-        the wrapper adds to each poll (polls before the last overlap the transfer)."""
-        from harness.role.faults import EngineFaultCounter, EngineFaultPlan
-
-        stub = self._stub()
-        wrapped = type(self.wrapped)(stub, EngineFaultCounter(EngineFaultPlan()))
-
-        def best(engine, step) -> float:
-            rounds = []
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(calls):
-                    step(engine)
-                rounds.append((time.perf_counter() - start) / calls)
-            return min(rounds)
-
-        far = time.perf_counter() + 3600
-        raw_s = best(stub, lambda e: self._drive(e, far))
-        wrapped_s = best(wrapped, lambda e: self._drive(e, far))
-        cost = {"raw_s": raw_s, "wrapped_s": wrapped_s}
-        if hasattr(stub, "check_xfer_state"):
-            # the stub's transfer is DONE at once (no poll loop, whose sleep(0) would
-            # drown the difference); a real one ends with the poll that sees DONE
-            handle = object()
-            raw_poll = best(stub, lambda e: e.check_xfer_state(handle))
-            wrapped_poll = best(wrapped, lambda e: e.check_xfer_state(handle))
-            cost["added_s_per_poll"] = wrapped_poll - raw_poll
-            cost["raw_s"] += raw_poll
-            cost["wrapped_s"] += wrapped_poll
-        cost["added_s"] = cost["wrapped_s"] - cost["raw_s"]
-        return cost
-
-
-class _MooncakeDestination(_Side):
-    def __init__(self, total_bytes: int, block_bytes: int):
-        super().__init__(total_bytes, block_bytes)
-        from mooncake.engine import TransferEngine
-
-        self.engine = TransferEngine()
-        protocol = os.environ.get("MOONCAKE_PROTOCOL", "tcp")
-        if self.engine.initialize(LOOPBACK, "P2PHANDSHAKE", protocol, "") != 0:
-            raise RuntimeError("Mooncake TransferEngine.initialize failed")
-        if self.engine.register_memory(self.addr, total_bytes) != 0:
-            raise RuntimeError("Mooncake register_memory failed on the destination")
-
-    def info(self) -> dict:
-        return {"session_id": f"{LOOPBACK}:{self.engine.get_rpc_port()}", "addr": self.addr}
-
-    def close(self) -> None:
-        self.engine.unregister_memory(self.addr)
-
-
-class _MooncakeSource(_Side, _SourceMixin):
-    def __init__(self, total_bytes: int, block_bytes: int):
-        super().__init__(total_bytes, block_bytes)
-        from harness.target import gpu_import_shims
-
-        gpu_import_shims.install()  # before the first sglang import
-        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import MooncakeTransferEngine
-
-        from backends.mooncake.adapter import FaultyMooncakeEngine
-
-        self.fill = self._fill_source()
-        self.raw = MooncakeTransferEngine(hostname=LOOPBACK, gpu_id=None, ib_device=None)
-        # MooncakeKVManager.register_buffer_to_engine registers its pools this way
-        if self.raw.batch_register([self.addr], [total_bytes]) != 0:
-            raise RuntimeError("Mooncake batch_register failed on the source")
-        self._make_wrapper_counter()
-        self.wrapped = FaultyMooncakeEngine(self.raw, self.counter)
-
-    def connect(self, peer: dict) -> None:
-        self.session_id = peer["session_id"]
-        bb = self.block_bytes
-        src = [self.addr + i * bb for i in range(self.blocks)]
-        dst = [peer["addr"] + int(j) * bb for j in self.perm]
-        step = MOONCAKE_MAX_BATCH_ENTRIES
-        # (src_addrs, dst_addrs, lengths) per call, built once: not timed
-        self.batches = [(src[k:k + step], dst[k:k + step], [bb] * len(src[k:k + step]))
-                        for k in range(0, self.blocks, step)]
-
-    def _drive(self, engine, deadline: float) -> None:
-        # synchronous: bounded by Mooncake's own MC_TRANSFER_TIMEOUT (set by the parent)
-        session = self.session_id
-        for src, dst, lengths in self.batches:
-            ret = engine.batch_transfer_sync(session, src, dst, lengths)
-            if ret != 0:
-                raise RuntimeError(f"batch_transfer_sync of {len(src)} blocks returned {ret}")
-
-    @staticmethod
-    def _stub():
-        class StubMooncake:
-            def batch_transfer_sync(self, session_id, buffers, peer_buffer_addresses, lengths) -> int:
-                return 0
-
-        return StubMooncake()
-
-    def close(self) -> None:
-        self.raw.batch_deregister([self.addr])
-
-
-def _nixl_agent(prefill: bool):
-    """A nixl_agent configured as NixlKVManager configures its own: no backends in the
-    config, STRICT thread sync, 8 worker threads on a prefill (0 on a decode), then
-    ``create_backend("UCX", {"num_threads": "8"})`` (``{}`` on a decode)."""
-    import uuid
-
-    from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
-
-    threads = 8 if prefill else 0
-    agent = nixl_agent(str(uuid.uuid4()), nixl_agent_config(
-        backends=[], num_threads=threads, sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT))
-    agent.create_backend("UCX", {"num_threads": str(threads)} if threads else {})
-    return agent
-
-
-class _NixlDestination(_Side):
-    def __init__(self, total_bytes: int, block_bytes: int):
-        super().__init__(total_bytes, block_bytes)
-        self.agent = _nixl_agent(prefill=False)
-        self.descs = self.agent.register_memory([(self.addr, total_bytes, 0, "")], "DRAM")
-        if not self.descs:
-            raise RuntimeError("NIXL register_memory failed on the destination")
-
-    def info(self) -> dict:
-        return {"metadata": self.agent.get_agent_metadata(), "addr": self.addr}
-
-    def close(self) -> None:
-        self.agent.deregister_memory(self.descs)
-
-
-class _NixlSource(_Side, _SourceMixin):
-    def __init__(self, total_bytes: int, block_bytes: int):
-        super().__init__(total_bytes, block_bytes)
-        from backends.nixl.adapter import FaultyNixlAgent
-
-        self.fill = self._fill_source()
-        self.raw = _nixl_agent(prefill=True)
-        self.descs = self.raw.register_memory([(self.addr, total_bytes, 0, "")], "DRAM")
-        if not self.descs:
-            raise RuntimeError("NIXL register_memory failed on the source")
-        self._make_wrapper_counter()
-        self.wrapped = FaultyNixlAgent(self.raw, self.counter)
-
-    def connect(self, peer: dict) -> None:
-        import numpy as np
-
-        self.peer_name = self.raw.add_remote_agent(peer["metadata"])
-        bb = self.block_bytes
-
-        def reqs(base: int, index) -> Any:  # rows of (addr, len, device id), as sglang builds them
-            index = np.asarray(index, dtype=np.uint64)
-            return np.column_stack((base + index * bb, np.full_like(index, bb), np.zeros_like(index)))
-
-        self.src_reqs = reqs(self.addr, np.arange(self.blocks))
-        self.dst_reqs = reqs(peer["addr"], self.perm)
-
-    def _drive(self, agent, deadline: float):
-        src = agent.get_xfer_descs(self.src_reqs, "DRAM")
-        dst = agent.get_xfer_descs(self.dst_reqs, "DRAM")
-        handle = agent.initialize_xfer("WRITE", src, dst, self.peer_name)
-        if not handle:
-            raise RuntimeError("initialize_xfer returned no handle")
-        state = agent.transfer(handle)
-        while state != "DONE":
-            if state == "ERR":
-                raise RuntimeError("NIXL transfer reported ERR")
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"NIXL transfer not DONE within its time limit (state {state})")
-            time.sleep(0)
-            state = agent.check_xfer_state(handle)
-        return handle
-
-    def _after(self, handle) -> None:
-        self.raw.release_xfer_handle(handle)
-
-    @staticmethod
-    def _stub():
-        class StubNixlAgent:  # every transfer completes as it is posted
-            def get_xfer_descs(self, descs, mem_type="DRAM"):
-                return descs
-
-            def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent):
-                return True
-
-            def transfer(self, handle):
-                return "DONE"
-
-            def check_xfer_state(self, handle):
-                return "DONE"
-
-        return StubNixlAgent()
-
-    def close(self) -> None:
-        self.raw.deregister_memory(self.descs)
-
-
-_SIDES = {("mooncake", "source"): _MooncakeSource, ("mooncake", "destination"): _MooncakeDestination,
-          ("nixl", "source"): _NixlSource, ("nixl", "destination"): _NixlDestination}
-
-
-def _child_main(engine: str, role: str, fd: int) -> None:
-    """Serve one side over the connection on ``fd`` until ``stop`` or EOF; never returns
-    (``os._exit``).  Requests are ``(command, kwargs)``; replies ``("ok", value)`` or
-    ``("error" | "unavailable", text)``."""
-    conn = Connection(fd)
-    side = None
-    code = 0
-    try:
-        from harness.target import role_context
-
-        role_context.apply_role_env()
-        while True:
-            try:
-                command, kwargs = conn.recv()
-            except (EOFError, OSError):
-                code = 1  # the parent went away
-                break
-            try:
-                if command == "init":
-                    try:
-                        side = _SIDES[(engine, role)](**kwargs)
-                    except ImportError as exc:
-                        conn.send(("unavailable", f"{type(exc).__name__}: {exc}"))
-                        continue
-                    reply = dict(getattr(side, "fill", {}))
-                    if role == "destination":
-                        reply.update(side.info())
-                    conn.send(("ok", reply))
-                elif command == "stop":
-                    if side is not None:
-                        side.close()
-                    conn.send(("ok", None))
-                    break
-                else:
-                    conn.send(("ok", getattr(side, command)(**kwargs)))
-            except Exception:  # noqa: BLE001 - reported to the parent, which raises
-                conn.send(("error", traceback.format_exc(limit=6)))
-    finally:
-        try:
-            conn.close()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
 
 
 # --------------------------------------------------------------------------- parent side
@@ -454,7 +124,7 @@ class _Child:
         self.engine, self.role = engine, role
         self.log = tempfile.TemporaryFile(mode="w+b")
         parent_sock, child_sock = socket.socketpair()
-        code = ("import sys; from harness.bench.engines import _child_main; "
+        code = ("import sys; from harness.bench.engine_sides import _child_main; "
                 "_child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
         env = dict(os.environ)
         env.setdefault("MC_TRANSFER_TIMEOUT", str(int(TRANSFER_TIMEOUT_S)))
@@ -576,7 +246,7 @@ class _Session:
 
     def facts(self) -> dict:
         return {"engine": self.engine, "total_bytes": self.total_bytes, "block_bytes": self.block_bytes,
-                "blocks": self.total_bytes // self.block_bytes, "setup": SETUP[self.engine],
+                "blocks": self.total_bytes // self.block_bytes, "setup": sides(self.engine).setup,
                 "checksum": f"crc32:{self.expected_crc:08x}", "warmup_s": self.warmup_s}
 
     def close(self) -> None:
@@ -694,14 +364,14 @@ def _size(n: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench.engines",
                                      description="KV bytes/s through the real engines, raw vs the harness's wrappers")
-    parser.add_argument("--engine", choices=ENGINES, action="append",
+    parser.add_argument("--engine", choices=engines(), action="append",
                         help="engine to measure (repeatable; default: all)")
     parser.add_argument("--total-mib", type=int, default=DEFAULT_TOTAL_BYTES >> 20, help="bytes per transfer, MiB")
     parser.add_argument("--block-kib", type=int, default=DEFAULT_BLOCK_BYTES >> 10, help="block (page) size, KiB")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timed transfers per mode")
     args = parser.parse_args(argv)
     results, code = [], 0
-    for engine in args.engine or ENGINES:
+    for engine in args.engine or engines():
         try:
             results.append(compare(engine, total_bytes=args.total_mib << 20, block_bytes=args.block_kib << 10,
                                    repeats=args.repeats))

@@ -22,8 +22,10 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from harness.session import RunConfig
 
 GOALS = {
     "matrix_wall_s": ("<=", 60.0),
@@ -72,31 +74,27 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def bench_matrix(impls: list[str], scenarios: list, repeat: int, jobs: int, out_dir: Path, target=None,
-                 on_progress: Callable[[str], None] | None = None,
-                 nixl_progress_delay_us: int | None = None,
-                 duration_hint: dict | None = None) -> tuple[Figure, Figure, Figure, list]:
-    """Run the matrix ``repeat`` times; return (wall time, per-cell overhead and matrix CPU
-    time figures, the runs).  The CPU figure has a sample only for runs whose every cell
-    was measured (forked cells).  Every repeat orders its cells by ``duration_hint`` (as a
-    clean clone's first run does, see harness.drive.runner.expected_durations), not by the
-    previous repeat's durations.
+def bench_matrix(config: "RunConfig", repeat: int, on_progress: Callable[[str], None] | None = None
+                 ) -> tuple[Figure, Figure, Figure, list]:
+    """Run ``config``'s matrix ``repeat`` times, into ``config.out_dir/run-N/`` (results.json
+    and cell.json only); return (wall time, per-cell overhead and matrix CPU time figures,
+    the runs).  The CPU figure has a sample only for runs whose every cell was measured
+    (forked cells).  Every repeat orders its cells by ``config.duration_hint`` (as a clean
+    clone's first run does, see harness.drive.scheduler.expected_durations), not by the
+    previous repeat's durations."""
+    from dataclasses import replace
 
-    ``nixl_progress_delay_us``: passed to harness.drive.runner.run_matrix (None: its default)."""
-    from harness.judge.results import dump_run
-    from harness.drive.runner import run_matrix
+    from harness import session
 
     wall = Figure("matrix_wall_s", "s")
     overhead = Figure("cell_overhead_s", "s")
     cpu = Figure("matrix_cpu_s", "s")
     runs = []
+    cells = len(config.impls) * len(config.scenarios)
     for i in range(repeat):
         if on_progress:
-            on_progress(f"matrix run {i + 1}/{repeat} ({len(impls) * len(scenarios)} cells, {jobs} at a time)")
-        extra = {} if nixl_progress_delay_us is None else {"nixl_progress_delay_us": nixl_progress_delay_us}
-        run = run_matrix(impls, scenarios, 0, out_dir / f"run-{i + 1}", target=target, jobs=jobs,
-                         duration_hint=duration_hint, **extra)
-        dump_run(run, out_dir / f"run-{i + 1}" / "results.json")
+            on_progress(f"matrix run {i + 1}/{repeat} ({cells} cells, {config.jobs} at a time)")
+        run = session.run(replace(config, out_dir=config.out_dir / f"run-{i + 1}", reports=False))
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)
@@ -127,8 +125,11 @@ def overhead_by_impl(runs: list) -> list[Figure]:
 
 
 def bench_simulator(seeds: int, repeat: int) -> Figure:
-    """Seeded reference lifecycle runs per minute (backends.reference.simulator), ``repeat`` samples."""
-    from backends.reference.simulator import simulate
+    """Seeded reference lifecycle runs per minute (the reference's ``simulator`` tool,
+    harness.implementations), ``repeat`` samples."""
+    from harness.implementations import REFERENCE, implementation
+
+    simulate = implementation(REFERENCE).hook("simulator").simulate
 
     figure = Figure("simulator_runs_per_min", "runs/min")
     for _ in range(repeat):
@@ -158,12 +159,10 @@ def bench_engines(total_bytes: int, repeat: int) -> list[Figure]:
     ``total_bytes`` per transfer; ``engine_pairs(repeat)`` raw/instrumented pairs per engine.
     An engine that cannot run is reported in the figure's note, not raised.
     """
-    try:
-        from harness.bench.engines import compare
-    except ImportError as exc:
-        return [Figure("instrumentation_overhead_pct", "%", note=f"engine benchmark unavailable: {exc}")]
+    from harness.bench.engines import compare, engines
+
     figures = []
-    for engine in ("mooncake", "nixl"):
+    for engine in engines():
         try:
             result = compare(engine, total_bytes=total_bytes, repeats=engine_pairs(repeat))
         except Exception as exc:  # noqa: BLE001 - reported in the table, the other figures still count

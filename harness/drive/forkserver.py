@@ -19,8 +19,9 @@ Protocol: a UNIX stream socket; one JSON line per request, one JSON line per rep
 (see :class:`ZygoteClient`).  The zygote reaps its children and keeps their exit
 status until asked.  It exits when its parent (the runner) goes away.
 
-Started with ``python -m harness.drive.forkserver --socket PATH`` by :class:`Zygote`, with
-the target's interpreter and environment (harness.target.sglang).
+Started with ``python -m harness.drive.forkserver --socket PATH`` by
+:class:`harness.drive.forkserver_client.Zygote`, with the target's interpreter and
+environment (harness.target.sglang); the client side of the protocol is there too.
 """
 
 from __future__ import annotations
@@ -31,45 +32,25 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
-from typing import Any
-from harness import ROOT
 
-ZYGOTE_ENV = "PDCONFORM_ZYGOTE"  # set in a forked cell: the socket its launcher forks roles through
-READY_TIMEOUT_S = 120.0
-CALL_TIMEOUT_S = 10.0
-POLL_S = 0.05
-
-
-class ZygoteError(RuntimeError):
-    """The zygote could not be started, or did not answer."""
-
-
-# --------------------------------------------------------------------------- server
-
-
-# What each implementation's roles import, preloaded once (harness.implementations names).
-PRELOAD = {
-    "reference": ["torch", "zmq", "backends.reference.adapter"],
-    "mooncake": ["torch", "zmq", "sglang.srt.disaggregation.common.conn", "sglang.srt.disaggregation.mooncake.conn",
-                 "backends.mooncake.adapter"],
-    "nixl": ["torch", "zmq", "sglang.srt.disaggregation.common.conn", "sglang.srt.disaggregation.nixl.conn",
-             "backends.nixl.adapter"],
-    "mori": ["torch", "zmq", "sglang.srt.disaggregation.common.conn", "backends.mori.adapter"],
-}
+POLL_S = 0.05  # how often the server checks its parent and reaps children (seconds)
 
 
 def preload(impls: list[str]) -> list[str]:
-    """Import what the roles of ``impls`` need (sglang's disaggregation modules, torch, the adapters).
+    """Import what the roles of ``impls`` need: each implementation's ``preload`` modules
+    (harness.implementations; sglang's disaggregation modules, torch, the adapter), after
+    its ``prepare`` hook; nothing of an implementation whose declared range excludes the
+    sglang being driven (its roles import nothing).
 
     Returns the imports that failed, as "module: error" (their roles then import them
-    themselves and fail there, with the error in their log).  Never imports
-    ``mooncake.engine``: its import starts native threads, which a fork would not carry over.
+    themselves and fail there, with the error in their log).
     """
+    from harness.implementations import implementation
+    from harness.target.version import sglang_version
+
     failed: list[str] = []
     import harness.drive.cell  # noqa: F401
     import harness.drive.role_host  # noqa: F401
@@ -79,25 +60,24 @@ def preload(impls: list[str]) -> list[str]:
     import harness.spec.frames  # noqa: F401 - hypothesis, for the cells that sample layouts or frames
     import harness.spec.layouts  # noqa: F401
 
-    modules = list(dict.fromkeys(m for impl in impls for m in PRELOAD.get(impl, [])))
-    if any(m.startswith("sglang") for m in modules):
+    version = sglang_version()
+    chosen = [implementation(name) for name in impls]
+    chosen = [impl for impl in chosen if impl.unsupported_sglang(version) is None]
+    if any(impl.imports_sglang for impl in chosen):
         from harness.target import gpu_import_shims
 
         gpu_import_shims.install()
-    for name in modules:
+    for impl in chosen:
+        try:
+            if impl.prepare:
+                impl.hook("prepare")()
+        except Exception as exc:  # noqa: BLE001 - reported, the role will fail with it itself
+            failed.append(f"{impl.prepare}: {type(exc).__name__}: {exc}")
+    for name in dict.fromkeys(m for impl in chosen for m in impl.preload):
         try:
             __import__(name)
         except Exception as exc:  # noqa: BLE001 - reported, the role will fail with it itself
             failed.append(f"{name}: {type(exc).__name__}: {exc}")
-    if "mori" in impls:
-        try:  # Mori's conn module imports whichever mori the adapter would pick: the real one or the stand-in
-            from backends.mori.adapter import STANDIN_PATH, real_mori_error
-
-            if real_mori_error():
-                sys.path.insert(0, str(STANDIN_PATH))
-                __import__("sglang.srt.disaggregation.mori.conn")
-        except Exception as exc:  # noqa: BLE001
-            failed.append(f"sglang.srt.disaggregation.mori.conn: {type(exc).__name__}: {exc}")
     return failed
 
 
@@ -140,66 +120,77 @@ def _child(request: dict, listener: socket.socket, clients: list[socket.socket])
             os._exit(code)
 
 
-def serve(listener: socket.socket, parent_pid: int) -> None:
-    """Answer fork/status requests on the bound, listening UNIX socket ``listener``
-    until the parent is gone."""
-    clients: list[socket.socket] = []
-    buffers: dict[socket.socket, bytes] = {}
-    exited: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
-    children: set[int] = set()
-    group_of: dict[int, int] = {}  # pid -> its process group (a cell's pid for the cell and its roles)
-    group_cpu: dict[int, float] = {}  # process group -> CPU seconds (user + system) of its reaped processes
+class _Children:
+    """The processes the server forked: their exit statuses and the CPU seconds of each process group."""
 
-    def reap() -> None:
-        while children:
+    def __init__(self):
+        self.running: set[int] = set()
+        self.exited: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
+        self.group_of: dict[int, int] = {}  # pid -> its process group (a cell's pid for the cell and its roles)
+        self.group_cpu: dict[int, float] = {}  # process group -> CPU seconds (user + system) of its reaped processes
+
+    def reap(self) -> None:
+        while self.running:
             try:
                 pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            children.discard(pid)
-            exited[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            group = group_of.pop(pid, pid)
-            group_cpu[group] = group_cpu.get(group, 0.0) + usage.ru_utime + usage.ru_stime
+            self.running.discard(pid)
+            self.exited[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            group = self.group_of.pop(pid, pid)
+            self.group_cpu[group] = self.group_cpu.get(group, 0.0) + usage.ru_utime + usage.ru_stime
 
-    def answer(request: dict) -> dict:
-        op = request.get("op")
-        if op == "ping":
-            return {"ok": True, "pid": os.getpid()}
-        if op == "fork":
-            pid = os.fork()
-            if pid == 0:
-                _child(request, listener, clients)
-            children.add(pid)
-            exited.pop(pid, None)  # a reused pid: an older child's exit status is not this one's
-            group = request.get("pgid") or pid
-            group_of[pid] = group
-            if group == pid:
-                group_cpu.pop(pid, None)  # a reused pid: an older group's CPU is not this one's
-            return {"ok": True, "pid": pid}
-        if op == "status":
-            reap()
-            pid = int(request["pid"])
-            if pid in exited:
-                return {"ok": True, "returncode": exited[pid]}
-            return {"ok": True, "returncode": None if pid in children else "unknown"}
-        if op == "group_cpu":  # CPU seconds of a process group's exited members (a cell and its roles)
-            reap()
-            group = int(request["pgid"])
-            running = sum(1 for pid in children if group_of.get(pid) == group)
-            return {"ok": True, "cpu_s": round(group_cpu.get(group, 0.0), 3), "running": running}
-        return {"ok": False, "error": f"unknown op {op!r}"}
+    def add(self, pid: int, group: int) -> None:
+        self.running.add(pid)
+        self.exited.pop(pid, None)  # a reused pid: an older child's exit status is not this one's
+        self.group_of[pid] = group
+        if group == pid:
+            self.group_cpu.pop(pid, None)  # a reused pid: an older group's CPU is not this one's
 
-    while True:
-        if os.getppid() != parent_pid:
-            for pid in list(children):  # the runner is gone: so are its cells
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            return
-        reap()
+    def kill_all(self) -> None:
+        for pid in list(self.running):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _answer(request: dict, children: _Children, listener: socket.socket, clients: list[socket.socket]) -> dict:
+    """The reply to one request: ``ping``, ``fork`` (a new cell or role process), ``status``
+    (a child's return code), ``group_cpu`` (CPU seconds of a process group's exited members)."""
+    op = request.get("op")
+    if op == "ping":
+        return {"ok": True, "pid": os.getpid()}
+    if op == "fork":
+        pid = os.fork()
+        if pid == 0:
+            _child(request, listener, clients)
+        children.add(pid, request.get("pgid") or pid)
+        return {"ok": True, "pid": pid}
+    if op == "status":
+        children.reap()
+        pid = int(request["pid"])
+        if pid in children.exited:
+            return {"ok": True, "returncode": children.exited[pid]}
+        return {"ok": True, "returncode": None if pid in children.running else "unknown"}
+    if op == "group_cpu":
+        children.reap()
+        group = int(request["pgid"])
+        running = sum(1 for pid in children.running if children.group_of.get(pid) == group)
+        return {"ok": True, "cpu_s": round(children.group_cpu.get(group, 0.0), 3), "running": running}
+    return {"ok": False, "error": f"unknown op {op!r}"}
+
+
+def serve(listener: socket.socket, parent_pid: int) -> None:
+    """Answer fork/status requests (one JSON line each) on the bound, listening UNIX socket
+    ``listener`` until the parent is gone; then kill every child's process group."""
+    clients: list[socket.socket] = []
+    buffers: dict[socket.socket, bytes] = {}
+    children = _Children()
+    while os.getppid() == parent_pid:
+        children.reap()
         readable, _, _ = select.select([listener, *clients], [], [], POLL_S)
         for sock in readable:
             if sock is listener:
@@ -217,10 +208,11 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
             while b"\n" in buffers[sock]:
                 line, buffers[sock] = buffers[sock].split(b"\n", 1)
                 try:
-                    reply = answer(json.loads(line))
+                    reply = _answer(json.loads(line), children, listener, clients)
                 except Exception as exc:  # noqa: BLE001 - a bad request must not end the zygote
                     reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
                 sock.sendall(json.dumps(reply).encode() + b"\n")
+    children.kill_all()  # the runner is gone: so are its cells
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,206 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(tmp, args.ready_file)
     serve(listener, parent)
     return 0
-
-
-# --------------------------------------------------------------------------- client
-
-
-class ZygoteClient:
-    """Talks to a zygote: one connection per request, so it is safe across fork and threads."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def call(self, request: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
-        """Send ``request``; return the reply.  ZygoteError when unreachable, silent or refusing."""
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(timeout_s)
-                sock.connect(self.path)
-                sock.sendall(json.dumps(request).encode() + b"\n")
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-        except OSError as exc:
-            raise ZygoteError(f"zygote at {self.path} did not answer {request.get('op')}: {exc}") from exc
-        try:
-            reply = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise ZygoteError(f"zygote at {self.path} answered {request.get('op')} with {data[:200]!r}") from exc
-        if not reply.get("ok"):
-            raise ZygoteError(f"zygote refused {request.get('op')}: {reply.get('error')}")
-        return reply
-
-    def fork(self, kind: str, argv: list[str], log: str | os.PathLike, env: dict[str, str] | None = None,
-             pgid: int | None = None, cwd: str | os.PathLike | None = None) -> "ForkedProcess":
-        """Fork a ``kind`` ("cell" or "role") process running ``main(argv)`` with stdout/stderr to ``log``.
-
-        ``pgid``: the process group to join (a role joins its cell's); None: a new group.
-        """
-        if kind not in ("cell", "role"):
-            raise ValueError(f"kind must be 'cell' or 'role', got {kind!r}")
-        reply = self.call({"op": "fork", "kind": kind, "argv": list(argv), "log": str(log), "env": env or {},
-                           "pgid": pgid, "cwd": str(cwd or ROOT)})
-        return ForkedProcess(self, reply["pid"])
-
-
-class ForkedProcess:
-    """A process the zygote forked, with the parts of ``subprocess.Popen`` the harness uses."""
-
-    def __init__(self, client: ZygoteClient, pid: int):
-        self.client = client
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        try:
-            code = self.client.call({"op": "status", "pid": self.pid})["returncode"]
-        except ZygoteError:
-            code = None if _exists(self.pid) else -signal.SIGKILL  # zygote gone: it took its children along
-        if code == "unknown":
-            code = -signal.SIGKILL
-        self.returncode = code
-        return code
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            time.sleep(POLL_S)
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def group_cpu_s(self, timeout_s: float = 2.0) -> float | None:
-        """CPU seconds (user + system) this process and the others of its process group used,
-        once all of them have exited (waits up to ``timeout_s``); None when the zygote cannot
-        say (it is gone, or some are still running at the deadline)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                reply = self.client.call({"op": "group_cpu", "pgid": self.pid})
-            except ZygoteError:
-                return None
-            if not reply["running"]:
-                return reply["cpu_s"]
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(POLL_S)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Zygote:
-    """Starts and owns one zygote process (a context manager); ``client`` forks through it.
-
-    ``python``/``env``: the interpreter and environment of the sglang target; ``impls``:
-    the implementations whose imports to preload (:data:`PRELOAD`); its log is
-    ``log_dir/log_name``.  With ``wait`` (default) the constructor returns once the zygote
-    is ready; without, it returns at once and :meth:`wait_ready` waits (so that a run can
-    start the cells of one zygote while another still imports).  ZygoteError when it is
-    not ready within ``ready_timeout_s`` seconds of its start, or exits while importing.
-    """
-
-    def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None,
-                 ready_timeout_s: float = READY_TIMEOUT_S, log_dir: str | os.PathLike | None = None,
-                 impls: list[str] | tuple[str, ...] = (), wait: bool = True, log_name: str = "zygote.log"):
-        import tempfile
-        import threading
-
-        self._dir = tempfile.mkdtemp(prefix="pdconform-zygote-")
-        self.socket_path = os.path.join(self._dir, "zygote.sock")
-        self._ready = Path(self._dir) / "ready.json"
-        self.log_path = Path(log_dir or self._dir) / log_name
-        self._log = open(self.log_path, "wb")
-        self._deadline = time.monotonic() + ready_timeout_s
-        self._timeout_s = ready_timeout_s
-        self._lock = threading.Lock()
-        self._error: ZygoteError | None = None
-        self.client: ZygoteClient | None = None
-        self.info: dict[str, Any] = {}
-        self.process = subprocess.Popen(
-            [python, "-m", "harness.drive.forkserver", "--socket", self.socket_path, "--ready-file", str(self._ready),
-             "--preload", ",".join(impls)],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0,
-            cwd=str(ROOT))
-        if wait:
-            try:
-                self.wait_ready()
-            except BaseException:  # also an interrupt while it imports: nothing may stay behind
-                self.close()
-                raise
-
-    def ready_now(self) -> bool:
-        """Whether the zygote has finished importing (never blocks)."""
-        return self.client is not None or self._ready.exists()
-
-    def wait_ready(self) -> "ZygoteClient":
-        """Block until the zygote is ready (thread-safe; at once when it already is); its client.
-
-        ZygoteError when it exited while importing or was not ready by its deadline (the
-        same error for every later call)."""
-        with self._lock:
-            if self.client is not None:
-                return self.client
-            if self._error is not None:
-                raise self._error
-            while not self._ready.exists():
-                if self.process.poll() is not None:
-                    self._error = ZygoteError(f"zygote exited with code {self.process.returncode} while "
-                                              f"importing (log: {self.log_path})")
-                    raise self._error
-                if time.monotonic() > self._deadline:
-                    self._error = ZygoteError(f"zygote not ready within {self._timeout_s:.0f} s "
-                                              f"(log: {self.log_path})")
-                    raise self._error
-                time.sleep(POLL_S)
-            self.info = json.loads(self._ready.read_text())
-            self.client = ZygoteClient(self.socket_path)
-            return self.client
-
-    def close(self) -> None:
-        """Stop the zygote (its group) and remove its socket."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
-        import shutil
-
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> "Zygote":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The cell driver never assumes a role is its own child: it asks a
 :class:`Launcher` for a :class:`RoleHandle`, talks to it through
-:class:`RoleClient` over the handle's ZMQ endpoint, and applies process faults
+:class:`harness.drive.role_client.RoleClient` over the handle's ZMQ endpoint, and applies process faults
 through the handle (``signal``: SIGKILL, SIGSTOP, SIGCONT).  :class:`LocalLauncher`
 starts roles as local processes; a multi-host launcher implements the same two
 classes.
@@ -20,27 +20,10 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import zmq
 
 from harness import ROOT
-from harness.drive.forkserver import ZYGOTE_ENV, ZygoteClient
-
-
-class RoleError(RuntimeError):
-    """A role process failed to start, died, or answered a command with an error."""
-
-    def __init__(self, message: str, *, remote_error: str | None = None, remote_traceback: str = "",
-                 unsupported: bool = False):
-        super().__init__(message)
-        self.remote_error = remote_error
-        self.remote_traceback = remote_traceback
-        self.unsupported = unsupported
-
-
-class RoleTimeout(RoleError):
-    """A role did not become ready or did not answer within its deadline."""
+from harness.drive.errors import RoleError, RoleTimeout
+from harness.drive.forkserver_client import ZYGOTE_ENV, ZygoteClient
 
 
 @dataclass(frozen=True)
@@ -194,75 +177,3 @@ class LocalLauncher(Launcher):
                 cwd=str(ROOT),
             )
         return LocalRoleHandle(spec, process, ready_file, log_path)
-
-
-class RoleClient:
-    """Calls :class:`harness.role.adapter.RoleAdapter` methods on a role, with a deadline each.
-
-    After a timeout the REQ socket cannot be reused: the client marks itself
-    broken and every later call raises RoleError at once; a role whose process
-    exits while a call is pending is noticed within ``POLL_SLICE_S``.
-    """
-
-    POLL_SLICE_S = 0.1
-
-    def __init__(self, ctx: zmq.Context, name: str, endpoint: str, handle: RoleHandle | None = None):
-        self.name = name
-        self.endpoint = endpoint
-        self._ctx = ctx
-        self._socket = ctx.socket(zmq.REQ)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(endpoint)
-        self._handle = handle
-        self.broken: str | None = None
-        self._pending: str | None = None
-
-    def call(self, op: str, deadline_s: float, **kwargs: Any) -> Any:
-        """Run ``op(**kwargs)`` on the role; RoleTimeout after ``deadline_s`` seconds,
-        RoleError (with the remote traceback) when the op raised."""
-        self.send(op, **kwargs)
-        return self.result(deadline_s)
-
-    @property
-    def pending(self) -> str | None:
-        """The op sent whose reply :meth:`result` has not read yet (None: none)."""
-        return self._pending
-
-    def send(self, op: str, **kwargs: Any) -> None:
-        """Start ``op(**kwargs)`` on the role without waiting (read its reply with :meth:`result`),
-        so that several roles can work at once.  RoleError when the client is broken or a
-        reply is still unread."""
-        if self.broken:
-            raise RoleError(f"{self.name} is not answering ({self.broken})")
-        if self._pending is not None:
-            raise RoleError(f"{self.name}: {op} sent while the reply to {self._pending} is unread")
-        self._socket.send_pyobj({"op": op, "kwargs": kwargs})
-        self._pending = op
-
-    def result(self, deadline_s: float) -> Any:
-        """The reply to the op :meth:`send` started: its value; RoleTimeout when none came
-        within ``deadline_s`` seconds, RoleError when the op raised or the role's process ended."""
-        op = self._pending
-        if op is None:
-            raise RoleError(f"{self.name}: no op is waiting for a reply")
-        deadline = time.monotonic() + deadline_s
-        while not self._socket.poll(int(self.POLL_SLICE_S * 1000), zmq.POLLIN):
-            if self._handle is not None and not self._handle.alive():
-                self.broken = f"its process ended ({self._handle.exit_description()}) while {op} was running"
-                raise RoleError(f"{self.name}: {self.broken}")
-            if time.monotonic() > deadline:
-                self.broken = f"{op} got no answer within {deadline_s:.1f} s"
-                raise RoleTimeout(f"{self.name}: {self.broken}")
-        reply = self._socket.recv_pyobj()
-        self._pending = None
-        if reply.get("ok"):
-            return reply.get("value")
-        raise RoleError(
-            f"{self.name}.{op} raised {reply.get('error')}: {reply.get('message')}",
-            remote_error=reply.get("error"),
-            remote_traceback=reply.get("traceback", ""),
-            unsupported=bool(reply.get("unsupported")),
-        )
-
-    def close(self) -> None:
-        self._socket.close(0)

@@ -27,12 +27,11 @@ import traceback
 
 import zmq
 
-from harness.role.adapter import RoleAdapter, RoleRecorder, Unsupported
+from harness.role.adapter import CONTRACT, SHUTDOWN, RoleAdapter, Unsupported
+from harness.role.recorder import RoleRecorder
 
 # Ops a driver may call: exactly the RoleAdapter contract.
-ALLOWED_OPS = frozenset(
-    name for name in dir(RoleAdapter) if not name.startswith("_") and callable(getattr(RoleAdapter, name))
-)
+ALLOWED_OPS = frozenset(CONTRACT)
 
 
 def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
@@ -66,7 +65,7 @@ def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
     while True:
         request = socket.recv_pyobj()
         op = request.get("op")
-        if op == "shutdown":
+        if op == SHUTDOWN:
             # No adapter.teardown() here: the process exits next, which frees every
             # engine resource, and sglang's teardown can block on its own daemon
             # threads (Mooncake's joins for 3 s), a cost paid by every role of every cell.

@@ -1,27 +1,30 @@
-"""Checkers: pure functions from a cell history to check results, and the verdict.
+"""Checkers: pure functions from a cell history to check results.
 
-A check names the requirement it enforces (an ID in docs/protocol.md) and its
-level (MUST or SHOULD).  A checker that raises yields ``ok=None`` ("unknown")
-with the error, never a crash of the report.
+A check names the requirement it enforces, an ID of docs/protocol.md; its level
+(MUST or SHOULD) is the requirement's (harness.spec.requirements), never restated.
+A checker that raises yields ``ok=None`` ("unknown") with the error, never a crash
+of the report.  The verdict of a cell is folded from its check results by
+harness.judge.judge.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from harness.role.adapter import FAILED, SUCCESS, kvpoll_name
-from harness.judge.history import completions
-
-PASS, FAIL, WARN, UNSUPPORTED, ERROR = "PASS", "FAIL", "WARN", "UNSUPPORTED", "ERROR"
-VERDICTS = (PASS, FAIL, WARN, UNSUPPORTED, ERROR)
+from harness.judge.history import Event, Op, completions, fact
+from harness.judge.verdict import Level
+from harness.spec.protocol import KVPoll, kvpoll_name
+from harness.spec.requirements import requirement
 
 
 @dataclass(frozen=True)
 class CheckResult:
+    """What one check found: ``ok`` True/False, or None when the checker could not tell."""
+
     name: str
     requirement: str
-    level: str  # MUST | SHOULD
+    level: Level
     ok: bool | None  # None: the checker itself failed
     detail: str
 
@@ -29,14 +32,22 @@ class CheckResult:
         return asdict(self)
 
 
+Checker = Callable[[list[dict]], "tuple[bool | None, str]"]  # history events -> (ok, detail); ok None: cannot tell
+
+
 @dataclass(frozen=True)
 class Check:
-    """A named checker bound to a requirement."""
+    """A named checker bound to the requirement ``requirement`` of docs/protocol.md.
+
+    Raises harness.spec.requirements.UnknownRequirement when docs/protocol.md lacks the ID."""
 
     name: str
     requirement: str
-    level: str
-    fn: Callable[[list[dict]], tuple[bool | None, str]]  # ok None: cannot tell
+    fn: Checker
+    level: Level = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "level", Level(requirement(self.requirement).level))
 
     def run(self, events: list[dict]) -> CheckResult:
         try:
@@ -48,16 +59,16 @@ class Check:
 
 # ---- reusable checkers -------------------------------------------------------
 
-def reached_status(room: int, role: str, status: int) -> Callable[[list[dict]], tuple[bool, str]]:
+def reached_status(room: int, role: str, status: int) -> Checker:
     """The last AwaitStatus for ``room`` on ``role`` saw ``status``."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        waits = list(completions(events, op="await_status", role=role, room=room))
+        waits = list(completions(events, op=Op.AWAIT_STATUS, role=role, room=room))
         if not waits:
             return False, f"{role} room {room} was never polled"
         last = waits[-1]
         seen = (last.get("value") or {}).get("status")
-        if last["type"] == "fail":
+        if last["type"] == Event.FAIL:
             return False, f"{role} room {room}: polling failed: {last.get('error')}"
         if seen == status:
             return True, f"{role} room {room} reached {kvpoll_name(status)} after {last['value']['waited_s']:.2f} s"
@@ -75,15 +86,15 @@ def reached_status(room: int, role: str, status: int) -> Callable[[list[dict]], 
     return fn
 
 
-def stays_terminal(room: int, roles: tuple[str, ...]) -> Callable[[list[dict]], tuple[bool, str]]:
+def stays_terminal(room: int, roles: tuple[str, ...]) -> Checker:
     """Once a role's room was seen Success or Failed, every later poll saw the same status."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         changed = []
         for role in roles:
-            seen = [e["value"]["status"] for e in completions(events, op="await_status", role=role, room=room)
-                    if e["type"] == "ok"]
-            terminal = next((s for s in seen if s in (FAILED, SUCCESS)), None)
+            seen = [e["value"]["status"] for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room)
+                    if e["type"] == Event.OK]
+            terminal = next((s for s in seen if s in (KVPoll.Failed, KVPoll.Success)), None)
             if terminal is None:
                 continue
             later = seen[seen.index(terminal):]
@@ -96,15 +107,15 @@ def stays_terminal(room: int, roles: tuple[str, ...]) -> Callable[[list[dict]], 
     return fn
 
 
-def pools_exact(decode: str = "decode") -> Callable[[list[dict]], tuple[bool, str]]:
+def pools_exact(decode: str = "decode") -> Checker:
     """The last pool verification on ``decode`` found every byte where it belongs."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        checks = list(completions(events, op="verify", role=decode))
+        checks = list(completions(events, op=Op.VERIFY, role=decode))
         if not checks:
             return False, "pools were never verified"
         last = checks[-1]
-        if last["type"] == "fail":
+        if last["type"] == Event.FAIL:
             return None, f"verification could not run: {last.get('error')}"
         report = last["value"]
         if report["ok"]:
@@ -118,11 +129,11 @@ def pools_exact(decode: str = "decode") -> Callable[[list[dict]], tuple[bool, st
     return fn
 
 
-def steps_completed() -> Callable[[list[dict]], tuple[bool, str]]:
+def steps_completed() -> Checker:
     """No step raised or timed out."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        failed = [e for e in events if e["type"] == "fail"]
+        failed = [e for e in events if e["type"] == Event.FAIL]
         if not failed:
             return True, "every step completed"
         first = failed[0]
@@ -133,7 +144,7 @@ def steps_completed() -> Callable[[list[dict]], tuple[bool, str]]:
 
 def killed_roles(events: list[dict]) -> set[str]:
     """Roles the nemesis killed (their absence at the end is the scenario's doing)."""
-    return {e["role"] for e in events if e["type"] == "nemesis" and e["op"] == "kill"}
+    return {e["role"] for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.KILL}
 
 
 def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:
@@ -144,13 +155,13 @@ def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:
     out.
     """
     killed = killed_roles(events)
-    launched = [e["role"] for e in completions(events, op="launch") if e["type"] == "ok" and e["role"] not in killed]
+    launched = [e["role"] for e in completions(events, op=Op.LAUNCH) if e["type"] == Event.OK and e["role"] not in killed]
     observed: dict[str, dict] = {}
     problems: dict[str, str] = {}
-    for obs in completions(events, op="observe"):
+    for obs in completions(events, op=Op.OBSERVE):
         if obs["role"] in killed:
             continue
-        if obs["type"] == "ok":
+        if obs["type"] == Event.OK:
             observed[obs["role"]] = obs["value"]
             problems.pop(obs["role"], None)
         else:
@@ -161,7 +172,7 @@ def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:
     return observed, list(problems.values())
 
 
-def no_dead_threads() -> Callable[[list[dict]], tuple[bool, str]]:
+def no_dead_threads() -> Checker:
     """No thread in any role died with an exception, and every role could be observed."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
@@ -174,7 +185,7 @@ def no_dead_threads() -> Callable[[list[dict]], tuple[bool, str]]:
     return fn
 
 
-def loops_alive() -> Callable[[list[dict]], tuple[bool, str]]:
+def loops_alive() -> Checker:
     """Every role is alive at the end, and so is every control/worker thread its manager started."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
@@ -191,19 +202,19 @@ def loops_alive() -> Callable[[list[dict]], tuple[bool, str]]:
     return fn
 
 
-def loops_alive_at(label: str, roles: tuple[str, ...]) -> Callable[[list[dict]], tuple[bool, str]]:
+def loops_alive_at(label: str, roles: tuple[str, ...]) -> Checker:
     """At the mid-cell observation ``label`` (an Observe step), every control/worker
     thread of ``roles`` was alive and none had died."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        seen = {e["role"]: e for e in events if e["op"] == "observe-mid" and (e.get("args") or {}).get("label") == label}
+        seen = {e["role"]: e for e in events if e["op"] == Op.OBSERVE_MID and (e.get("args") or {}).get("label") == label}
         problems = []
         for role in roles:
             event = seen.get(role)
             if event is None:
                 problems.append(f"{role} was not observed {label}")
                 continue
-            if event["type"] != "ok":
+            if event["type"] != Event.OK:
                 problems.append(event.get("error") or f"{role} could not be observed")
                 continue
             value = event["value"]
@@ -216,44 +227,37 @@ def loops_alive_at(label: str, roles: tuple[str, ...]) -> Callable[[list[dict]],
     return fn
 
 
-def nth_status(room: int, role: str, n: int, expected: tuple[int, ...]) -> Callable[[list[dict]], tuple[bool, str]]:
-    """The ``n``-th AwaitStatus (0-based; -1 the last) of ``room`` on ``role`` saw one of ``expected``."""
+def status_at(label: str, expected: tuple[int, ...]) -> Checker:
+    """The AwaitStatus step labelled ``label`` (harness.spec.steps.AwaitStatus) saw one of ``expected``."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        waits = [e for e in completions(events, op="await_status", role=role, room=room)]
-        if not -len(waits) <= n < len(waits):
-            return False, f"{role} room {room} was polled {len(waits)} time(s)"
-        wait = waits[n]
-        if wait["type"] != "ok":
-            return False, f"{role} room {room}: polling failed: {wait.get('error')}"
+        waits = [e for e in completions(events, op=Op.AWAIT_STATUS) if (e.get("args") or {}).get("label") == label]
+        if not waits:
+            return False, f"the poll {label!r} never ran"
+        wait = waits[-1]
+        where = f"{wait.get('role')} room {(wait.get('args') or {}).get('room')}"
+        if wait["type"] != Event.OK:
+            return False, f"{where}: polling failed at {label!r}: {wait.get('error')}"
         seen = wait["value"]["status"]
         names = "/".join(kvpoll_name(x) for x in expected)
-        return seen in expected, f"{role} room {room} was {kvpoll_name(seen)} at step {wait['step']} (expected {names})"
+        return seen in expected, f"{where} was {kvpoll_name(seen)} at {label!r} (step {wait['step']}; expected {names})"
 
     return fn
 
 
-def role_fact(events: list[dict], role: str, key: str):
-    """A fact a role reported when its manager started (``start_prefill``/``start_decode``)."""
-    for e in events:
-        if e["role"] == role and e["op"] in ("start_prefill", "start_decode") and e["type"] == "ok":
-            return (e.get("value") or {}).get(key)
-    return None
-
-
-def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Callable[[list[dict]], tuple[bool, str]]:
+def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Checker:
     """``room`` on ``decode`` became Failed within the decode's heartbeat window plus
     ``slack_s`` seconds of ``dead``'s kill, with a reason naming ``dead``'s bootstrap address."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        kill = next((e for e in events if e["type"] == "nemesis" and e["op"] == "kill" and e["role"] == dead), None)
+        kill = next((e for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.KILL and e["role"] == dead), None)
         if kill is None:
             return False, f"{dead} was never killed"
-        window = role_fact(events, decode, "heartbeat_window_s")
-        addr = role_fact(events, dead, "bootstrap_addr")
-        waits = [e for e in completions(events, op="await_status", role=decode, room=room)
-                 if e["type"] == "ok" and e["seq"] > kill["seq"]]
-        failed = next((e for e in waits if e["value"]["status"] == FAILED), None)
+        window = fact(events, decode, "heartbeat_window_s")
+        addr = fact(events, dead, "bootstrap_addr")
+        waits = [e for e in completions(events, op=Op.AWAIT_STATUS, role=decode, room=room)
+                 if e["type"] == Event.OK and e["seq"] > kill["seq"]]
+        failed = next((e for e in waits if e["value"]["status"] == KVPoll.Failed), None)
         if failed is None:
             last = kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
             return False, f"{decode} room {room} did not become Failed after {dead} was killed (last: {last})"
@@ -277,7 +281,7 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Call
 def first_event(events: list[dict], op: str, role: str, room: int | None = None, after_seq: int = -1) -> dict | None:
     """The first successful ``op`` event of ``role`` (for ``room`` when given) after ``after_seq``."""
     for e in events:
-        if e["seq"] <= after_seq or e["op"] != op or e["role"] != role or e["type"] not in ("ok", "nemesis"):
+        if e["seq"] <= after_seq or e["op"] != op or e["role"] != role or e["type"] not in (Event.OK, Event.NEMESIS):
             continue
         if room is not None and (e.get("args") or {}).get("room") != room:
             continue
@@ -286,7 +290,7 @@ def first_event(events: list[dict], op: str, role: str, room: int | None = None,
 
 
 def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: float, high_s: float,
-                  reason_words: tuple[str, ...] = (), need_reason: bool = True) -> Callable[[list[dict]], tuple[bool, str]]:
+                  reason_words: tuple[str, ...] = (), need_reason: bool = True) -> Checker:
     """``room`` on ``role`` was first seen Failed between ``low_s`` and ``high_s``
     seconds after ``since_role``'s first ``since_op`` for the room (e.g. ``open_sender``),
     with a failure reason (containing one of ``reason_words``, when given) unless
@@ -298,12 +302,12 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
         start = first_event(events, since_op, since_role, room)
         if start is None:
             return False, f"{since_role} never completed {since_op} for room {room}"
-        called = next((e for e in reversed(events[:events.index(start)]) if e["type"] == "invoke"
+        called = next((e for e in reversed(events[:events.index(start)]) if e["type"] == Event.INVOKE
                        and e["op"] == since_op and e["role"] == since_role
                        and (e.get("args") or {}).get("room") == room), start)
-        waits = [e for e in completions(events, op="await_status", role=role, room=room)
-                 if e["type"] == "ok" and e["seq"] > start["seq"]]
-        failed = next((e for e in waits if e["value"]["status"] == FAILED), None)
+        waits = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room)
+                 if e["type"] == Event.OK and e["seq"] > start["seq"]]
+        failed = next((e for e in waits if e["value"]["status"] == KVPoll.Failed), None)
         if failed is None:
             last = kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
             return False, f"{role} room {room} never became Failed (last: {last})"
@@ -326,7 +330,7 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
     return fn
 
 
-def no_log_matching(role: str, pattern: str) -> Callable[[list[dict]], tuple[bool, str]]:
+def no_log_matching(role: str, pattern: str) -> Checker:
     """No WARNING-or-worse record of ``role`` (last observation) matches regex ``pattern``
     (case-insensitive)."""
     import re
@@ -346,7 +350,7 @@ def no_log_matching(role: str, pattern: str) -> Callable[[list[dict]], tuple[boo
     return fn
 
 
-def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None) -> Callable[[list[dict]], tuple[bool, str]]:
+def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None) -> Checker:
     """At the last observation of each of ``roles``, the manager holds no per-room state
     (for ``rooms`` when given); the bounded memory of ended generations is allowed
     (R-RESIDUE-1, R-REUSE-1)."""
@@ -371,40 +375,11 @@ def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None) -> 
 def abort_acks(events: list[dict], decode: str, room: int) -> list[dict]:
     """The ABORT_ACKs ``decode`` received for ``room`` (recorded at the end of the cell)."""
     for e in events:
-        if e["op"] == "abort-acks" and e["role"] == decode:
+        if e["op"] == Op.ABORT_ACKS and e["role"] == decode:
             return [a for a in e["value"] if a.get("room") == room]
     return []
 
 
 def engine_faults(events: list[dict], role: str) -> list[dict]:
     """The engine faults injected in ``role`` (``transfer``, ``fault``, ``what``, ``t``...)."""
-    return [e["value"] for e in events if e["type"] == "nemesis" and e["op"] == "engine-fault" and e["role"] == role]
-
-
-# ---- verdict -----------------------------------------------------------------
-
-def verdict_of(results: list[CheckResult], run_error: str | None = None,
-               unsupported: str | None = None) -> tuple[str, str]:
-    """Fold check results into (verdict, reason).
-
-    UNSUPPORTED when the adapter could not perform a step; ERROR when the cell
-    could not run (``run_error``) or declares no check; FAIL when a MUST check
-    failed (evidence beats a check that could not tell); ERROR when a check
-    could not tell; WARN when only SHOULD checks failed; else PASS.
-    """
-    if unsupported:
-        return UNSUPPORTED, unsupported
-    if run_error:
-        return ERROR, run_error
-    if not results:
-        return ERROR, "the scenario declares no check: nothing was judged"
-    must = [r for r in results if r.ok is False and r.level == "MUST"]
-    if must:
-        return FAIL, f"{must[0].requirement} {must[0].name}: {must[0].detail}"
-    unknown = [r for r in results if r.ok is None]
-    if unknown:
-        return ERROR, f"{unknown[0].requirement} {unknown[0].name}: {unknown[0].detail}"
-    should = [r for r in results if r.ok is False]
-    if should:
-        return WARN, f"{should[0].requirement} {should[0].name}: {should[0].detail}"
-    return PASS, ""
+    return [e["value"] for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.ENGINE_FAULT and e["role"] == role]

@@ -17,34 +17,36 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.judge.history import Event, Op
+
 # ops whose outcome says nothing about the protocol (process start-up, bookkeeping)
 # and fault bookkeeping copied in at the end of a cell, whose counts depend on how an engine batches
-_SKIP_OPS = {"launch", "observe", "shutdown", "failure_reason", "point_hits", "fault_log", "engine-fault",
-             "point-hit", "unsupported_layout", "layout-transfer", "abort_acks", "abort-acks"}
+_SKIP_OPS = {Op.LAUNCH, Op.OBSERVE, Op.ENGINE_FAULT, Op.POINT_HIT, Op.UNSUPPORTED_LAYOUT, Op.LAYOUT_TRANSFER,
+             Op.ABORT_ACKS, Op.CELL_START, Op.CELL_END, Op.CELL_EXIT}
 
 
 def _project(event: dict) -> Any:
     """The part of an event's value that two conforming implementations share."""
     op, value = event["op"], event.get("value")
-    if event["type"] == "fail":
+    if event["type"] == Event.FAIL:
         return "raised"
-    if op == "await_status":
+    if op == Op.AWAIT_STATUS:
         return value["status_name"] if value else None
-    if op == "verify":
+    if op == Op.VERIFY:
         return "bytes exact" if value and value.get("ok") else f"{(value or {}).get('mismatch_pages')} page(s) wrong"
-    if op == "observe-mid":
+    if op == Op.OBSERVE_MID:
         dead = sorted({d["exception"] for d in value.get("dead_threads", [])}) if value else []
         return "loops alive" if not dead and all((value or {}).get("loops", {}).values()) else f"died: {dead}"
-    if op == "await_point":
+    if op == Op.AWAIT_POINT:
         return "reached"
-    if op in ("kill", "freeze", "thaw", "inject", "arm-point", "release-point", "engine-faults", "restart",
-              "inject-abort", "abort-frames"):
+    if op in (Op.KILL, Op.FREEZE, Op.THAW, Op.INJECT, Op.ARM_POINT, Op.RELEASE_POINT, Op.ENGINE_FAULTS, Op.RESTART,
+              Op.INJECT_ABORT, Op.ABORT_FRAMES):
         return "done"
-    if op == "engine-fault":
+    if op == Op.ENGINE_FAULT:
         return f"{value.get('fault')} transfer {value.get('transfer')}"
-    if op == "point-hit":
+    if op == Op.POINT_HIT:
         return f"{value.get('point')} {value.get('action')}"
-    if op == "layout-shrink":
+    if op == Op.LAYOUT_SHRINK:
         return f"{len(value.get('shrunk', []))} kind(s) of difference"
     return "ok"
 
@@ -54,10 +56,10 @@ def normalize(events: list[dict]) -> list[dict]:
     out = []
     step_names: dict[int, str] = {}
     for event in events:
-        if event["op"] == "step":
+        if event["op"] == Op.STEP:
             step_names[event["step"]] = (event.get("args") or {}).get("step", "")
             continue
-        if event["type"] not in ("ok", "fail", "nemesis") and event["op"] != "layout-shrink":
+        if event["type"] not in (Event.OK, Event.FAIL, Event.NEMESIS) and event["op"] != Op.LAYOUT_SHRINK:
             continue
         if event["op"] in _SKIP_OPS:
             continue

@@ -31,8 +31,7 @@ from typing import Iterable
 import msgspec
 
 from harness.judge.results import VERDICTS, CellResult, RunResult
-
-RANK = {verdict: i for i, verdict in enumerate(VERDICTS)}  # PASS < WARN < UNSUPPORTED < FAIL < ERROR
+from harness.judge.verdict import Verdict
 
 
 class ExpectationsError(ValueError):
@@ -60,7 +59,13 @@ class Expectations(msgspec.Struct, kw_only=True):
     entries: dict[tuple[str, str], Expectation]
 
     def for_cell(self, impl: str, scenario: str) -> Expectation | None:
+        """The entry for the cell, None when it is not listed (expected to PASS)."""
         return self.entries.get((impl, scenario))
+
+    def verdict_for(self, impl: str, scenario: str) -> Verdict:
+        """The verdict the cell is expected to have."""
+        entry = self.for_cell(impl, scenario)
+        return Verdict(entry.verdict) if entry else Verdict.PASS
 
 
 def load_expectations(path: str | Path, impls: Iterable[str], scenarios: Iterable[str]) -> Expectations:
@@ -88,7 +93,7 @@ def load_expectations(path: str | Path, impls: Iterable[str], scenarios: Iterabl
             raise ExpectationsError(f"{where}: unknown impl {e.impl!r} (known: {', '.join(sorted(impls))})")
         if e.scenario not in scenarios:
             raise ExpectationsError(f"{where}: unknown scenario {e.scenario!r} (see `pdconform list`)")
-        if e.verdict not in RANK:
+        if e.verdict not in VERDICTS:
             raise ExpectationsError(f"{where}: unknown verdict {e.verdict!r} (one of {', '.join(VERDICTS)})")
         if not e.reason.strip() or not e.link.strip():
             raise ExpectationsError(f"{where}: reason and link must not be empty")
@@ -98,24 +103,14 @@ def load_expectations(path: str | Path, impls: Iterable[str], scenarios: Iterabl
     return Expectations(path=str(path), sglang=parsed.sglang, entries=entries)
 
 
-def apply_expectations(run: RunResult, expectations: Expectations) -> None:
-    """Set every cell's ``expected`` (PASS when not listed), ``expected_reason`` and ``expected_link``."""
-    run.expectations = expectations.path
-    for cell in run.cells:
-        e = expectations.for_cell(cell.impl, cell.scenario)
-        cell.expected = e.verdict if e else "PASS"
-        cell.expected_reason = e.reason if e else ""
-        cell.expected_link = e.link if e else ""
-
-
 def is_regression(cell: CellResult) -> bool:
-    """The cell's verdict is worse than expected."""
-    return RANK.get(cell.verdict, len(RANK)) > RANK.get(cell.expected, 0)
+    """The cell's verdict is worse than expected (harness.judge.verdict.Verdict order)."""
+    return Verdict(cell.verdict) > cell.expected
 
 
 def is_fix(cell: CellResult) -> bool:
     """The cell's verdict is better than expected (the expectations file is out of date)."""
-    return RANK.get(cell.verdict, len(RANK)) < RANK.get(cell.expected, 0)
+    return Verdict(cell.verdict) < cell.expected
 
 
 def regressions(run: RunResult) -> list[CellResult]:

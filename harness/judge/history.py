@@ -1,25 +1,89 @@
 """The cell history: every step's invocation and completion, as plain data.
 
-The history is the single source of truth for checkers (pure functions of it)
-and for the behaviour diff.  Each event is a dict::
+The history is the single source of truth for the judge (harness.judge.judge: checks
+are pure functions of it) and for the behaviour diff.  Each event is a dict::
 
-    {"seq": 3, "t": 1.234, "step": 2, "op": "poll", "role": "decode",
-     "type": "invoke" | "ok" | "fail" | "info" | "nemesis", "args": {...},
-     "value": ..., "error": "...", "unsupported": False}
+    {"seq": 3, "t": 1.234, "wall": 1764600000.1, "step": 2, "op": "await_status",
+     "role": "decode", "type": "invoke" | "ok" | "fail" | "info" | "nemesis",
+     "args": {...}, "value": ..., "error": "...", "unsupported": False}
 
-``t`` is seconds since the cell started.  ``nemesis`` records an injected fault
-(kill, freeze, thaw, inject) on its own channel.  ``fail`` means the call raised or
-timed out (Jepsen's indeterminate completion), never a crash of the run.
-Events are appended to a JSON-lines file as they happen, so a killed cell
-still leaves its history behind.
+``t`` is seconds since the cell started, ``wall`` the wall clock (seconds).  ``type``
+is an :class:`Event`, ``op`` an :class:`Op`.  ``nemesis`` records an injected fault on
+its own channel.  ``fail`` means the call raised or timed out (Jepsen's indeterminate
+completion), never a crash of the run.  Events are appended to a JSON-lines file as
+they happen, so a killed cell still leaves its history behind; the runner appends the
+cell's :attr:`Op.CELL_EXIT` (how the process ended) after it is gone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
+
+
+class Event(StrEnum):
+    """An event's ``type``."""
+
+    INVOKE = "invoke"  # a call started
+    OK = "ok"  # it completed
+    FAIL = "fail"  # it raised or timed out
+    INFO = "info"  # something the driver or runner notes (a step starts, the cell ended)
+    NEMESIS = "nemesis"  # a fault was injected, or fired inside a role
+
+
+class Op(StrEnum):
+    """An event's ``op``.  Role calls carry the adapter method's name
+    (harness.role.adapter.RoleAdapter); everything else a kebab-case name."""
+
+    # the cell's own lifecycle (harness.drive.cell, harness.drive.runner)
+    CELL_START = "cell-start"  # info: impl, scenario, seed
+    CELL_END = "cell-end"  # info: how the steps ended (completed, aborted, unsupported)
+    CELL_EXIT = "cell-exit"  # info, by the runner: how the cell process ended, its wall and CPU time
+    STEP = "step"  # info: step ``step`` starts
+    LAUNCH = "launch"  # a role process starts serving
+    # role calls (adapter methods)
+    START_PREFILL = "start_prefill"
+    START_DECODE = "start_decode"
+    OPEN_SENDER = "open_sender"
+    OPEN_RECEIVER = "open_receiver"
+    REQUEST_KV = "request_kv"
+    INIT_SENDER = "init_sender"
+    SEND_CHUNK = "send_chunk"
+    AWAIT_STATUS = "await_status"
+    VERIFY = "verify"
+    CLEAR = "clear"
+    ABORT = "abort"
+    OBSERVE = "observe"  # the end-of-cell observation of a role
+    PLAN_LAYOUTS = "plan_layouts"
+    UNSUPPORTED_LAYOUT = "unsupported_layout"
+    # driver events
+    OBSERVE_MID = "observe-mid"  # an Observe step's observation
+    AWAIT_POINT = "await-point"
+    LAYOUT_SHRINK = "layout-shrink"
+    LAYOUT_TRANSFER = "layout-transfer"
+    LAYOUT_START = "layout-start"
+    ABORT_ACKS = "abort-acks"  # info: the ABORT_ACKs a decode received (copied in at the end)
+    # nemesis
+    KILL = "kill"
+    FREEZE = "freeze"
+    THAW = "thaw"
+    INJECT = "inject"
+    RESTART = "restart"
+    INJECT_ABORT = "inject-abort"
+    ABORT_FRAMES = "abort-frames"
+    ARM_POINT = "arm-point"
+    RELEASE_POINT = "release-point"
+    ENGINE_FAULTS = "engine-faults"  # a plan installed
+    ENGINE_FAULT = "engine-fault"  # a fault that fired (copied in at the end)
+    POINT_HIT = "point-hit"  # a point a thread reached (copied in at the end)
+
+
+#: the ops whose ``ok`` value holds the facts a role reported when its manager started
+START_OPS = (Op.START_PREFILL, Op.START_DECODE)
 
 
 class History:
@@ -30,10 +94,10 @@ class History:
         self._t0 = time.monotonic()
         self._file = open(path, "a", encoding="utf-8") if path else None
 
-    def record(self, type_: str, op: str, role: str | None = None, step: int | None = None, **fields: Any) -> dict:
+    def record(self, type_: Event, op: Op, role: str | None = None, step: int | None = None, **fields: Any) -> dict:
+        """Append one event (see the module docstring) and return it."""
         event = {"seq": len(self.events), "t": round(time.monotonic() - self._t0, 4), "wall": round(time.time(), 4),
-                 "step": step,
-                 "op": op, "role": role, "type": type_, **fields}
+                 "step": step, "op": op, "role": role, "type": type_, **fields}
         self.events.append(event)
         if self._file:
             self._file.write(json.dumps(event, default=repr) + "\n")
@@ -46,18 +110,36 @@ class History:
             self._file = None
 
 
+def append_event(path: str | Path, type_: Event, op: Op, **fields: Any) -> dict:
+    """Append one event to the history file at ``path`` after its writer has ended (the
+    runner's :attr:`Op.CELL_EXIT`): ``seq`` follows the file's last event, ``t`` is None.
+    One ``write`` of one line, so a reader never sees half of it.  OSError if it cannot."""
+    events = load(path)
+    event = {"seq": (events[-1]["seq"] + 1) if events else 0, "t": None, "wall": round(time.time(), 4),
+             "step": None, "op": op, "role": None, "type": type_, **fields}
+    line = (json.dumps(event, default=repr) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return event
+
+
 def load(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines history; a torn last line (killed writer) is skipped."""
+    """Read a JSON-lines history; a torn line (killed writer) is skipped; [] when unreadable."""
     events = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return events
     for line in lines:
         try:
-            events.append(json.loads(line))
+            event = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(event, dict) and "op" in event and "type" in event:
+            events.append(event)
     return events
 
 
@@ -65,7 +147,7 @@ def completions(events: list[dict], op: str | None = None, role: str | None = No
                 room: int | None = None) -> Iterator[dict]:
     """Completion events (``ok``/``fail``) filtered by op, role and room argument."""
     for event in events:
-        if event["type"] not in ("ok", "fail"):
+        if event["type"] not in (Event.OK, Event.FAIL):
             continue
         if op is not None and event["op"] != op:
             continue
@@ -74,3 +156,11 @@ def completions(events: list[dict], op: str | None = None, role: str | None = No
         if room is not None and (event.get("args") or {}).get("room") != room:
             continue
         yield event
+
+
+def fact(events: list[dict], role: str, key: str) -> Any:
+    """A fact ``role`` reported when its manager started (the value of its first ``start_prefill``/``start_decode``)."""
+    for e in events:
+        if e["role"] == role and e["op"] in START_OPS and e["type"] == Event.OK:
+            return (e.get("value") or {}).get(key)
+    return None

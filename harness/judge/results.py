@@ -16,22 +16,30 @@ It round-trips: :func:`load_run` reads back exactly what :func:`dump_run` wrote.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import msgspec
 
-SCHEMA = 2
+from harness.judge import history as hist
+from harness.judge.verdict import Verdict
+from harness.target.sglang import SglangInfo
 
-VERDICTS = ("PASS", "WARN", "UNSUPPORTED", "FAIL", "ERROR")
-Verdict = Literal["PASS", "WARN", "UNSUPPORTED", "FAIL", "ERROR"]  # load_run rejects any other
+SCHEMA = 2
+REFERENCE = "reference"
+
+VERDICTS = tuple(Verdict)  # PASS, WARN, UNSUPPORTED, FAIL, ERROR: load_run rejects any other
 
 
 class CellResult(msgspec.Struct, kw_only=True):
+    """One judged cell (harness.judge.judge.judge): a pure function of its history."""
+
     impl: str  # reference | mooncake | nixl | mori
     scenario: str
     verdict: Verdict
-    expected: Verdict = "PASS"  # from the expectations file (harness.judge.expectations); PASS without one
+    expected: Verdict = Verdict.PASS  # from the expectations file (harness.judge.expectations); PASS without one
     expected_reason: str = ""  # why the expectations file expects a verdict other than PASS
     expected_link: str = ""  # the issue/PR that tracks it
     engine: Optional[str] = None  # real | standin | reference (None: no role started)
@@ -57,22 +65,6 @@ class CellResult(msgspec.Struct, kw_only=True):
         return msgspec.to_builtins(self)
 
 
-class SglangInfo(msgspec.Struct, kw_only=True):
-    """Which sglang the cells imported.
-
-    ``source``: ``installed`` (the package in pdconform's environment), ``src`` (a
-    checkout's ``python/`` folder or an unpacked wheel given with ``--sglang-src``) or
-    ``venv`` (a cached environment made for ``--sglang VERSION``).  ``path`` is the
-    imported ``sglang`` package directory; ``commit`` the checkout's git commit (None
-    when not a git checkout).
-    """
-
-    version: Optional[str]
-    path: Optional[str]
-    source: str = "installed"
-    commit: Optional[str] = None
-
-
 class RunResult(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     sglang: SglangInfo
@@ -91,6 +83,10 @@ class RunResult(msgspec.Struct, kw_only=True):
         return all(cell.as_expected for cell in self.cells)
 
 
+CELLS_DIR = "cells"  # OUT/cells/SCENARIO--IMPL/: a reported cell's work directory
+REFERENCE_FOR_DIFF_DIR = "reference-for-diff"  # OUT/reference-for-diff/SCENARIO/: a reference cell for the diff only
+
+
 def cell_dir_name(scenario: str, impl: str) -> str:
     """A cell's folder name under ``OUT/cells/``: ``SCENARIO--IMPL``."""
     return f"{scenario}--{impl}"
@@ -98,19 +94,51 @@ def cell_dir_name(scenario: str, impl: str) -> str:
 
 def cell_dir(out_dir: str | Path, scenario: str, impl: str) -> Path:
     """A reported cell's work directory in a run's out directory."""
-    return Path(out_dir) / "cells" / cell_dir_name(scenario, impl)
+    return Path(out_dir) / CELLS_DIR / cell_dir_name(scenario, impl)
 
 
 def reference_for_diff_dir(out_dir: str | Path, scenario: str) -> Path:
     """Where the reference cell runs that only serves the diff (the reference not among the run's impls)."""
-    return Path(out_dir) / "reference-for-diff" / scenario
+    return Path(out_dir) / REFERENCE_FOR_DIFF_DIR / scenario
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (parents created) through a temporary file in the same
+    folder and a rename: a reader sees the old file or the whole new one, never a part.
+    OSError (the temporary file removed) when it cannot."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def dump_run(run: RunResult, path: str | Path) -> None:
-    """Write ``run`` as pretty JSON to ``path`` (parents created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(msgspec.json.format(msgspec.json.encode(run), indent=2) + b"\n")
+    """Write ``run`` as pretty JSON to ``path``, atomically (:func:`write_atomic`)."""
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(run), indent=2) + b"\n")
+
+
+def dump_cell(cell: CellResult, path: str | Path) -> None:
+    """Write one cell's result as pretty JSON (``cells/SCENARIO--IMPL/cell.json``), atomically."""
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(cell), indent=2) + b"\n")
+
+
+def load_histories(out_dir: str | Path, cells: list[tuple[str, str]]) -> dict[tuple[str, str], list[dict]]:
+    """The histories of a run's ``(scenario, impl)`` cells under ``out_dir``, keyed like
+    ``cells``, and for each scenario without a reference cell the reference's history from
+    ``OUT/reference-for-diff/SCENARIO/`` (keyed ``(scenario, "reference")``).  A missing or
+    unreadable file gives no key (harness.judge.history.load); never raises."""
+    out_dir = Path(out_dir)
+    paths = {key: cell_dir(out_dir, *key) / "history.jsonl" for key in cells}
+    for scenario in dict.fromkeys(sc for sc, _ in cells):
+        if (scenario, REFERENCE) not in paths:
+            paths[(scenario, REFERENCE)] = reference_for_diff_dir(out_dir, scenario) / "history.jsonl"
+    return {key: hist.load(path) for key, path in paths.items() if path.is_file()}
 
 
 def load_run(path: str | Path) -> RunResult:

@@ -24,8 +24,10 @@ from harness.judge.diff import describe as describe_divergence
 from harness.judge.expectations import fixes, is_fix, regressions
 from harness.report.html import write_index_html
 from harness.report.terminal import engine_settings_line, reproduce_command
-from harness.judge.results import VERDICTS, CellResult, RunResult
+from harness.judge.results import VERDICTS, CellResult, RunResult, write_atomic
 
+#: every file a run writes into its out directory beside the cell folders
+REPORT_FILES = ("results.json", "junit.xml", "summary.md", "index.html")
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
 SUMMARY_LIMIT = 60_000
 MARK = {"PASS": "✅", "WARN": "⚠️", "UNSUPPORTED": "➖", "FAIL": "❌", "ERROR": "💥"}
@@ -149,7 +151,7 @@ def summary_markdown(run: RunResult) -> str:
              f"{sglang_line(run)}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
              + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
              + (f"; expectations `{run.expectations}`" if run.expectations else ""), ""]
-    if any(c.impl == "nixl" for c in run.cells) and engine_settings_line(run):
+    if engine_settings_line(run):
         lines[-1:-1] = ["", engine_settings_line(run)]
     lines += _matrix_markdown(run)
     if regs or fixed:
@@ -176,15 +178,22 @@ def summary_markdown(run: RunResult) -> str:
     return text
 
 
-def write_reports(run: RunResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write junit.xml, summary.md and index.html into ``out_dir``; return their paths by name.
-
-    results.json is written by the caller (harness.judge.results.dump_run); the HTML reads
-    the cells' histories from ``out_dir/cells`` (harness.report.html).
-    """
+def write_reports(run: RunResult, out_dir: str | Path, histories: dict[tuple[str, str], list[dict]]) -> dict[str, Path]:
+    """Write junit.xml, summary.md and index.html into ``out_dir``, each atomically; return
+    their paths by name.  ``histories``: the run's (harness.judge.results.load_histories),
+    which index.html shows.  results.json is written by the caller (harness.session)."""
     out_dir = Path(out_dir)
     paths = {"junit.xml": out_dir / "junit.xml", "summary.md": out_dir / "summary.md"}
-    junit_xml(run).write(str(paths["junit.xml"]), pretty=True)
-    paths["summary.md"].write_text(summary_markdown(run), encoding="utf-8")
-    paths["index.html"] = write_index_html(run, out_dir)
+    write_atomic(paths["junit.xml"], junit_bytes(run))
+    write_atomic(paths["summary.md"], summary_markdown(run).encode("utf-8"))
+    paths["index.html"] = write_index_html(run, out_dir, histories)
     return paths
+
+
+def junit_bytes(run: RunResult) -> bytes:
+    """:func:`junit_xml` serialized (pretty, UTF-8, with its XML declaration), in memory."""
+    import io
+
+    buffer = io.BytesIO()
+    junit_xml(run).write(buffer, pretty=True)
+    return buffer.getvalue()

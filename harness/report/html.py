@@ -23,13 +23,11 @@ from typing import Any, Mapping
 
 import jinja2
 
-from harness.judge import history as hist
 from harness.judge.diff import describe as describe_divergence
 from harness.judge.diff import normalize
 from harness.report.terminal import engine_settings_line, reproduce_command
-from harness.judge.results import VERDICTS, CellResult, RunResult, cell_dir, cell_dir_name, reference_for_diff_dir
+from harness.judge.results import REFERENCE, VERDICTS, CellResult, RunResult, cell_dir_name, write_atomic
 
-REFERENCE = "reference"
 MAX_EVENTS = 400  # history rows shown per cell
 MAX_VALUE_CHARS = 160  # characters of a value/error shown per history row
 MAX_DIFF_LINES = 200  # lines of normalized diff shown per cell
@@ -41,25 +39,6 @@ _env = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-
-
-def load_histories(out_dir: str | Path, run: RunResult) -> dict[tuple[str, str], list[dict]]:
-    """Every history of ``run`` that ``out_dir`` holds, keyed by ``(scenario, impl)``.
-
-    Reads ``OUT/cells/SCENARIO--IMPL/history.jsonl`` for each cell, and for each
-    scenario without a reference cell ``OUT/reference-for-diff/SCENARIO/history.jsonl``
-    (keyed ``(scenario, "reference")``).  Missing files are left out of the result;
-    a torn last line is skipped (:func:`harness.judge.history.load`).  Never raises for
-    missing or unreadable files.
-    """
-    out_dir = Path(out_dir)
-    paths: dict[tuple[str, str], Path] = {}
-    for cell in run.cells:
-        paths[(cell.scenario, cell.impl)] = cell_dir(out_dir, cell.scenario, cell.impl) / "history.jsonl"
-    for scenario in dict.fromkeys(c.scenario for c in run.cells):
-        if (scenario, REFERENCE) not in paths:
-            paths[(scenario, REFERENCE)] = reference_for_diff_dir(out_dir, scenario) / "history.jsonl"
-    return {key: hist.load(path) for key, path in paths.items() if path.is_file()}
 
 
 def _short(value: Any, limit: int) -> str:
@@ -162,13 +141,14 @@ def render_index_html(run: RunResult, histories: Mapping[tuple[str, str], list[d
     return _env.get_template("index.html.j2").render(
         run=run, columns=columns, scenarios=scenarios, views=views, counts=counts,
         unexpected=sum(1 for c in run.cells if not c.as_expected), max_events=max_events,
-        engine_settings=engine_settings_line(run) if "nixl" in impls else "",
+        engine_settings=engine_settings_line(run),
     )
 
 
-def write_index_html(run: RunResult, out_dir: str | Path) -> Path:
-    """Render ``OUT/index.html`` from ``run`` and the histories under ``out_dir``
-    (:func:`load_histories`); returns its path.  OSError if it cannot be written."""
+def write_index_html(run: RunResult, out_dir: str | Path, histories: Mapping[tuple[str, str], list[dict]]) -> Path:
+    """Render ``OUT/index.html`` from ``run`` and its ``histories``
+    (harness.judge.results.load_histories), atomically; returns its path.  OSError if it
+    cannot be written."""
     path = Path(out_dir) / "index.html"
-    path.write_text(render_index_html(run, load_histories(out_dir, run)), encoding="utf-8")
+    write_atomic(path, render_index_html(run, histories).encode("utf-8"))
     return path

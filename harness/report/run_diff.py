@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
-from harness.judge.expectations import RANK
+from harness.judge.verdict import Verdict
 from harness.report.terminal import VERDICT_STYLE
 from harness.judge.results import RunResult
 
@@ -34,7 +34,7 @@ class CellChange:
     def worse(self) -> bool:
         if MISSING in (self.before, self.after):
             return False
-        return RANK.get(self.after, len(RANK)) > RANK.get(self.before, len(RANK))
+        return Verdict(self.after) > Verdict(self.before)
 
     @property
     def direction(self) -> str:

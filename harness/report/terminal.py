@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from rich.text import Text
 
 from harness.judge.diff import describe as describe_divergence
 from harness.judge.results import CellResult, RunResult
-from harness.target.role_context import DEFAULT_NIXL_PROGRESS_DELAY_US
+from harness.implementations import registered
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
                  "UNSUPPORTED": "cyan", "ERROR": "bold magenta"}
@@ -59,22 +60,23 @@ def reproduce_command(run: RunResult, cell: CellResult) -> str:
         target = f" --sglang-src {shlex.quote(str(Path(run.sglang.path).parent))}"
     elif run.sglang.source == "venv" and run.sglang.version:
         target = f" --sglang {run.sglang.version}"
-    delay = run.engine_settings.get("nixl_progress_delay_us", DEFAULT_NIXL_PROGRESS_DELAY_US)
-    if cell.impl == "nixl" and delay != DEFAULT_NIXL_PROGRESS_DELAY_US:
-        target += f" --nixl-progress-delay-us {delay}"
+    impl = registered().get(cell.impl)
+    for setting in impl.engine_settings if impl else ():
+        value = run.engine_settings.get(setting.name, setting.default)
+        if value != setting.default:
+            target += f" {setting.flag} {value}"
     if run.full_waits:
         target += " --full-waits"
     return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
 
 
 def engine_settings_line(run: RunResult) -> str:
-    """The run's engine settings that differ from sglang's, in words ("" when none are recorded)."""
-    delay = run.engine_settings.get("nixl_progress_delay_us")
-    if delay is None:
-        return ""
-    if delay == 0:
-        return "NIXL progress thread: busy loop, as sglang runs it"
-    return f"NIXL progress thread: sleeps {delay} us between polls (sglang: busy loop; --nixl-progress-delay-us 0)"
+    """The engine settings of the run's implementations, in words, "; "-separated ("" when
+    none of them has a setting recorded in the run)."""
+    known = registered()
+    impls = [known[name] for name in dict.fromkeys(c.impl for c in run.cells) if name in known]
+    return "; ".join(setting.describe(run.engine_settings[setting.name]) for impl in impls
+                     for setting in impl.engine_settings if setting.name in run.engine_settings)
 
 
 def reasons(run: RunResult) -> list[str]:
@@ -89,3 +91,16 @@ def reasons(run: RunResult) -> list[str]:
             lines.append(f"    {describe_divergence(c.divergence)}")
         lines.append(f"    reproduce: {reproduce_command(run, c)}")
     return lines
+
+
+def event_line(event: dict) -> str:
+    """One history event as a line: ``t  role  op  type  value-or-error``."""
+    t = event.get("t")
+    when = f"{t:7.3f}" if isinstance(t, (int, float)) else "      -"
+    if event.get("op") == "step":
+        return f"{when}  -- step {event.get('step')}: {(event.get('args') or {}).get('step')}"
+    detail = event.get("error") if event.get("type") == "fail" else event.get("value")
+    text = "" if detail is None else json.dumps(detail, default=repr)
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return f"{when}  {event.get('role') or '-':<10} {event.get('op'):<16} {event.get('type'):<7} {text}"

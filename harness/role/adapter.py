@@ -10,39 +10,21 @@ Adapters translate vocabulary calls into calls on the implementation and report
 *observations*; they never decide a verdict (that is :mod:`harness.judge.checks`).
 
 Every method that takes a ``room`` refers to a bootstrap room id (an int).
-Statuses are sglang ``KVPoll`` values as ints: Failed 0, Bootstrapping 1,
-WaitingForInput 2, Transferring 3, Success 4.
+Statuses are :class:`harness.spec.protocol.KVPoll` values (sglang's ints).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
+import inspect
 import time
-import traceback
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from harness.role.faults import Points
+from harness.spec.protocol import kvpoll_name
 
-# KVPoll values (sglang.srt.disaggregation.base.conn.KVPoll), spelled out so
-# that the driver side never imports sglang.
-FAILED, BOOTSTRAPPING, WAITING_FOR_INPUT, TRANSFERRING, SUCCESS = 0, 1, 2, 3, 4
-KVPOLL_NAMES = {
-    FAILED: "Failed",
-    BOOTSTRAPPING: "Bootstrapping",
-    WAITING_FOR_INPUT: "WaitingForInput",
-    TRANSFERRING: "Transferring",
-    SUCCESS: "Success",
-}
-TERMINAL = (FAILED, SUCCESS)
 AWAIT_POLL_S = 0.005  # between KVPoll reads of RoleAdapter.await_status (seconds): the latency floor of a status
-
-
-def kvpoll_name(value: int | None) -> str:
-    """Human name of a KVPoll int (``"None"`` for no status)."""
-    return KVPOLL_NAMES.get(value, str(value)) if value is not None else "None"
 
 
 class Unsupported(Exception):
@@ -50,41 +32,6 @@ class Unsupported(Exception):
 
     The message is the reason; the cell's verdict becomes UNSUPPORTED.
     """
-
-
-@dataclass(frozen=True)
-class Layout:
-    """KV pool layout of one side.
-
-    ``num_layers`` model layers (this side holds all of them for PP = 1);
-    ``num_pages`` pages per buffer; ``page_size`` tokens per page;
-    ``page_bytes`` bytes per page per buffer (multiple of 8); ``aux_slots`` aux
-    slots of ``aux_bytes`` bytes each; ``mla`` selects one KV buffer per layer
-    (MLA) instead of separate K and V buffers (MHA).  ``stage_start``/``stage_end``:
-    the pipeline stage this side holds (``stage_end`` None: to the last layer);
-    ``draft_layers``: draft-model KV layers appended after the main ones, as
-    sglang's schedulers append them to ``KVArgs.kv_data_ptrs``.
-    """
-
-    num_layers: int = 3
-    num_pages: int = 16
-    page_size: int = 4
-    page_bytes: int = 256
-    aux_slots: int = 4
-    aux_bytes: int = 64
-    mla: bool = False
-    kv_heads: int = 1
-    stage_start: int = 0
-    stage_end: int | None = None
-    draft_layers: int = 0
-
-    @property
-    def main_layers(self) -> range:
-        """The model layers of this side's stage."""
-        return range(self.stage_start, self.num_layers if self.stage_end is None else self.stage_end)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -278,70 +225,37 @@ class RoleAdapter(ABC):
         return None
 
 
-class RoleRecorder:
-    """Collects log records and dead threads inside a role process.
+#: an op the role host itself answers (it ends the role), beside the adapter's methods
+SHUTDOWN = "shutdown"
 
-    Installed once per process by the role host; adapters read it in ``observe``.
-    Bounded: keeps the first ``limit`` records of each kind.
-    """
 
-    def __init__(self, logger_prefixes: tuple[str, ...] = ("sglang", "mooncake", "nixl", "NIXL", "mori"),
-                 limit: int = 500):
-        self.logger_prefixes = logger_prefixes
-        self.limit = limit
-        self.log_records: list[dict[str, str]] = []
-        self.dead_threads: list[dict[str, str]] = []
-        self._lock = threading.Lock()
-        self._previous_hook = threading.excepthook
+class ContractError(TypeError):
+    """A driver asked a role for an op the adapter contract does not have, or with arguments it does not take."""
 
-    def install(self) -> "RoleRecorder":
-        recorder = self
 
-        class _Handler(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                if not record.name.startswith(recorder.logger_prefixes):
-                    return
-                try:
-                    message = record.getMessage()
-                except Exception as exc:  # a bad format string is still a record
-                    message = f"{record.msg!r} (unformattable: {exc})"
-                with recorder._lock:
-                    if len(recorder.log_records) < recorder.limit:
-                        recorder.log_records.append(
-                            {"level": record.levelname, "logger": record.name, "message": message}
-                        )
+def contract() -> dict[str, inspect.Signature]:
+    """The ops a driver may call on a role: every public method of :class:`RoleAdapter`
+    with its signature (``self`` left out), plus :data:`SHUTDOWN`."""
+    ops = {}
+    for name in dir(RoleAdapter):
+        member = getattr(RoleAdapter, name)
+        if name.startswith("_") or not callable(member):
+            continue
+        signature = inspect.signature(member)
+        ops[name] = signature.replace(parameters=list(signature.parameters.values())[1:])
+    ops[SHUTDOWN] = inspect.Signature()
+    return ops
 
-        handler = _Handler(level=logging.WARNING)
-        logging.getLogger().addHandler(handler)
-        threading.excepthook = self._excepthook
-        return self
 
-    def _excepthook(self, args: threading.ExceptHookArgs) -> None:
-        with self._lock:
-            if len(self.dead_threads) < self.limit:
-                self.dead_threads.append(
-                    {
-                        "thread": args.thread.name if args.thread else "?",
-                        "exception": args.exc_type.__name__,
-                        "message": str(args.exc_value),
-                        "traceback": "".join(
-                            traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)
-                        )[-4000:],
-                    }
-                )
-        self._previous_hook(args)
+CONTRACT = contract()
 
-    def snapshot(self) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-        with self._lock:
-            return list(self.log_records), list(self.dead_threads)
 
-    def observation(self, role: str, threads: list[threading.Thread],
-                    rooms: dict[int, list[str]] | None = None,
-                    remembered: dict[int, list[str]] | None = None) -> dict:
-        """The :class:`Observation` an adapter's ``observe`` returns: its ``threads``
-        by name and liveness, the recorded logs and dead threads, ``rooms`` and
-        ``remembered``."""
-        logs, dead = self.snapshot()
-        loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(threads)}
-        return Observation(role=role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms or {},
-                           remembered=remembered or {}).to_dict()
+def check_call(op: str, kwargs: dict[str, Any]) -> None:
+    """Raise :class:`ContractError` unless ``op(**kwargs)`` is a call the contract allows."""
+    signature = CONTRACT.get(op)
+    if signature is None:
+        raise ContractError(f"{op!r} is not a role op (harness.role.adapter.RoleAdapter has no such method)")
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        raise ContractError(f"{op}{signature}: {exc}") from None

@@ -25,20 +25,14 @@ from typing import Iterable, Sequence
 
 import torch
 
+from harness.spec.protocol import DRAFT_BASE, layer_name  # noqa: F401 - part of the pattern's vocabulary
+
 PREFILL, DECODE = 1, 2
 K, V, AUX = 0, 1, 2
 SIDE_NAMES = {PREFILL: "prefill", DECODE: "decode"}
 KIND_NAMES = {K: "K", V: "V", AUX: "aux"}
 WORD = 8
 MAX_LAYER = (1 << 12) - 1
-#: draft-model KV layer d is tagged as layer DRAFT_BASE + d (a band above any model's layers,
-#: as sglang's build_kv_layer_ids does), so a draft page can never pass for a main-layer page
-DRAFT_BASE = 2048
-
-
-def layer_name(layer: int) -> str:
-    """``layer 3`` or, for the draft band, ``draft layer 0``."""
-    return f"draft layer {layer - DRAFT_BASE}" if layer >= DRAFT_BASE else f"layer {layer}"
 MAX_PAGE = (1 << 24) - 1
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.role import pattern
-from harness.role.adapter import Layout
+from harness.spec.protocol import Layout
 
 
 def pattern_pools(side: int, layout: Layout) -> tuple[list[tuple[pattern.BufferSpec, Any]], tuple[pattern.BufferSpec, Any]]:

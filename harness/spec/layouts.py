@@ -1,4 +1,4 @@
-"""Generated KV layouts and their judgement against the reference planner (R-LAYOUT-2).
+"""Generated KV layouts and their judgement against the layout planning rules (R-LAYOUT-2).
 
 A layout *spec* is a plain dict (it crosses the role socket)::
 
@@ -8,12 +8,12 @@ A layout *spec* is a plain dict (it crosses the role socket)::
 The prefill holds one of ``S`` pipeline stages ``[start, end)``; the decode holds
 either the whole model (one stage) or the same stage; draft KV is on the decode
 only, on both or on neither.  Buffers are numbered the way sglang's schedulers
-fill ``KVArgs.kv_data_ptrs`` (see :mod:`backends.reference.planner`).
+fill ``KVArgs.kv_data_ptrs`` (see :mod:`harness.spec.layout_plan`).
 
 An adapter's ``plan_layouts`` returns, per spec, ``{"pairs": [[src, dst], ...]}``
 (the prefill buffer index each decode buffer index receives) or
 ``{"rejected": reason}`` (the implementation refuses it, visibly).
-:func:`judge` compares that with the reference planner and names the first
+:func:`judge` compares that with the planning rules (harness.spec.layout_plan) and names the first
 difference by buffer identity.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from backends.reference.planner import LayoutSpec, Plan, SideLayout, plan, side_buffers
+from harness.spec.layout_plan import LayoutSpec, Plan, SideLayout, plan, side_buffers
 
 
 @st.composite
@@ -76,7 +76,7 @@ def kind_of(problem: str) -> str:
 
 
 def judge(spec: dict, result: dict) -> str | None:
-    """None when ``result`` agrees with the reference planner for ``spec``; otherwise
+    """None when ``result`` agrees with the planning rules (harness.spec.layout_plan) for ``spec``; otherwise
     what differs, by buffer identity (R-LAYOUT-2)."""
     s = to_spec(spec)
     expected = plan(s)
@@ -113,7 +113,7 @@ def single_stage_specs():
 
 def role_layouts(spec: dict):
     """(prefill Layout, decode Layout) for a spec (3-page-per-room pools, 16 pages)."""
-    from harness.role.adapter import Layout
+    from harness.spec.protocol import Layout
 
     def side(start_end_draft):
         start, end, draft = start_end_draft
@@ -125,7 +125,7 @@ def role_layouts(spec: dict):
 
 def sent_layers(spec: dict) -> tuple[int, ...]:
     """Tag layers whose pages the prefill sends: its stage's layers and its draft layers."""
-    from harness.role.pattern import DRAFT_BASE
+    from harness.spec.protocol import DRAFT_BASE
 
     start, end, draft = spec["prefill"]
     return tuple(range(start, end)) + tuple(DRAFT_BASE + d for d in range(draft))
@@ -134,7 +134,7 @@ def sent_layers(spec: dict) -> tuple[int, ...]:
 def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
     """One room from creation to Success between ``prefill`` and ``decode``, then the
     byte check for ``spec`` (R-LAYOUT-1/2)."""
-    from harness.role.adapter import FAILED, SUCCESS, WAITING_FOR_INPUT
+    from harness.spec.protocol import KVPoll
     from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
     import random
 
@@ -143,9 +143,9 @@ def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
     src = tuple(sorted(rng.sample(range(16), 3)))
     dst = tuple(rng.sample(range(16), 3))
     aux_src, aux_dst = rng.randrange(4), rng.randrange(4)
-    done = (SUCCESS, FAILED)
+    done = (KVPoll.Success, KVPoll.Failed)
     return [OpenRoom(room, prefill=prefill, decode=decode), RequestKV(room, dst, aux_dst, decode=decode),
-            AwaitStatus(room, prefill, (WAITING_FOR_INPUT, FAILED)),
+            AwaitStatus(room, prefill, (KVPoll.WaitingForInput, KVPoll.Failed)),
             InitSender(room, len(src), aux_src, prefill=prefill), SendChunk(room, src, prefill=prefill),
             AwaitStatus(room, prefill, done), AwaitStatus(room, decode, done),
             VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),), decode=decode, sent_layers=sent_layers(spec))]

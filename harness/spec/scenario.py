@@ -1,22 +1,28 @@
 """Scenario declarations and the scenario registry.
 
-A scenario is data: a kebab-case ``id``, a ``title``, the requirement IDs it
-checks (docs/protocol.md), a cell deadline in seconds, the steps (from the
-closed vocabulary in :mod:`harness.spec.steps`) and the checks (from
-:mod:`harness.judge.checks`).  It imports no backend.  Scenarios live in
+A scenario is data: a kebab-case ``id``, a ``title``, a cell deadline in seconds,
+the steps (from the closed vocabulary in :mod:`harness.spec.steps`) and the checks
+(from :mod:`harness.judge.checks`).  The requirements it checks are the ones its
+checks cite (docs/protocol.md), never listed twice.  It imports no backend.  Scenarios live in
 ``scenarios/`` and register themselves with :func:`register`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+from importlib import metadata
 import os
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harness.judge.checks import Check
+from typing import TYPE_CHECKING
+
 from harness.spec.steps import Step
+
+if TYPE_CHECKING:  # a scenario holds checks; the spec layer does not need the judge to exist
+    from harness.judge.checks import Check
 
 
 @dataclass(frozen=True)
@@ -32,19 +38,24 @@ class Scenario:
 
     id: str
     title: str
-    requirements: tuple[str, ...]
     steps: Callable[[int], list[Step]]  # seed -> steps
-    checks: Callable[[int], list[Check]]  # seed -> checks
+    checks: Callable[[int], list["Check"]]  # seed -> checks
     timeout_s: float = 120.0
     timeout_wait_s: float = 0.0
     test_only: bool = False
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
 
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """The requirement IDs this scenario's checks cite (docs/protocol.md), in the order
+        they are first cited (the checks of seed 0: a seed changes rooms, not requirements)."""
+        return tuple(dict.fromkeys(check.requirement for check in self.checks(0)))
 
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - scenarios live as long as the process
     def inherent_wait_s(self, seed: int) -> float:
         """Seconds any conforming implementation spends waiting in this scenario for ``seed``:
-        its ``Sleep`` steps plus ``timeout_wait_s``."""
+        its ``Sleep`` steps plus ``timeout_wait_s`` (computed once per seed: steps may sample)."""
         from harness.spec.steps import Sleep
 
         return round(sum(step.seconds for step in self.steps(seed) if isinstance(step, Sleep)) + self.timeout_wait_s, 3)
@@ -62,11 +73,17 @@ def register(scenario: Scenario) -> Scenario:
     return scenario
 
 
-def _load_all() -> None:
-    import scenarios
+SCENARIO_ENTRY_POINTS = "pdconform.scenarios"  # each names a package whose every module registers scenarios
 
-    for info in pkgutil.iter_modules(scenarios.__path__):
-        importlib.import_module(f"scenarios.{info.name}")
+
+@functools.lru_cache(maxsize=None)
+def _load_all() -> None:
+    """Import every module of every scenario package (entry point group :data:`SCENARIO_ENTRY_POINTS`,
+    pyproject.toml), once per process; each registers its scenarios."""
+    for entry in metadata.entry_points(group=SCENARIO_ENTRY_POINTS):
+        package = importlib.import_module(entry.value)
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{entry.value}.{info.name}")
 
 
 def all_scenarios(include_test_only: bool | None = None) -> list[Scenario]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.role.adapter import Layout
+from harness.spec.protocol import Layout
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,9 @@ class StartRoles:
 # roles forked ready, and the time a broken implementation costs per stuck step.
 STEP_TIMEOUT_S = 6.0
 
-# Fail fast: an AwaitStatus bounded by STEP_TIMEOUT_S or more says the status must come.
-# When one runs out without it, the cell already fails at that step (the room is stuck:
-# a dead control thread, a stale port), and every later AwaitStatus of the cell would
+# Fail fast: when an AwaitStatus whose status must come (``must_come``) runs out without
+# it, the cell already fails at that step (the room is stuck: a dead control thread, a
+# stale port), and every later AwaitStatus of the cell would
 # wait out its own bound for the same reason.  From then on each of them waits at most
 # this long (seconds); the history records the cut and the checks' details say so.
 # ``pdconform run --full-waits`` keeps every bound (to study a failing cell's later steps).
@@ -174,16 +174,21 @@ class RequestKV:
 class AwaitStatus:
     """Poll ``role``'s room until its KVPoll is in ``statuses`` or ``timeout_s`` passes.
 
-    The history records the last status seen and whether it was reached.  Default
-    ``timeout_s``: :data:`STEP_TIMEOUT_S`, a status that must come; a shorter bound is a
-    probe that may run out in a conforming cell (after an unreached must-come status,
-    see :data:`STALL_CUT_S`).
+    The history records the last status seen, the statuses seen on the way and whether
+    one of ``statuses`` was reached.  ``label`` names this poll for the checks
+    (:func:`harness.judge.checks.status_at`); labels are unique within a scenario.
+    ``must_come``: a conforming implementation reaches ``statuses`` within the bound
+    (default, with the default bound :data:`STEP_TIMEOUT_S`); when it does not, the cell
+    already fails here and its later waits are cut (:data:`STALL_CUT_S`).  False: a
+    probe, which may run out in a conforming cell (give it a short bound).
     """
 
     room: int
     role: str
     statuses: tuple[int, ...]
     timeout_s: float = STEP_TIMEOUT_S
+    label: str = ""
+    must_come: bool = True
 
 
 @dataclass(frozen=True)
@@ -268,7 +273,7 @@ class Observe:
 class PlanLayouts:
     """Ask ``role``'s implementation to plan ``count`` generated layouts
     (:mod:`harness.spec.layouts`, drawn from ``seed``); every layout it plans differently
-    from the reference planner is shrunk (one per kind of difference, at most
+    from the planning rules (harness.spec.layout_plan) is shrunk (one per kind of difference, at most
     ``max_shrinks``) by asking it again about smaller layouts."""
 
     role: str = "prefill"

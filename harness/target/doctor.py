@@ -1,66 +1,68 @@
 """``pdconform doctor``: what this machine can run, and why not.
 
-Each engine is probed in a child process with a timeout, so a crashing or
-hanging native library cannot take the CLI down.  Returns plain data; the CLI
-prints it.
+Each implementation's engine is probed in a child process with a timeout (``python -m
+harness.target.doctor --impl NAME --probe MODULE:FUNCTION`` calls the implementation's
+``probe`` hook, harness.implementations), so a crashing or hanging native library cannot take the CLI
+down.  Returns plain data; the CLI prints it.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from harness import ROOT
 from harness.target.sglang import installed_info
 
 PROBE_TIMEOUT_S = 60.0
-
-_MOONCAKE_PROBE = "from mooncake.engine import TransferEngine; TransferEngine()"
-_NIXL_PROBE = """
-import os
-os.environ.setdefault('UCX_TLS', 'tcp'); os.environ.setdefault('UCX_NET_DEVICES', 'lo')
-from nixl._api import nixl_agent, nixl_agent_config
-agent = nixl_agent('pdconform-doctor', nixl_agent_config(backends=['UCX']))
-"""
-_MORI_REAL_PROBE = "from backends.mori.adapter import real_mori_error as e; r = e()\nif r: raise SystemExit(r)"
-_MORI_STANDIN_PROBE = """
-import sys
-from backends.mori.adapter import STANDIN_PATH
-sys.path.insert(0, str(STANDIN_PATH))
-import mori, mori.io, mori.cpp
-assert getattr(mori, '__pdconform_standin__', False)
-"""
+PROBE_MARK = "PDCONFORM-PROBE:"
 
 
 @dataclass
 class EngineStatus:
+    """One implementation's engine here: ``engine`` real | standin | reference | unusable, and why."""
+
     impl: str
-    engine: str  # real | standin | unusable
+    engine: str
     reason: str
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-PROBE_OK = "PDCONFORM-PROBE-OK"
-
-
-def _probe(code: str) -> tuple[bool, str]:
-    """Run ``code`` in a child; success means it reached the end.  The child leaves
-    with ``os._exit`` because NIXL 1.5.1's agent segfaults at interpreter exit."""
-    code += f"\nimport os; print({PROBE_OK!r}, flush=True); os._exit(0)\n"
+def probe_in_child(impl: str, probe: str) -> EngineStatus:
+    """Run ``impl``'s ``probe`` (``"module:function"``) in a child process (bounded by
+    PROBE_TIMEOUT_S seconds).  The child leaves with ``os._exit`` because NIXL 1.5.1's agent
+    segfaults at interpreter exit."""
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, cwd=str(ROOT))
+        proc = subprocess.run([sys.executable, "-m", "harness.target.doctor", "--impl", impl, "--probe", probe],
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, cwd=str(ROOT))
     except subprocess.TimeoutExpired:
-        return False, f"probe did not finish within {PROBE_TIMEOUT_S:.0f} s"
-    if PROBE_OK in proc.stdout:
-        return True, ""
+        return EngineStatus(impl, "unusable", f"probe did not finish within {PROBE_TIMEOUT_S:.0f} s")
+    for line in proc.stdout.splitlines():
+        if line.startswith(PROBE_MARK):
+            return EngineStatus(**json.loads(line[len(PROBE_MARK):]))
     lines = [ln for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
-    return False, lines[-1] if lines else f"probe exited with code {proc.returncode}"
+    return EngineStatus(impl, "unusable", lines[-1] if lines else f"probe exited with code {proc.returncode}")
+
+
+def _probe_here(impl_name: str, probe: str) -> None:
+    """In the probe child: print the EngineStatus ``probe`` finds as one marked JSON line, then ``os._exit``."""
+    import importlib
+    import os
+
+    try:
+        module, _, function = probe.partition(":")
+        engine, reason = getattr(importlib.import_module(module), function)()
+        status = EngineStatus(impl_name, engine, reason)
+    except Exception as exc:  # noqa: BLE001 - the reason is the report
+        status = EngineStatus(impl_name, "unusable", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    print(PROBE_MARK + json.dumps(status.to_dict()), flush=True)
+    os._exit(0)
 
 
 def _libibverbs_present() -> bool:
@@ -71,34 +73,35 @@ def _libibverbs_present() -> bool:
     return "libibverbs.so.1 " in out
 
 
-def engine_statuses() -> list[EngineStatus]:
-    """Probe Mooncake, NIXL and Mori; each result says real, standin or unusable, and why."""
-    statuses = []
-    ok, why = _probe(_MOONCAKE_PROBE)
-    if ok:
-        statuses.append(EngineStatus("mooncake", "real", "mooncake.engine.TransferEngine loads (TCP protocol)"))
-    else:
-        hint = "" if _libibverbs_present() else " (libibverbs.so.1 missing: install the Debian package libibverbs1)"
-        statuses.append(EngineStatus("mooncake", "unusable", why + hint))
-    ok, why = _probe(_NIXL_PROBE)
-    statuses.append(EngineStatus("nixl", "real", "NIXL agent with the UCX backend starts (UCX_TLS=tcp, lo)")
-                    if ok else EngineStatus("nixl", "unusable", why))
-    ok, why = _probe(_MORI_REAL_PROBE)
-    if ok:
-        statuses.append(EngineStatus("mori", "real", "amd-mori imports"))
-    else:
-        standin_ok, standin_why = _probe(_MORI_STANDIN_PROBE)
-        statuses.append(EngineStatus("mori", "standin", f"real mori unusable: {why}; using the pdconform stand-in")
-                        if standin_ok else EngineStatus("mori", "unusable", f"{why}; stand-in failed: {standin_why}"))
-    return statuses
-
-
-def diagnose() -> dict:
-    """Everything doctor reports, as JSON-ready data."""
+def diagnose(impls: list) -> dict:
+    """Everything doctor reports, as JSON-ready data: Python, the installed sglang,
+    libibverbs, and each of ``impls`` (harness.implementations.Implementation) that has a
+    probe: its engine here, its declared sglang range and its engine settings."""
     info = installed_info()
+    engines = []
+    for impl in impls:
+        if not impl.probe:
+            continue
+        status = probe_in_child(impl.name, impl.probe).to_dict()
+        status["sglang_range"] = str(impl.sglang_range) if impl.sglang_range else "any (imports no sglang)"
+        status["settings"] = {s.name: s.default for s in impl.engine_settings}
+        engines.append(status)
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "sglang": {"version": info.version, "path": info.path},
         "libibverbs": _libibverbs_present(),
-        "engines": [s.to_dict() for s in engine_statuses()],
+        "engines": engines,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.target.doctor")
+    parser.add_argument("--impl", required=True, help="the implementation whose engine is probed")
+    parser.add_argument("--probe", required=True, help="its probe hook, module:function")
+    args = parser.parse_args(argv)
+    _probe_here(args.impl, args.probe)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

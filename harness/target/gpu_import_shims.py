@@ -170,7 +170,7 @@ def transformers_must_see_torchvision() -> bool:
     """
     from importlib import metadata
 
-    from harness.target.role_context import release_of
+    from harness.target.version import release_of
 
     try:
         version = metadata.version("transformers")

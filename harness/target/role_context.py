@@ -22,8 +22,9 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Callable
+
+from harness.target.version import release_of, sglang_version
 
 LOOPBACK = "127.0.0.1"
 
@@ -42,12 +43,6 @@ ROLE_ENV = {
     "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2",
     "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
 }
-
-
-# The NIXL agent's progress thread: microseconds it sleeps between polls in a role
-# (backends/nixl/adapter.py says why the harness does not keep nixl's busy loop, 0).
-NIXL_PROGRESS_DELAY_ENV = "PDCONFORM_NIXL_PROGRESS_DELAY_US"
-DEFAULT_NIXL_PROGRESS_DELAY_US = 100  # about 2 % of a core while idle, instead of 100 %
 
 
 class UnsupportedSglang(RuntimeError):
@@ -89,33 +84,6 @@ class _SingleRankPPGroup:
     rank_in_group = 0
     rank = 0
     ranks = [0]
-
-
-def sglang_version() -> str:
-    """The version of the sglang this process imports, without importing it: the
-    ``PDCONFORM_SGLANG_VERSION`` a source-tree target sets (harness.target.sglang),
-    else the installed package's metadata."""
-    return os.environ.get("PDCONFORM_SGLANG_VERSION") or metadata.version("sglang")
-
-
-def release_of(version: str) -> tuple[int, int, int]:
-    """The release a version string belongs to, as ``(major, minor, patch)``: the
-    leading digits of its first three dot-separated pieces, so ``"0.5.18.post1"``,
-    ``"0.5.18rc2"`` and ``"0.5.18+cpu"`` are all ``(0, 5, 18)``; missing pieces are 0.
-    Raises ValueError when the first piece has no leading digit."""
-    numbers = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            if not numbers:
-                raise ValueError(f"not a release version: {version!r}")
-            break
-        numbers.append(int(digits))
-    return tuple(numbers + [0] * (3 - len(numbers)))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -266,4 +234,7 @@ def prepare_role(settings: RoleSettings):
     if not 0 <= settings.attn_tp_rank < settings.attn_tp_size:
         raise ValueError(f"attention TP rank {settings.attn_tp_rank} is not a rank of {settings.attn_tp_size}")
     apply_role_env()
-    return strategy_for(sglang_version()).prepare(settings)
+    version = sglang_version()
+    if version is None:
+        raise UnsupportedSglang("sglang is not installed")
+    return strategy_for(version).prepare(settings)

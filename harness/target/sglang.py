@@ -23,14 +23,32 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Optional
+
+import msgspec
 from pathlib import Path
 
 from harness import ROOT
-from harness.judge.results import SglangInfo
+from harness.target.version import VERSION_ENV
 
-VERSION_ENV = "PDCONFORM_SGLANG_VERSION"
 SETUP_TIMEOUT_S = 1800.0
 PROBE_TIMEOUT_S = 60.0
+
+
+class SglangInfo(msgspec.Struct, kw_only=True):
+    """Which sglang the cells imported.
+
+    ``source``: ``installed`` (the package in pdconform's environment), ``src`` (a
+    checkout's ``python/`` folder or an unpacked wheel given with ``--sglang-src``) or
+    ``venv`` (a cached environment made for ``--sglang VERSION``).  ``path`` is the
+    imported ``sglang`` package directory; ``commit`` the checkout's git commit (None
+    when not a git checkout).
+    """
+
+    version: Optional[str]
+    path: Optional[str]
+    source: str = "installed"
+    commit: Optional[str] = None
 
 
 class TargetError(ValueError):
@@ -222,9 +240,3 @@ def resolve_target(src: str | Path | None = None, version: str | None = None, lo
     if version is not None:
         return release_target(version, log=log)
     return installed_target()
-
-
-def effective_version() -> str:
-    """Inside a cell or role process: the version of the sglang being imported
-    (``PDCONFORM_SGLANG_VERSION`` for a source tree, else the installed package's)."""
-    return os.environ.get(VERSION_ENV) or metadata.version("sglang")

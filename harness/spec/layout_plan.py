@@ -1,4 +1,4 @@
-"""The reference KV layout planner: which prefill buffer goes to which decode buffer.
+"""The layout planning rules (R-LAYOUT-2): which prefill buffer goes to which decode buffer.
 
 Pure and declarative (requirement R-LAYOUT-2 in docs/protocol.md).  A side's
 KV buffers are listed the way sglang's schedulers fill ``KVArgs.kv_data_ptrs``

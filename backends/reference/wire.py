@@ -1,0 +1,186 @@
+"""The reference's wire: its frames, their parsing, and the control loop each side runs.
+
+Wire frames (ASCII fields, like the Common protocol's)::
+
+    D->P  REGISTER   room decode_endpoint generation dst_pages(csv) aux_slot
+    D->P  ABORT      room decode_endpoint generation
+    P->D  WRITE      room generation write_id aux(0|1) dst(csv) payload prefill_endpoint
+    D->P  WRITE_DONE room write_id ok(0|1) reason
+    P->D  STATUS     room generation status reason
+    P->D  ABORT_ACK  room generation
+
+A frame that does not parse, or whose handling fails, is dropped with a warning
+(R-LIVE-1): nothing a peer sends can stop a control thread.  The decode answers
+every WRITE with WRITE_DONE to the endpoint in the frame, whatever the room's
+state, as an RDMA completion would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import threading
+import time
+
+import zmq
+
+log = logging.getLogger("pdconform.reference")
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A timeout knob from the role's environment (sglang's variable names, so one
+    scenario setting reaches every implementation); ValueError names a bad value."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be above 0 seconds")
+    return value
+
+
+def env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+HOST = "127.0.0.1"
+TICK_S = 0.05
+HEALTH_TIMEOUT_S = 1.0
+
+
+class MalformedFrame(ValueError):
+    """A control frame that does not parse."""
+
+
+ENDPOINT = re.compile(r"^tcp://[A-Za-z0-9.\-]+:\d{1,5}$")
+
+
+def endpoint(frame: bytes) -> str:
+    """A ``tcp://host:port`` endpoint field; MalformedFrame otherwise."""
+    text = frame.decode("ascii")
+    if not ENDPOINT.match(text):
+        raise MalformedFrame(f"bad endpoint {text[:64]!r}")
+    return text
+
+
+def csv(values) -> bytes:
+    return ",".join(str(int(v)) for v in values).encode("ascii")
+
+
+def ints(frame: bytes) -> tuple[int, ...]:
+    text = frame.decode("ascii")
+    return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+def parse(frames: list[bytes]) -> tuple[str, list[bytes]]:
+    """Split a multipart message into its tag and fields; MalformedFrame when the
+    tag is unknown or the field count is wrong."""
+    arity = {b"REGISTER": 5, b"ABORT": 3, b"WRITE": 7, b"WRITE_DONE": 4, b"STATUS": 4, b"ABORT_ACK": 2}
+    if not frames or frames[0] not in arity:
+        raise MalformedFrame(f"unknown tag {frames[0][:32]!r}" if frames else "empty message")
+    if len(frames) - 1 != arity[frames[0]]:
+        raise MalformedFrame(f"{frames[0].decode()} with {len(frames) - 1} fields, expected {arity[frames[0]]}")
+    return frames[0].decode(), frames[1:]
+
+
+class ControlSide:
+    """A control thread that owns one core, one PULL socket and the PUSH sockets."""
+
+    def __init__(self, name: str, handle_frames, on_tick):
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.port = self.pull.bind_to_random_port(f"tcp://{HOST}")
+        self.endpoint = f"tcp://{HOST}:{self.port}"
+        self.push: dict[str, zmq.Socket] = {}
+        self.inbox: queue.Queue = queue.Queue()
+        # a byte on this pipe wakes the loop for inbox work (instead of waiting out TICK_S)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
+        self.handle_frames = handle_frames
+        self.on_tick = on_tick
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=f"reference-{name}-control", daemon=True)
+
+    def submit(self, fn) -> None:
+        """Run ``fn()`` on the control thread, as soon as it finishes what it is doing (any thread)."""
+        self.inbox.put(fn)
+        try:
+            os.write(self._wake_w, b"w")
+        except BlockingIOError:  # the pipe is full of wake-ups already
+            pass
+        except OSError:  # closed: the side is stopping
+            pass
+
+    def send(self, endpoint: str, frames: list[bytes]) -> None:
+        sock = self.push.get(endpoint)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 10000)
+            try:
+                sock.connect(endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(0)
+                log.warning("cannot connect to %s: %s", endpoint, exc)
+                return
+            self.push[endpoint] = sock
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("dropped a %s frame to %s: send queue full", frames[0][:16], endpoint)
+        except zmq.ZMQError as exc:
+            log.warning("could not send a %s frame to %s: %s", frames[0][:16], endpoint, exc)
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic()
+        while not self.stop.is_set():
+            ready = dict(self.poller.poll(int(max(0.0, next_tick - time.monotonic()) * 1000)))
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if ready.get(self.pull):
+                frames = self.pull.recv_multipart()
+                try:
+                    self.handle_frames(frames)
+                except (MalformedFrame, UnicodeDecodeError, ValueError) as exc:
+                    log.warning("dropped a malformed control frame: %s", exc)  # R-LIVE-1
+                except Exception as exc:  # handling failed: still never fatal (R-LIVE-1)
+                    log.warning("dropped a control frame it could not handle: %r", exc)
+            while True:
+                try:
+                    fn = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    fn()
+                except Exception as exc:  # an API call's own error goes back to its caller via _sync
+                    log.error("control work failed: %r", exc)
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + TICK_S
+                self.on_tick(time.monotonic())
+
+    def close(self) -> None:
+        self.stop.set()
+        self.submit(lambda: None)  # wake the loop now
+        self.thread.join(timeout=2)
+        if not self.thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        for sock in self.push.values():
+            sock.close(0)
+        self.pull.close(0)
+        self.ctx.term()
+
+

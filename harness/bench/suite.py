@@ -1,0 +1,141 @@
+"""``pdconform bench`` as one call: the figures it asks for, their table, bench.json.
+
+The CLI checks the options and prints; this module runs the matrix, simulator and
+engine benchmarks (harness.bench.matrix) and turns their figures into a table and a
+file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rich.markup import escape
+from rich.table import Table
+
+from harness import ROOT
+from harness.bench.matrix import (GOALS, Figure, bench_engines, bench_matrix, bench_simulator, engine_pairs, machine,
+                                  overhead_by_impl)
+from harness.judge.results import write_atomic
+
+PARTS = ("matrix", "simulator", "engines")
+
+
+@dataclass
+class BenchPlan:
+    """What one bench measures: ``repeat`` samples of each figure; ``matrix`` (a
+    harness.session.RunConfig, or None to skip it), ``seeds`` simulator seeds per sample
+    (0 to skip), ``engine_bytes`` per engine transfer (0 to skip); ``out_dir`` for the
+    runs and bench.json."""
+
+    out_dir: Path
+    repeat: int = 3
+    matrix: object | None = None
+    seeds: int = 0
+    engine_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class BenchUsageError(ValueError):
+    """Options that ask for nothing, or for more than this machine has; the message says which."""
+
+
+def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: list, skip: set[str], seeds: int,
+               engine_mib: int, engine_settings: dict[str, int], target: Callable[[], object]) -> BenchPlan:
+    """The BenchPlan ``pdconform bench``'s options ask for: ``skip`` some of :data:`PARTS`;
+    ``target()`` gives the sglang of the timed matrix, whose cells start in the order a
+    clean clone's ``make matrix`` uses (the shipped expectations' failing cells first).
+    BenchUsageError for an unknown part, nothing left to measure, or engine buffers beyond
+    the free memory."""
+    from harness.drive.scheduler import expected_durations
+    from harness.implementations import available
+    from harness.judge.expectations import load_expectations
+    from harness.session import RunConfig
+    from harness.spec.scenario import all_scenarios
+
+    unknown = skip - set(PARTS)
+    if unknown:
+        raise BenchUsageError(f"unknown --skip {', '.join(sorted(unknown))} (known: {', '.join(PARTS)})")
+    if skip == set(PARTS):
+        raise BenchUsageError("--skip leaves nothing to measure")
+    if "engines" not in skip:
+        free_mib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+        if 2 * engine_mib > free_mib:
+            raise BenchUsageError(f"--engine-mib {engine_mib} needs {2 * engine_mib} MiB of memory (a source and a "
+                                  f"destination buffer); {free_mib} MiB are free")
+    plan = BenchPlan(out_dir=out, repeat=repeat, seeds=0 if "simulator" in skip else seeds,
+                     engine_bytes=0 if "engines" in skip else engine_mib * 2**20)
+    if "matrix" not in skip:
+        sglang = target()
+        hint = {}
+        shipped = ROOT / "expectations" / f"sglang-{sglang.info.version}.toml"
+        if shipped.is_file():
+            loaded = load_expectations(shipped, available(), [s.id for s in all_scenarios()])
+            hint = expected_durations(scenarios, impls, 0, loaded.verdict_for)
+        plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
+                                engine_settings=engine_settings, duration_hint=hint)
+    return plan
+
+
+def clear_old(out_dir: Path) -> None:
+    """Remove an earlier bench's figures (bench.json and its ``run-N`` folders) from
+    ``out_dir``, so that they cannot pass for this one's, even if this one is interrupted."""
+    (out_dir / "bench.json").unlink(missing_ok=True)
+    for old_run in out_dir.glob("run-*"):
+        if old_run.is_dir() and old_run.name[4:].isdigit():
+            shutil.rmtree(old_run, ignore_errors=True)
+
+
+def run_bench(plan: BenchPlan, on_progress: Callable[[str], None] = lambda text: None) -> list[Figure]:
+    """Measure what ``plan`` asks for; the figures, in report order."""
+    figures: list[Figure] = []
+    if plan.matrix is not None:
+        wall, overhead, cpu, runs = bench_matrix(plan.matrix, plan.repeat, on_progress=on_progress)
+        figures += [wall, overhead, *overhead_by_impl(runs), cpu]
+    if plan.seeds:
+        on_progress(f"simulator: {plan.repeat} x {plan.seeds} seeds")
+        figures.append(bench_simulator(plan.seeds, plan.repeat))
+    if plan.engine_bytes:
+        on_progress(f"engines: {engine_pairs(plan.repeat)} x {plan.engine_bytes >> 20} MiB raw and instrumented")
+        figures += bench_engines(plan.engine_bytes, plan.repeat)
+    return figures
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "B/s":
+        return f"{value / 2**20:,.1f} MiB/s"
+    if unit == "s":
+        return f"{value:.3f} s"
+    return f"{value:,.1f} {unit}"
+
+
+def figures_table(figures: list[Figure], jobs: int, repeat: int) -> Table:
+    """The figures as a rich table: median, spread, goal and whether it is met."""
+    info = machine()
+    table = Table(title=f"pdconform bench: {info['cores']} cores, {info['cpu']}, Python {info['python']}, "
+                        f"jobs {jobs}, {repeat} samples")
+    table.add_column("figure", no_wrap=True)  # a figure's name is what bench.json and the docs call it
+    for column in ("median", "spread", "goal", ""):
+        table.add_column(column)
+    for f in figures:
+        goal = GOALS.get(f.name)
+        mark = {True: "[green]met[/]", False: "[red]NOT met[/]", None: ""}[f.meets_goal()]
+        spread = f"{_fmt(f.spread[0], f.unit)} .. {_fmt(f.spread[1], f.unit)}" if f.spread else "-"
+        table.add_row(escape(f.name), _fmt(f.median, f.unit), spread,
+                      f"{goal[0]} {_fmt(goal[1], f.unit)}" if goal else "",
+                      " ".join(part for part in (mark, escape(f.note)) if part))
+    return table
+
+
+def write_bench_json(out_dir: Path, figures: list[Figure], jobs: int, repeat: int) -> Path:
+    """Write ``out_dir/bench.json`` (machine, jobs, repeat, every figure), atomically; its path."""
+    path = out_dir / "bench.json"
+    write_atomic(path, json.dumps({"machine": machine(), "jobs": jobs, "repeat": repeat,
+                                   "figures": [f.to_dict() for f in figures]}, indent=2).encode())
+    return path

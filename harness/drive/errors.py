@@ -1,0 +1,28 @@
+"""What can go wrong while a cell runs: a role that fails, one that does not answer, a cell that cannot go on."""
+
+from __future__ import annotations
+
+
+class RoleError(RuntimeError):
+    """A role process failed to start, died, or answered a command with an error."""
+
+    def __init__(self, message: str, *, remote_error: str | None = None, remote_traceback: str = "",
+                 unsupported: bool = False):
+        super().__init__(message)
+        self.remote_error = remote_error
+        self.remote_traceback = remote_traceback
+        self.unsupported = unsupported
+
+
+class RoleTimeout(RoleError):
+    """A role did not become ready or did not answer within its deadline."""
+
+
+class CellAborted(Exception):
+    """The cell cannot go on: a role failed to start (``unsupported`` False: the cell is
+    ERROR), or a step is one the implementation cannot perform (``unsupported`` True:
+    UNSUPPORTED).  The message is the reason."""
+
+    def __init__(self, message: str, unsupported: bool = False):
+        super().__init__(message)
+        self.unsupported = unsupported

@@ -1,0 +1,88 @@
+"""Executors of the layout steps: an implementation's own planning of generated layouts
+(shrunk where it differs from harness.spec.layout_plan), and real transfers for some of
+them (harness.spec.steps.PlanLayouts, TransferLayouts; harness.spec.layouts)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from harness.drive.errors import CellAborted, RoleError
+from harness.drive.executors import lifecycle
+from harness.judge.history import Event, Op
+from harness.spec import layouts
+from harness.spec import steps as s
+from harness.spec.frames import sample
+
+if TYPE_CHECKING:
+    from harness.drive.cell import CellDriver
+
+SHRINK_EXAMPLES = 100  # hypothesis examples per shrink
+
+
+def plan_layouts(d: "CellDriver", step: s.PlanLayouts) -> None:
+    """Ask the role to plan ``step.count`` generated layouts; shrink one layout per kind of
+    difference from the planning rules (by asking the role again about smaller ones) and
+    record specs, answers and shrunk layouts as one ``layout-shrink`` event."""
+    specs = sample(layouts.layout_specs(), step.count, step.seed)
+    results = d.call(step.role, "plan_layouts", specs=specs)
+    if results is None:
+        return
+    failures: dict[str, tuple[dict, str]] = {}
+    for spec, result in zip(specs, results):
+        problem = layouts.judge(spec, result)
+        if problem is not None:
+            failures.setdefault(layouts.kind_of(problem), (spec, problem))
+    client = d.clients[step.role]
+    shrunk = [_shrink(client, kind, spec) for kind, (spec, _) in list(failures.items())[: step.max_shrinks]]
+    d.record(Event.INFO, Op.LAYOUT_SHRINK, step.role, args={"count": len(specs)},
+             value={"specs": specs, "results": results, "shrunk": shrunk})
+
+
+def _shrink(client, kind: str, spec: dict) -> dict:
+    """The smallest layout hypothesis finds that the role still plans wrongly in the same way."""
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    def still_fails(candidate: dict) -> bool:
+        answer = client.call("plan_layouts", lifecycle.CALL_TIMEOUT_S, specs=[candidate])[0]
+        found = layouts.judge(candidate, answer)
+        return found is not None and layouts.kind_of(found) == kind
+
+    try:
+        small = find(layouts.layout_specs(), still_fails,
+                     settings=settings(max_examples=SHRINK_EXAMPLES, database=None, deadline=None, derandomize=True,
+                                       suppress_health_check=list(HealthCheck)))
+    except (NoSuchExample, RoleError):
+        small = spec
+    answer = client.call("plan_layouts", lifecycle.CALL_TIMEOUT_S, specs=[small])[0]
+    return {"spec": small, "layout": layouts.describe(small), "problem": layouts.judge(small, answer),
+            "first_seen": layouts.describe(spec)}
+
+
+def transfer_layouts(d: "CellDriver", step: s.TransferLayouts) -> None:
+    """Real transfers, each on its own prefill/decode pair, for generated single-stage
+    layouts and up to three the last PlanLayouts shrunk; a layout the machine cannot serve
+    is skipped and recorded (RoleAdapter.unsupported_layout)."""
+    chosen = sample(layouts.single_stage_specs(), step.count, step.seed)
+    shrunk = [e["value"]["shrunk"] for e in d.history.events if e["op"] == Op.LAYOUT_SHRINK]
+    chosen += [entry["spec"] for entry in (shrunk[-1] if shrunk else []) if entry["spec"]["stages"] == 1][:3]
+    for i, spec in enumerate(chosen):
+        prefill_layout, decode_layout = layouts.role_layouts(spec)
+        prefill, decode = f"prefill-L{i}", f"decode-L{i}"
+        why_not = d.call("prefill", "unsupported_layout", spec=spec) if "prefill" in d.clients else None
+        d.record(Event.INFO, Op.LAYOUT_TRANSFER, prefill,
+                 args={"layout": layouts.describe(spec), "spec": spec, "skipped": why_not})
+        if why_not:
+            continue
+        try:
+            lifecycle.start_roles(d, s.StartRoles(prefills=(prefill,), decodes=(decode,), layout=prefill_layout,
+                                                  decode_layout=decode_layout))
+        except CellAborted as exc:  # this layout's roles did not start: its own problem, not the cell's
+            d.record(Event.FAIL, Op.LAYOUT_START, prefill, args={}, error=str(exc))
+            d.retire([n for n in (prefill, decode) if n in d.clients])
+            continue
+        try:
+            for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=step.seed + i):
+                d.execute(sub_step)
+        finally:
+            d.retire([prefill, decode])

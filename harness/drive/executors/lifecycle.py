@@ -1,0 +1,175 @@
+"""Executors of the steps a prefill or decode scheduler performs: start roles, open rooms,
+send chunks, poll, verify, clear, abort (harness.spec.steps)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from harness.drive.errors import CellAborted, RoleError
+from harness.drive.launcher import RoleHandle, RoleSpec
+from harness.drive.role_client import RoleClient
+from harness.judge.history import Event, Op
+from harness.spec import steps as s
+from harness.spec.protocol import KVPoll, kvpoll_name
+
+if TYPE_CHECKING:
+    from harness.drive.cell import CellDriver
+
+CALL_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0  # a manager and its engine start (seconds)
+
+
+def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
+    """Launch every role process, arm constructor points, then start every role's manager
+    and engine at once (the decodes do not need the prefills yet); the history records the
+    calls in the step's order.  CellAborted when a role does not come up."""
+    names = [(n, "prefill") for n in step.prefills] + [(n, "decode") for n in step.decodes]
+    env = dict(step.env)
+    for name, role in names:
+        d.role_env[name] = env
+        d.handles[name] = d.launcher.start(RoleSpec(name=name, impl=d.impl, role=role, env=env))
+    for name, _ in names:
+        connect(d, name, d.handles[name], step.ready_timeout_s)
+    for arm in step.arm:
+        d.arm(arm)
+    layout = step.layout.to_dict()
+    starts: list[tuple[str, str, dict]] = []
+    for name in step.prefills:
+        port = d.base_port + d.prefills_started  # each prefill's bootstrap port, unique in the cell
+        d.prefills_started += 1
+        starts.append((name, "start_prefill", {"layout": layout, "bootstrap_port": port}))
+    decode_layout = (step.decode_layout or step.layout).to_dict()
+    for i, name in enumerate(step.decodes):
+        extra = {"attn_tp": (step.decode_attn_tp, i % step.decode_attn_tp)} if step.decode_attn_tp > 1 else {}
+        starts.append((name, "start_decode", {"layout": decode_layout, "bootstrap_port": d.base_port, **extra}))
+    for (name, op, kwargs), facts in zip(starts, d.call_all(starts, deadline_s=START_TIMEOUT_S)):
+        if facts is None:
+            raise CellAborted(f"{op.split('_')[1]} {name} failed to start: {d.last_error(name)}")
+        if op == "start_prefill":
+            _prefill_started(d, name, kwargs["layout"], kwargs["bootstrap_port"], facts)
+        else:
+            _note_control_endpoint(d, name, facts)
+
+
+def connect(d: "CellDriver", name: str, handle: RoleHandle, timeout_s: float, **args: Any) -> None:
+    """Wait for a launched role process to serve commands; connect a client to it.
+    CellAborted when it does not come up within ``timeout_s`` seconds."""
+    d.record(Event.INVOKE, Op.LAUNCH, name, args=args)
+    try:
+        endpoint = handle.wait_ready(timeout_s)
+    except RoleError as exc:
+        d.record(Event.FAIL, Op.LAUNCH, name, args=args, error=str(exc))
+        raise CellAborted(f"role {name} did not start: {exc}") from exc
+    d.record(Event.OK, Op.LAUNCH, name, args=args, value={"endpoint": endpoint})
+    d.clients[name] = RoleClient(d.ctx, name, endpoint, handle=handle)
+
+
+def start_prefill(d: "CellDriver", name: str, layout: dict, port: int) -> None:
+    """Start prefill ``name``'s bootstrap server and manager on ``port``; CellAborted when it fails."""
+    facts = d.call(name, "start_prefill", deadline_s=START_TIMEOUT_S, layout=layout, bootstrap_port=port)
+    if facts is None:
+        raise CellAborted(f"prefill {name} failed to start: {d.last_error(name)}")
+    _prefill_started(d, name, layout, port, facts)
+
+
+def _prefill_started(d: "CellDriver", name: str, layout: dict, port: int, facts: dict) -> None:
+    d.prefill_setup[name] = (layout, port)
+    d.bootstrap_addr[name] = facts["bootstrap_addr"]
+    _note_control_endpoint(d, name, facts)
+
+
+def _note_control_endpoint(d: "CellDriver", name: str, facts: dict) -> None:
+    if facts.get("rank_port"):
+        d.control_endpoint[name] = f"tcp://127.0.0.1:{facts['rank_port']}"
+
+
+def open_room(d: "CellDriver", step: s.OpenRoom) -> None:
+    addr = d.bootstrap_addr[step.prefill]
+    if step.open_sender:
+        d.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=addr)
+    d.call(step.decode, "open_receiver", deadline_s=step.timeout_s + 5,
+           room=step.room, bootstrap_addr=addr, timeout_s=step.timeout_s)
+
+
+def open_sender(d: "CellDriver", step: s.OpenSender) -> None:
+    extra = {"destinations": step.destinations} if step.destinations != 1 else {}
+    d.call(step.prefill, "open_sender", room=step.room, bootstrap_addr=d.bootstrap_addr[step.prefill], **extra)
+
+
+def request_kv(d: "CellDriver", step: s.RequestKV) -> None:
+    d.call(step.decode, "request_kv", room=step.room, pages=list(step.pages), aux_slot=step.aux_slot)
+
+
+def init_sender(d: "CellDriver", step: s.InitSender) -> None:
+    d.call(step.prefill, "init_sender", room=step.room, num_pages=step.num_pages, aux_slot=step.aux_slot)
+
+
+def send_chunk(d: "CellDriver", step: s.SendChunk) -> None:
+    d.call(step.prefill, "send_chunk", room=step.room, pages=list(step.pages))
+
+
+def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
+    """Wait in the role for one of ``step.statuses`` (RoleAdapter.await_status); record what
+    was seen, the failure reason of a Failed room, and whether the bound was cut (fail fast,
+    harness.spec.steps.STALL_CUT_S)."""
+    bound = step.timeout_s
+    args: dict[str, Any] = {"room": step.room, "statuses": [kvpoll_name(x) for x in step.statuses],
+                            "timeout_s": bound, "must_come": step.must_come}
+    if step.label:
+        args["label"] = step.label
+    if d.stalled_step is not None and bound > s.STALL_CUT_S:
+        bound = s.STALL_CUT_S
+        args.update(timeout_s=bound, cut={"from_s": step.timeout_s, "after_step": d.stalled_step})
+    d.record(Event.INVOKE, Op.AWAIT_STATUS, step.role, args=args)
+    client = d.clients[step.role]
+    try:
+        seen = client.call("await_status", bound + CALL_TIMEOUT_S, room=step.room,
+                           statuses=[int(x) for x in step.statuses], timeout_s=bound)
+        status = seen["status"]
+        reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status == KVPoll.Failed else None
+    except RoleError as exc:
+        d.record(Event.FAIL, Op.AWAIT_STATUS, step.role, args=args, error=str(exc))
+        return
+    reached = status in step.statuses
+    if not reached and step.must_come and not d.full_waits and d.stalled_step is None:
+        d.stalled_step = d.step_index
+    value = {"status": status, "status_name": kvpoll_name(status), "reached": reached,
+             "waited_s": seen["waited_s"], "trail": seen["trail"], "failure_reason": reason}
+    d.record(Event.OK, Op.AWAIT_STATUS, step.role, args=args, value=value)
+
+
+def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
+    d.call(step.decode, "verify", kv_moves=[list(m) for m in step.kv_moves],
+           aux_moves=[list(m) for m in step.aux_moves], unchecked_kv=list(step.unchecked_kv),
+           unchecked_aux=list(step.unchecked_aux),
+           sent_layers=None if step.sent_layers is None else list(step.sent_layers))
+
+
+def clear(d: "CellDriver", step: s.Clear) -> None:
+    d.call(step.role, "clear", room=step.room)
+
+
+def abort(d: "CellDriver", step: s.Abort) -> None:
+    d.call(step.role, "abort", room=step.room)
+
+
+def require_fact(d: "CellDriver", step: s.RequireFact) -> None:
+    """CellAborted (UNSUPPORTED) unless the role reported ``step.fact`` true when it started."""
+    facts = d.start_facts(step.role)
+    if facts is None:
+        raise CellAborted(f"RequireFact: {step.role} has not started")
+    if not facts.get(step.fact):
+        release = f" on sglang {facts['sglang']}" if facts.get("sglang") else ""
+        raise CellAborted(f"{step.reason} ({step.role} reports {step.fact}={facts.get(step.fact)!r}{release})",
+                          unsupported=True)
+
+
+def sleep(d: "CellDriver", step: s.Sleep) -> None:
+    time.sleep(step.seconds)
+
+
+def observe(d: "CellDriver", step: s.Observe) -> None:
+    time.sleep(step.settle_s)
+    for role in step.roles:
+        d.observe(role, op=Op.OBSERVE_MID, args={"label": step.label})

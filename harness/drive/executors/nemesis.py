@@ -1,0 +1,123 @@
+"""Executors of the nemesis steps: process faults, injected frames and ABORTs, prefill
+restarts, interleaving points and engine faults (harness.spec.steps).  Every fault is
+recorded on its own channel (history events of type ``nemesis``)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.drive.errors import CellAborted, RoleError
+from harness.drive.executors.lifecycle import CALL_TIMEOUT_S, connect, start_prefill
+from harness.drive.launcher import RoleSpec
+from harness.judge.history import Event, Op
+from harness.role.faults import push_frames
+from harness.spec import steps as s
+
+if TYPE_CHECKING:
+    from harness.drive.cell import CellDriver
+
+POLL_INTERVAL_S = 0.05  # between reads of a role's point hits (seconds)
+
+
+def _signal(d: "CellDriver", role: str, signum: int, what: Op) -> None:
+    d.handles[role].signal(signum)
+    d.record(Event.NEMESIS, what, role, args={"signal": signal.Signals(signum).name})
+
+
+def kill_role(d: "CellDriver", step: s.KillRole) -> None:
+    _signal(d, step.role, signal.SIGKILL, Op.KILL)
+
+
+def freeze_role(d: "CellDriver", step: s.FreezeRole) -> None:
+    _signal(d, step.role, signal.SIGSTOP, Op.FREEZE)
+
+
+def thaw_role(d: "CellDriver", step: s.ThawRole) -> None:
+    _signal(d, step.role, signal.SIGCONT, Op.THAW)
+
+
+def inject_frames(d: "CellDriver", step: s.InjectFrames) -> None:
+    _inject(d, step.role, list(step.frames), what=Op.INJECT)
+
+
+def inject_abort(d: "CellDriver", step: s.InjectAbort) -> None:
+    frames = d.nemesis_call(step.decode, "abort_frames", Op.ABORT_FRAMES, room=step.room)
+    _inject(d, step.prefill, [tuple(frames)], what=Op.INJECT_ABORT, room=step.room, known=step.known)
+
+
+def _inject(d: "CellDriver", role: str, messages: list, what: Op, **args: Any) -> None:
+    endpoint = d.control_endpoint.get(role)
+    if endpoint is None:
+        raise CellAborted(f"{role} published no control socket to inject frames into", unsupported=True)
+    push_frames(endpoint, messages, d.ctx)
+    d.record(Event.NEMESIS, what, role, args={"endpoint": endpoint, "messages": len(messages), **args,
+                                              "sample": [[f[:40].hex() for f in m] for m in messages[:5]]})
+
+
+def restart_role(d: "CellDriver", step: s.RestartRole) -> None:
+    """Launch the replacement prefill first, then SIGKILL the old one and start the new
+    manager behind the same bootstrap port.  CellAborted (old prefill left running) when
+    the replacement does not come up."""
+    name = step.role
+    if name not in d.prefill_setup:
+        raise CellAborted(f"RestartRole: {name} is not a started prefill")
+    layout, port = d.prefill_setup[name]
+    old_handle, old_client = d.handles[name], d.clients[name]
+    old_endpoint = d.control_endpoint.get(name)
+    env = d.role_env.get(name, {}) if step.env is None else dict(step.env)
+    restarts = sum(1 for e in d.history.events
+                   if e["type"] == Event.NEMESIS and e["op"] == Op.RESTART and e["role"] == name)
+    workdir = getattr(d.launcher, "workdir", None)
+    spec = RoleSpec(name=name, impl=d.impl, role="prefill", env=env,
+                    log_path=str(Path(workdir) / f"{name}.restart{restarts + 1}.log") if workdir else None)
+    new_handle = d.launcher.start(spec)
+    try:
+        connect(d, name, new_handle, step.ready_timeout_s, restart=restarts + 1)
+    except CellAborted as exc:  # the old prefill keeps serving; the cell cannot go on
+        new_handle.stop(timeout_s=5)
+        raise CellAborted(f"the replacement for {name} did not start: {exc}") from exc
+    old_handle.signal(signal.SIGKILL)
+    old_handle.stop(timeout_s=5)  # gone, and its ports with it, before the new manager binds
+    old_client.close()
+    d.record(Event.NEMESIS, Op.RESTART, name, args={"bootstrap_port": port, "old_control_endpoint": old_endpoint})
+    d.handles[name] = new_handle
+    d.role_env[name] = env
+    start_prefill(d, name, layout, port)
+
+
+def arm_point(d: "CellDriver", step: s.ArmPoint) -> None:
+    d.arm(step)
+
+
+def await_point(d: "CellDriver", step: s.AwaitPoint) -> None:
+    """Poll ``step.role``'s point hits until a thread reached ``step.point`` (or the bound passed)."""
+    args = {"point": step.point, "timeout_s": step.timeout_s}
+    start = time.monotonic()
+    while True:
+        try:
+            hits = d.clients[step.role].call("point_hits", CALL_TIMEOUT_S)
+        except RoleError as exc:
+            d.record(Event.FAIL, Op.AWAIT_POINT, step.role, args=args, error=str(exc))
+            return
+        reached = step.point in hits["paused"] or any(h["point"] == step.point for h in hits["log"])
+        if reached or time.monotonic() - start > step.timeout_s:
+            break
+        time.sleep(POLL_INTERVAL_S)
+    if reached:
+        d.record(Event.OK, Op.AWAIT_POINT, step.role, args=args,
+                 value={"reached": True, "waited_s": round(time.monotonic() - start, 3)})
+    else:
+        d.record(Event.FAIL, Op.AWAIT_POINT, step.role, args=args,
+                 error=f"no thread reached {step.point} within {step.timeout_s} s")
+
+
+def release_point(d: "CellDriver", step: s.ReleasePoint) -> None:
+    d.nemesis_call(step.role, "release_point", Op.RELEASE_POINT, point=step.point)
+
+
+def engine_faults(d: "CellDriver", step: s.EngineFaults) -> None:
+    d.nemesis_call(step.role, "set_engine_faults", Op.ENGINE_FAULTS, fail_nth=step.fail_nth,
+                   delay_s=step.delay_s, never_complete=step.never_complete, fail_group=step.fail_group)

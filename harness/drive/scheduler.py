@@ -1,0 +1,263 @@
+"""The cell scheduler: runs a matrix of cells ``jobs`` at a time, each through harness.drive.runner.
+
+It starts the fork servers the run needs (one for the implementations whose roles
+import sglang, one for the rest, started together so the second's cells need not
+wait for sglang's imports), gives every running cell its own block of loopback ports,
+starts the longest cells first (a duration hint) and, on an interrupt, kills every
+running cell and starts no other.  It returns what ran (:class:`harness.drive.runner.CellRun`);
+it judges nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from harness.drive.forkserver_client import Zygote, ZygoteError
+from harness.drive.ports import PortBlocks
+from harness.drive.runner import CellRun, kill_running_cells, run_cell_isolated
+from harness.implementations import REFERENCE, implementation
+from harness.judge.results import cell_dir, reference_for_diff_dir
+from harness.judge.verdict import Verdict
+from harness.spec.scenario import Scenario
+from harness.spec.steps import STEP_TIMEOUT_S
+from harness.target.sglang import SglangTarget
+
+INTERRUPT_GRACE_S = 10.0  # how long an interrupted run keeps killing cells its workers start
+
+
+@dataclass
+class Callbacks:
+    """Progress of a run (called from worker threads when ``jobs`` > 1).
+
+    ``on_start(i, total, impl, scenario)`` when a reported cell starts; ``on_cell(done,
+    total, cell_run)`` when one ends; ``on_event(event)`` for each history event of the
+    reported cells as it is recorded (use with one job); ``on_note(text)`` for what the
+    user should know (a fork server that could not start)."""
+
+    on_start: Callable[[int, int, str, Scenario], None] | None = None
+    on_cell: Callable[[int, int, CellRun], None] | None = None
+    on_event: Callable[[dict], None] | None = None
+    on_note: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class _Task:
+    scenario: Scenario
+    impl: str
+    workdir: Path
+    reported: bool
+
+
+@dataclass
+class Schedule:
+    """One run's cells and how to run them: ``target`` (the sglang), ``seed``, ``jobs``
+    at a time, ``fork`` (from fork servers) or fresh interpreters, ``full_waits``
+    (harness.spec.steps.STALL_CUT_S), ``duration_hint`` (seconds per (scenario, impl):
+    longest first; default the scenarios' inherent waits)."""
+
+    target: SglangTarget
+    seed: int = 0
+    jobs: int = 1
+    fork: bool = True
+    full_waits: bool = False
+    duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+def fork_group(impl: str) -> str:
+    """Which fork server starts ``impl``'s cells: "sglang" (its roles import sglang) or "plain"."""
+    return "sglang" if implementation(impl).imports_sglang else "plain"
+
+
+def fork_groups(impls: list[str]) -> dict[str, list[str]]:
+    """The fork servers a run needs: group name -> the implementations it preloads."""
+    groups: dict[str, list[str]] = {}
+    for impl in impls:
+        groups.setdefault(fork_group(impl), []).append(impl)
+    return groups
+
+
+def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
+                       expected_verdict: Callable[[str, str], str]) -> dict[tuple[str, str], float]:
+    """A duration hint (seconds per (scenario, impl)) for a run with no earlier results: the
+    scenario's inherent waits, plus one step bound for a cell expected to FAIL or ERROR
+    (``expected_verdict(impl, scenario)``), since such cells wait out a status that never
+    comes.  Only the order of the cells depends on it."""
+    hint = {}
+    for sc in scenarios:
+        inherent = sc.inherent_wait_s(seed)  # steps(seed) may sample: once per scenario
+        for impl in impls:
+            stuck = Verdict(expected_verdict(impl, sc.id)) >= Verdict.FAIL
+            hint[(sc.id, impl)] = inherent + (STEP_TIMEOUT_S if stuck else 0.0)
+    return hint
+
+
+def tasks_for(impls: list[str], scenarios: list[Scenario], out_dir: Path, diff: bool) -> list[_Task]:
+    """Every reported (scenario, impl) cell, then the reference cells that only serve the
+    behaviour diff (when the reference is not among ``impls``; not for self-test scenarios)."""
+    tasks = [_Task(sc, impl, cell_dir(out_dir, sc.id, impl), True) for sc in scenarios for impl in impls]
+    if diff and REFERENCE not in impls:
+        tasks += [_Task(sc, REFERENCE, reference_for_diff_dir(out_dir, sc.id), False)
+                  for sc in scenarios if not sc.test_only]
+    return tasks
+
+
+class _Run:
+    """The state of one scheduled run: fork servers, port blocks, counters, the stop flag."""
+
+    def __init__(self, tasks: list[_Task], schedule: Schedule, out_dir: Path, callbacks: Callbacks):
+        self.tasks, self.schedule, self.out_dir, self.cb = tasks, schedule, out_dir, callbacks
+        self.reported = sum(t.reported for t in tasks)
+        self.zygotes: dict[str, Zygote] = {}
+        self.ports = PortBlocks()
+        self.lock = threading.Lock()
+        self.started = self.done = 0
+        self.noted: set[str] = set()
+        self.stopping = threading.Event()
+
+    def note(self, text: str) -> None:
+        if self.cb.on_note:
+            self.cb.on_note(text)
+
+    def start_fork_servers(self) -> None:
+        """One per group, started together and not waited for (the cells wait for theirs)."""
+        target = self.schedule.target
+        for group, names in fork_groups(sorted({t.impl for t in self.tasks})).items():
+            try:
+                self.zygotes[group] = Zygote(target.python, target.cell_env(), log_dir=self.out_dir, impls=names,
+                                             wait=False, log_name=f"zygote-{group}.log")
+            except (ZygoteError, OSError) as exc:
+                self.note(f"{group} cells start as fresh interpreters: {exc}")
+
+    def zygote_for(self, impl: str) -> Zygote | None:
+        """The ready fork server of ``impl``'s group (waits while it imports); None: fresh interpreters."""
+        group = fork_group(impl)
+        zygote = self.zygotes.get(group)
+        if zygote is None:
+            return None
+        try:
+            zygote.wait_ready()
+            return zygote
+        except ZygoteError as exc:
+            if self.stopping.is_set():  # closed by an interrupt: nothing to note, work() starts nothing
+                return None
+            with self.lock:
+                if group not in self.noted:
+                    self.note(f"{group} cells start as fresh interpreters: {exc}")
+                self.noted.add(group)
+            return None
+
+    def work(self, task: _Task) -> CellRun | None:
+        """Run one cell; None when the run is being interrupted (nothing was started)."""
+        if self.stopping.is_set():
+            return None
+        zygote = self.zygote_for(task.impl)
+        if self.stopping.is_set():  # interrupted while the fork server imported: start nothing
+            return None
+        if task.reported and self.cb.on_start:
+            with self.lock:
+                self.started += 1
+                self.cb.on_start(self.started, self.reported, task.impl, task.scenario)
+        base = self.ports.acquire()
+        try:
+            cell = run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir,
+                                     target=self.schedule.target,
+                                     on_event=self.cb.on_event if task.reported else None, zygote=zygote,
+                                     base_port=base, full_waits=self.schedule.full_waits)
+        finally:
+            self.ports.release(base)
+        cell = CellRun(cell.scenario, cell.impl, cell.workdir, task.reported)
+        if task.reported and self.cb.on_cell:
+            with self.lock:
+                self.done += 1
+                self.cb.on_cell(self.done, self.reported, cell)
+        return cell
+
+    def order(self) -> list[int]:
+        """Task indices, longest expected first."""
+        hint = self.schedule.duration_hint
+        seed = self.schedule.seed
+        return sorted(range(len(self.tasks)),
+                      key=lambda i: -hint.get((self.tasks[i].scenario.id, self.tasks[i].impl),
+                                              self.tasks[i].scenario.inherent_wait_s(seed)))
+
+    def run_parallel(self) -> list[CellRun | None]:
+        """Run every task, ``jobs`` at a time; an interrupt kills the running cells and starts no other."""
+        results: list[CellRun | None] = [None] * len(self.tasks)
+        pending = self.order()
+
+        def next_task() -> int | None:
+            """The longest pending cell whose fork server is ready; else the longest of all."""
+            with self.lock:
+                if self.stopping.is_set() or not pending:
+                    return None
+                for i in pending:
+                    z = self.zygotes.get(fork_group(self.tasks[i].impl))
+                    if z is None or z.ready_now():
+                        pending.remove(i)
+                        return i
+                return pending.pop(0)
+
+        def worker() -> None:
+            while (i := next_task()) is not None:
+                results[i] = self.work(self.tasks[i])
+
+        workers = min(self.schedule.jobs, len(self.tasks))  # no thread without a cell to run
+        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="pdconform-cell")
+        futures = []
+        try:
+            futures = [pool.submit(worker) for _ in range(workers)]
+            for future in futures:
+                future.result()
+        except BaseException:  # an interrupt: stop every running cell now, start no other
+            self.stopping.set()
+            for zygote in self.zygotes.values():  # workers waiting on an importing one give up at once
+                zygote.close()
+            _stop_workers(futures)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return results
+
+
+def _stop_workers(futures: list) -> None:
+    """Kill running cells until every worker of ``futures`` has returned (at most
+    INTERRUPT_GRACE_S seconds): a worker past its ``stopping`` check when the interrupt
+    came may still start one cell, which the next round kills."""
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    while futures and time.monotonic() < deadline:
+        kill_running_cells()
+        if not futures_wait(futures, timeout=0.05).not_done:
+            return
+
+
+def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, schedule: Schedule,
+               callbacks: Callbacks | None = None, diff: bool = True) -> tuple[list[CellRun], float]:
+    """Run every (scenario, impl) cell into ``out_dir``; return the reported cells in
+    (scenario, impl) order, whatever ``schedule.jobs`` is, and the run's wall seconds.
+
+    With ``diff``, when the reference is not among ``impls``, its cells run anyway under
+    ``OUT/reference-for-diff/`` (for the behaviour diff) and are not returned.  Fork servers
+    that cannot start leave their cells to fresh interpreters (``on_note`` says why).  An
+    interrupt (KeyboardInterrupt) propagates after every running cell was killed."""
+    started = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tasks = tasks_for(impls, scenarios, out_dir, diff)
+    run = _Run(tasks, schedule, out_dir, callbacks or Callbacks())
+    try:
+        if schedule.fork:
+            run.start_fork_servers()
+        if schedule.jobs <= 1:  # (run_cell_isolated itself kills an interrupted cell's group)
+            results = [run.work(task) for task in tasks]
+        else:
+            results = run.run_parallel()
+    finally:
+        for zygote in run.zygotes.values():
+            zygote.close()
+    cells = [cell for task, cell in zip(tasks, results) if task.reported and cell is not None]
+    return cells, round(time.monotonic() - started, 3)

@@ -1,0 +1,151 @@
+"""The judge: a cell's verdict as a pure function of its scenario, seed and history.
+
+Execution and judgement are apart (as Jepsen keeps its checker a function of the
+stored history): the cell process only records (harness.drive.cell), the runner
+appends how the process ended (:attr:`Op.CELL_EXIT`), and :func:`judge` decides,
+once, in the parent: the verdict and its reason, the checks, the first divergence
+from the reference's history for the same scenario and seed (harness.judge.diff)
+and the expectation (harness.judge.expectations).  ``pdconform judge RUN_DIR``
+calls the same function on a stored run, so it reproduces every verdict.
+
+The verdict, in order:
+
+1. ERROR when the runner killed the cell at its deadline (the last step it reached is named);
+2. ERROR when the cell process ended before its history did (a crash; its log's tail is quoted);
+3. UNSUPPORTED when the implementation could not perform a step;
+4. ERROR when the cell could not go on (a role did not start) or declares no check;
+5. FAIL when a MUST check failed (evidence beats a check that could not tell);
+6. ERROR when a check could not tell; WARN when only SHOULD checks failed; else PASS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.judge import diff
+from harness.judge.checks import CheckResult
+from harness.judge.expectations import Expectation, Expectations
+from harness.judge.history import START_OPS, Event, Op
+from harness.judge.results import REFERENCE, CellResult, RunResult, cell_dir
+from harness.judge.verdict import Level, Verdict
+from harness.spec.scenario import Scenario
+from harness.spec.steps import STALL_CUT_S
+
+def verdict_of(results: list[CheckResult]) -> tuple[Verdict, str]:
+    """Fold the check results of a cell that ran to its end into (verdict, reason): steps 5
+    and 6 of the module docstring, and ERROR when there is no check at all."""
+    if not results:
+        return Verdict.ERROR, "the scenario declares no check: nothing was judged"
+    must = [r for r in results if r.ok is False and r.level == Level.MUST]
+    if must:
+        return Verdict.FAIL, f"{must[0].requirement} {must[0].name}: {must[0].detail}"
+    unknown = [r for r in results if r.ok is None]
+    if unknown:
+        return Verdict.ERROR, f"{unknown[0].requirement} {unknown[0].name}: {unknown[0].detail}"
+    should = [r for r in results if r.ok is False]
+    if should:
+        return Verdict.WARN, f"{should[0].requirement} {should[0].name}: {should[0].detail}"
+    return Verdict.PASS, ""
+
+
+def _value(events: list[dict], op: Op) -> dict | None:
+    """The value of the last ``op`` info event (None when there is none)."""
+    return next(((e.get("value") or {}) for e in reversed(events) if e["op"] == op and e["type"] == Event.INFO), None)
+
+
+def _last_step(events: list[dict]) -> str:
+    """Where a cell was when it stopped: its last step and last event."""
+    events = [e for e in events if e["op"] not in (Op.CELL_EXIT, Op.CELL_END)]
+    steps = [e for e in events if e["op"] == Op.STEP]
+    where = f"in step {steps[-1]['step']} {steps[-1]['args']['step']}" if steps else "before the first step"
+    if not events or events[-1]["op"] in (Op.STEP, Op.CELL_START):
+        return where
+    last = events[-1]
+    return f"{where}, last event: {last['op']} on {last.get('role')} ({last['type']})"
+
+
+def _ended_early(exit_: dict | None, end: dict | None, events: list[dict]) -> str | None:
+    """The ERROR reason of a cell that did not run to its end (steps 1 and 2), else None."""
+    if exit_ is None and end is None:
+        return "the cell's history has no end: its run was interrupted, or the cell never started"
+    exit_ = exit_ or {}
+    if exit_.get("how") == "deadline":
+        return f"cell exceeded its deadline of {exit_['deadline_s']:.0f} s and was killed ({_last_step(events)})"
+    if exit_.get("how") == "interrupted":
+        return "run interrupted"
+    if end is None:
+        return (f"cell process exited with code {exit_.get('returncode')} before its history ended: "
+                f"{exit_.get('log_tail', '')}")
+    return None
+
+
+def _fail_fast_note(events: list[dict]) -> str:
+    cuts = [e["args"]["cut"] for e in events if e["op"] == Op.AWAIT_STATUS and e["type"] == Event.INVOKE
+            and "cut" in (e.get("args") or {})]
+    if not cuts:
+        return ""
+    return (f" (fail fast: step {cuts[0]['after_step']}'s status never came, so {len(cuts)} later wait(s) "
+            f"were cut to {STALL_CUT_S:g} s; --full-waits runs them in full)")
+
+
+def _engine(events: list[dict]) -> str | None:
+    """The engine the roles reported when their managers started (the last one said)."""
+    engines = [(e.get("value") or {}).get("engine") for e in events if e["op"] in START_OPS and e["type"] == Event.OK]
+    return next((x for x in reversed(engines) if x), None)
+
+
+def judge(scenario: Scenario, seed: int, history: list[dict], *, reference: list[dict] | None = None,
+          expectation: Expectation | None = None, workdir: str | None = None) -> CellResult:
+    """The :class:`CellResult` of one cell, from its history alone (see the module docstring).
+
+    ``reference``: the reference's history for the same scenario and seed (None: no
+    divergence is computed; the reference's own cells and self-test scenarios get none);
+    ``expectation``: the expectations file's entry for the cell (None: PASS expected).
+    The implementation is read from the history (:attr:`Op.CELL_START`, else
+    :attr:`Op.CELL_EXIT`).  Pure: the same arguments give the same result."""
+    start, exit_, end = _value(history, Op.CELL_START), _value(history, Op.CELL_EXIT), _value(history, Op.CELL_END)
+    impl = (start or exit_ or {}).get("impl", "?")
+    early = _ended_early(exit_, end, history)
+    checks: list[CheckResult] = []
+    if early is not None:
+        verdict, reason = Verdict.ERROR, early
+    else:
+        checks = [check.run(history) for check in scenario.checks(seed)]
+        verdict, reason = verdict_of(checks)
+        if end.get("outcome") == "unsupported":
+            verdict, reason = Verdict.UNSUPPORTED, end.get("reason", "")
+        elif end.get("outcome") == "aborted":
+            verdict, reason = Verdict.ERROR, end.get("reason", "")
+        reason += _fail_fast_note(history)
+    result = CellResult(
+        impl=impl, scenario=scenario.id, verdict=verdict, engine=_engine(history),
+        duration_s=(exit_ or {}).get("duration_s", 0.0), cpu_s=(exit_ or {}).get("cpu_s"),
+        inherent_wait_s=scenario.inherent_wait_s(seed),
+        bytes_verified=sum((e.get("value") or {}).get("bytes_verified", 0)
+                           for e in history if e["op"] == Op.VERIFY and e["type"] == Event.OK),
+        reason=reason, checks=[r.to_dict() for r in checks], workdir=workdir,
+    )
+    if reference and impl != REFERENCE and not scenario.test_only:
+        result.divergence = diff.first_divergence(reference, history, result.checks)
+    if expectation is not None:
+        result.expected = Verdict(expectation.verdict)
+        result.expected_reason, result.expected_link = expectation.reason, expectation.link
+    return result
+
+
+def judge_run(run: RunResult, out_dir: str | Path, cells: list[tuple[str, str]], scenarios: dict[str, Scenario],
+              histories: dict[tuple[str, str], list[dict]], expectations: Expectations | None = None) -> RunResult:
+    """``run`` (its run-level fields) with a judged cell for each ``(scenario id, impl)`` of
+    ``cells``, in that order.  ``histories`` maps ``(scenario, impl)`` to events, with
+    ``(scenario, "reference")`` for the divergence (harness.judge.results.load_histories).
+    Pure apart from reading nothing: every input is passed in."""
+    judged = []
+    for scenario_id, impl in cells:
+        scenario = scenarios[scenario_id]
+        expectation = expectations.for_cell(impl, scenario_id) if expectations else None
+        judged.append(judge(scenario, run.seed, histories.get((scenario_id, impl), []),
+                            reference=histories.get((scenario_id, REFERENCE)), expectation=expectation,
+                            workdir=str(cell_dir(out_dir, scenario_id, impl))))
+    out = RunResult(**{f: getattr(run, f) for f in run.__struct_fields__ if f != "cells"}, cells=judged)
+    out.expectations = expectations.path if expectations else run.expectations
+    return out

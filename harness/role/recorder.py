@@ -1,0 +1,82 @@
+"""The recorder inside a role process: WARNING-and-worse log records and threads that died.
+
+Installed once per process by the role host (harness.drive.role_host); adapters read
+it in ``observe`` (harness.role.adapter.RoleAdapter.observe).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+
+from harness.role.adapter import Observation
+
+
+class RoleRecorder:
+    """Collects log records and dead threads inside a role process.
+
+    Installed once per process by the role host; adapters read it in ``observe``.
+    Bounded: keeps the first ``limit`` records of each kind.
+    """
+
+    def __init__(self, logger_prefixes: tuple[str, ...] = ("sglang", "mooncake", "nixl", "NIXL", "mori"),
+                 limit: int = 500):
+        self.logger_prefixes = logger_prefixes
+        self.limit = limit
+        self.log_records: list[dict[str, str]] = []
+        self.dead_threads: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._previous_hook = threading.excepthook
+
+    def install(self) -> "RoleRecorder":
+        recorder = self
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if not record.name.startswith(recorder.logger_prefixes):
+                    return
+                try:
+                    message = record.getMessage()
+                except Exception as exc:  # a bad format string is still a record
+                    message = f"{record.msg!r} (unformattable: {exc})"
+                with recorder._lock:
+                    if len(recorder.log_records) < recorder.limit:
+                        recorder.log_records.append(
+                            {"level": record.levelname, "logger": record.name, "message": message}
+                        )
+
+        handler = _Handler(level=logging.WARNING)
+        logging.getLogger().addHandler(handler)
+        threading.excepthook = self._excepthook
+        return self
+
+    def _excepthook(self, args: threading.ExceptHookArgs) -> None:
+        with self._lock:
+            if len(self.dead_threads) < self.limit:
+                self.dead_threads.append(
+                    {
+                        "thread": args.thread.name if args.thread else "?",
+                        "exception": args.exc_type.__name__,
+                        "message": str(args.exc_value),
+                        "traceback": "".join(
+                            traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)
+                        )[-4000:],
+                    }
+                )
+        self._previous_hook(args)
+
+    def snapshot(self) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        with self._lock:
+            return list(self.log_records), list(self.dead_threads)
+
+    def observation(self, role: str, threads: list[threading.Thread],
+                    rooms: dict[int, list[str]] | None = None,
+                    remembered: dict[int, list[str]] | None = None) -> dict:
+        """The :class:`Observation` an adapter's ``observe`` returns: its ``threads``
+        by name and liveness, the recorded logs and dead threads, ``rooms`` and
+        ``remembered``."""
+        logs, dead = self.snapshot()
+        loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(threads)}
+        return Observation(role=role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms or {},
+                           remembered=remembered or {}).to_dict()

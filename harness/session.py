@@ -1,0 +1,156 @@
+"""One run session, the same for ``pdconform run``/``repro``, the pytest plugin and ``bench``:
+execute the cells, judge them once, write the result tree.
+
+The path of one cell: :func:`run` -> harness.drive.scheduler.run_matrix (execution:
+each cell's process records ``history.jsonl``, the runner appends how it ended) ->
+:func:`judge_tree` (harness.judge.judge.judge_run: verdict, divergence, expectation,
+from the histories alone) -> :func:`write_tree` (results.json, each ``cell.json`` and,
+unless asked not to, junit.xml, summary.md and index.html, all atomically).
+``pdconform judge RUN_DIR`` is :func:`rejudge`: the same judge and writer on a stored run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from harness.drive.runner import CellRun
+from harness.drive.scheduler import Callbacks, Schedule, run_matrix
+from harness.implementations import engine_settings, settings_env
+from harness.judge.expectations import Expectations
+from harness.judge.judge import judge_run
+from harness.judge.results import (CELLS_DIR, REFERENCE_FOR_DIFF_DIR, RunResult, cell_dir, dump_cell, dump_run,
+                                   load_histories, load_run)
+from harness.report.files import REPORT_FILES, write_reports
+from harness.spec.scenario import Scenario, all_scenarios
+from harness.target.sglang import SglangTarget
+
+
+@dataclass
+class RunConfig:
+    """What one run executes and how.
+
+    ``impls`` and ``scenarios`` (the cells are their product), ``out_dir``, ``target``
+    (which sglang), ``seed``, ``jobs`` at a time, ``fork`` (from fork servers),
+    ``full_waits``, ``engine_settings`` (name -> value, harness.implementations.EngineSetting;
+    an unnamed setting keeps its default), ``expectations`` (None: every cell expected to
+    PASS), ``duration_hint`` (harness.drive.scheduler.Schedule), ``reports`` (False: only
+    results.json and the cells' cell.json, as bench wants)."""
+
+    impls: list[str]
+    scenarios: list[Scenario]
+    out_dir: Path
+    target: SglangTarget
+    seed: int = 0
+    jobs: int = 1
+    fork: bool = True
+    full_waits: bool = False
+    engine_settings: dict[str, int] = field(default_factory=dict)
+    expectations: Expectations | None = None
+    duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
+    reports: bool = True
+
+    def settings(self) -> dict[str, int]:
+        """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
+        return {name: s.default for name, s in engine_settings().items()} | dict(self.engine_settings)
+
+
+def run(config: RunConfig, callbacks: Callbacks | None = None) -> RunResult:
+    """Execute, judge and write one run (see the module docstring); its result tree.
+
+    KeyboardInterrupt propagates after the running cells were killed (nothing is written);
+    OSError when the out directory cannot be written."""
+    settings = config.settings()
+    target = config.target
+    target = SglangTarget(python=target.python, info=target.info, env={**target.env, **settings_env(settings)})
+    meta = RunResult(sglang=target.info, seed=config.seed, engine_settings=settings, full_waits=config.full_waits,
+                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
+                        full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
+    cells, duration = run_matrix(config.impls, config.scenarios, config.out_dir, schedule, callbacks)
+    meta.duration_s = duration
+    result, histories = judge_tree(meta, config.out_dir, cells_of(cells), {s.id: s for s in config.scenarios},
+                                   config.expectations)
+    write_tree(result, config.out_dir, histories, reports=config.reports)
+    return result
+
+
+def cells_of(cells: list[CellRun]) -> list[tuple[str, str]]:
+    """The ``(scenario, impl)`` keys of executed cells, in order."""
+    return [(c.scenario, c.impl) for c in cells]
+
+
+def judge_tree(meta: RunResult, out_dir: Path, cells: list[tuple[str, str]], scenarios: dict[str, Scenario],
+               expectations: Expectations | None) -> tuple[RunResult, dict[tuple[str, str], list[dict]]]:
+    """Judge every cell of a run from the histories under ``out_dir`` (read once, here);
+    the result tree and the histories (the reports show them)."""
+    histories = load_histories(out_dir, cells)
+    return judge_run(meta, out_dir, cells, scenarios, histories, expectations), histories
+
+
+def write_tree(result: RunResult, out_dir: Path, histories: dict[tuple[str, str], list[dict]],
+               reports: bool = True) -> dict[str, Path]:
+    """Write ``results.json``, every cell's ``cell.json`` and (``reports``) junit.xml, summary.md
+    and index.html into ``out_dir``; their paths by name.  OSError when it cannot."""
+    paths = {"results.json": out_dir / "results.json"}
+    for cell in result.cells:
+        folder = cell_dir(out_dir, cell.scenario, cell.impl)
+        if folder.is_dir():
+            dump_cell(cell, folder / "cell.json")
+    dump_run(result, paths["results.json"])
+    if reports:
+        paths.update(write_reports(result, out_dir, histories))
+    return paths
+
+
+class RejudgeError(ValueError):
+    """A folder ``pdconform judge`` cannot re-judge; the message says why."""
+
+
+def rejudge(out_dir: Path, expectations: Expectations | None = None,
+            on_note: Callable[[str], None] | None = None) -> RunResult:
+    """Judge a stored run again from its histories and rewrite its result tree.
+
+    The run-level facts (sglang, seed, settings, cell list) come from ``OUT/results.json``;
+    ``expectations`` replaces the ones the run was judged against (None: the run's own file,
+    when it can still be read; ``on_note`` says when it cannot).  RejudgeError for a folder
+    that holds no pdconform run or names a scenario this checkout does not have."""
+    from harness.judge.expectations import ExpectationsError, load_expectations
+    from harness.implementations import available
+
+    results = out_dir / "results.json"
+    try:
+        stored = load_run(results)
+    except OSError as exc:
+        raise RejudgeError(f"{out_dir} holds no pdconform run: cannot read {results} ({exc.strerror or exc})")
+    except ValueError as exc:
+        raise RejudgeError(f"{results} is not a pdconform results.json: {exc}")
+    known = {s.id: s for s in all_scenarios(include_test_only=True)}
+    missing = sorted({c.scenario for c in stored.cells} - set(known))
+    if missing:
+        raise RejudgeError(f"{results} has cells of scenarios this checkout does not have: {', '.join(missing)}")
+    if expectations is None and stored.expectations:
+        try:
+            expectations = load_expectations(stored.expectations, available(include_test_only=True), known)
+        except ExpectationsError as exc:
+            if on_note:
+                on_note(f"the run's expectations cannot be read, so every cell is expected to PASS: {exc}")
+    cells = [(c.scenario, c.impl) for c in stored.cells]
+    result, histories = judge_tree(stored, out_dir, cells, known, expectations)
+    if expectations is None:
+        result.expectations = None
+    write_tree(result, out_dir, histories)
+    return result
+
+
+def clear_reports(out_dir: Path) -> None:
+    """Remove a previous run's reports and cell folders from ``out_dir`` (before a new run,
+    so an interrupted one leaves no old verdict behind)."""
+    import shutil
+
+    for name in REPORT_FILES:
+        (out_dir / name).unlink(missing_ok=True)
+    for folder in (CELLS_DIR, REFERENCE_FOR_DIFF_DIR):
+        shutil.rmtree(out_dir / folder, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""Which sglang release a process drives, read in one place, and ranges of releases.
+
+:func:`sglang_version` is the only reader: the declared-range gate
+(harness.implementations), the role context (harness.target.role_context) and the
+reports (harness.target.sglang, which passes a source tree's version on) all agree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import metadata
+
+#: set by a source-tree target (--sglang-src) in every cell and role: the tree's version,
+#: which package metadata would not tell (it names the installed release)
+VERSION_ENV = "PDCONFORM_SGLANG_VERSION"
+
+Release = tuple[int, int, int]
+
+
+def sglang_version() -> str | None:
+    """The version of the sglang this process imports, without importing it:
+    :data:`VERSION_ENV` when a source-tree target set it, else the installed package's
+    metadata; None when neither says (sglang is not installed)."""
+    from_env = os.environ.get(VERSION_ENV)
+    if from_env:
+        return from_env
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def release_of(version: str) -> Release:
+    """The release a version string belongs to, as ``(major, minor, patch)``: the
+    leading digits of its first three dot-separated pieces, so ``"0.5.18.post1"``,
+    ``"0.5.18rc2"`` and ``"0.5.18+cpu"`` are all ``(0, 5, 18)``; missing pieces are 0.
+    Raises ValueError when the first piece has no leading digit."""
+    numbers = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            if not numbers:
+                raise ValueError(f"not a release version: {version!r}")
+            break
+        numbers.append(int(digits))
+    return tuple(numbers + [0] * (3 - len(numbers)))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SglangRange:
+    """sglang releases: ``spans`` of ``(first, last)`` releases, both ends included,
+    ``last`` None for no upper end; a version's post/rc/local parts count as its release
+    (:func:`release_of`).  ``why`` says in one line where the ends come from."""
+
+    spans: tuple[tuple[Release, Release | None], ...]
+    why: str = ""
+
+    def contains(self, version: str) -> bool:
+        """True when ``version`` (e.g. ``"0.5.17"``) falls in one of the spans;
+        False for a version string with no release number."""
+        try:
+            release = release_of(version)
+        except ValueError:
+            return False
+        return any(first <= release and (last is None or release <= last) for first, last in self.spans)
+
+    def __str__(self) -> str:
+        def dotted(release: Release) -> str:
+            return ".".join(map(str, release))
+
+        return ", ".join(f">= {dotted(first)}" if last is None else
+                         (dotted(first) if first == last else f"{dotted(first)} - {dotted(last)}")
+                         for first, last in self.spans)

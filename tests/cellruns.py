@@ -1,0 +1,24 @@
+"""Running cells from tests the way the harness does: execute, then judge from the history."""
+
+from pathlib import Path
+
+from harness import session
+from harness.drive.runner import run_cell_isolated
+from harness.judge import history as hist
+from harness.judge.judge import judge
+from harness.spec.scenario import Scenario, get_scenario
+from harness.target.sglang import installed_target
+
+
+def run_cells(impls: list[str], scenarios: list[Scenario], out_dir: Path, *, seed: int = 0, jobs: int = 1,
+              fork: bool = True, callbacks=None, **config):
+    """harness.session.run on the installed sglang; the RunResult."""
+    return session.run(session.RunConfig(impls=impls, scenarios=scenarios, out_dir=out_dir, target=installed_target(),
+                                         seed=seed, jobs=jobs, fork=fork, **config), callbacks)
+
+
+def run_one(impl: str, scenario: str | Scenario, workdir: Path, *, seed: int = 0, **kwargs):
+    """One cell through harness.drive.runner.run_cell_isolated, judged (no reference, no expectation)."""
+    scenario = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    cell = run_cell_isolated(impl, scenario, seed, workdir, **kwargs)
+    return judge(scenario, seed, hist.load(cell.workdir / "history.jsonl"), workdir=str(cell.workdir))
