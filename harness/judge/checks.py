@@ -245,6 +245,15 @@ def status_at(label: str, expected: tuple[int, ...]) -> Checker:
     return fn
 
 
+def _first_failed_after(events: list[dict], role: str, room: int, seq: int) -> tuple[dict | None, str]:
+    """The first poll of ``role``'s ``room`` after event ``seq`` that saw Failed (None: none did),
+    and the last status seen after it ("never polled" when no poll ran)."""
+    waits = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room)
+             if e["type"] == Event.OK and e["seq"] > seq]
+    failed = next((e for e in waits if e["value"]["status"] == KVPoll.Failed), None)
+    return failed, kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
+
+
 def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Checker:
     """``room`` on ``decode`` became Failed within the decode's heartbeat window plus
     ``slack_s`` seconds of ``dead``'s kill, with a reason naming ``dead``'s bootstrap address."""
@@ -255,11 +264,8 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Chec
             return False, f"{dead} was never killed"
         window = fact(events, decode, "heartbeat_window_s")
         addr = fact(events, dead, "bootstrap_addr")
-        waits = [e for e in completions(events, op=Op.AWAIT_STATUS, role=decode, room=room)
-                 if e["type"] == Event.OK and e["seq"] > kill["seq"]]
-        failed = next((e for e in waits if e["value"]["status"] == KVPoll.Failed), None)
+        failed, last = _first_failed_after(events, decode, room, kill["seq"])
         if failed is None:
-            last = kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
             return False, f"{decode} room {room} did not become Failed after {dead} was killed (last: {last})"
         latency = failed["t"] - kill["t"]
         reason = failed["value"].get("failure_reason") or ""
@@ -305,11 +311,8 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
         called = next((e for e in reversed(events[:events.index(start)]) if e["type"] == Event.INVOKE
                        and e["op"] == since_op and e["role"] == since_role
                        and (e.get("args") or {}).get("room") == room), start)
-        waits = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room)
-                 if e["type"] == Event.OK and e["seq"] > start["seq"]]
-        failed = next((e for e in waits if e["value"]["status"] == KVPoll.Failed), None)
+        failed, last = _first_failed_after(events, role, room, start["seq"])
         if failed is None:
-            last = kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
             return False, f"{role} room {room} never became Failed (last: {last})"
         latency = failed["t"] - start["t"]
         reason = failed["value"].get("failure_reason") or ""
