@@ -7,9 +7,12 @@
   or ``make nightly``.
 * ``pytest --impl NAME --scenario ID`` runs pdconform cells as tests
   (harness.pytest_plugin, registered as a pytest11 entry point by pyproject.toml).
+* The suite never writes into the checkout's reports/ (a user's `make matrix` results
+  live there): the session fails when anything under reports/ changed.
 """
 
 import os
+from pathlib import Path
 
 from hypothesis import settings
 
@@ -18,3 +21,32 @@ os.environ["PDCONFORM_TEST_SCENARIOS"] = "1"
 settings.register_profile("ci", deadline=None, max_examples=150, stateful_step_count=40, database=None)
 settings.register_profile("nightly", deadline=None, max_examples=5000, stateful_step_count=100)
 settings.load_profile(os.environ.get("PDCONFORM_HYPOTHESIS_PROFILE", "ci"))
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+def _reports_state() -> dict[str, tuple[int, int]]:
+    """Every path under reports/ (links not followed) with its size and mtime."""
+    state = {}
+    for folder, dirs, files in os.walk(REPORTS):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            state[os.path.relpath(path, REPORTS)] = (st.st_size, st.st_mtime_ns)
+    return state
+
+
+def pytest_sessionstart(session):
+    session.config._pdconform_reports = _reports_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_pdconform_reports", None)
+    if before is None or getattr(session.config.option, "impl", None) or getattr(session.config.option, "scenario", None):
+        return  # cells run as tests write under --cells-out, by the user's choice
+    after = _reports_state()
+    changed = sorted(set(before.items()) ^ set(after.items()))
+    if changed:
+        names = sorted({path for path, _ in changed})
+        print(f"\nthe test suite changed the checkout's reports/: {', '.join(names[:10])}")
+        session.exitstatus = 1

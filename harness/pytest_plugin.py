@@ -93,12 +93,53 @@ def _moved_rootdir(config: pytest.Config) -> str | None:
             f"not read pdconform's pyproject.toml; write it as {', '.join(spaced)}")
 
 
+_SETUP = pytest.StashKey[tuple]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Validate --impl/--scenario before collection: an unknown name, or a path option that
-    moved pytest's rootdir (:func:`_moved_rootdir`), is a usage error (exit 4)."""
-    if _requested(config) and (problem := _moved_rootdir(config)):
+    """Validate every pdconform option before collection, when cells are asked for: an unknown
+    name, a bad --sglang-src/--sglang, --expectations or --cells-out, or a path option that
+    moved pytest's rootdir (:func:`_moved_rootdir`), is a usage error (exit 4), not a
+    per-test error."""
+    config.stash[_CELLS] = []
+    if not _requested(config):
+        return
+    if problem := _moved_rootdir(config):
         raise pytest.UsageError(problem)
-    config.stash[_CELLS] = _cells(config) if _requested(config) else []
+    config.stash[_CELLS] = _cells(config)
+    config.stash[_SETUP] = (_target(config), _expectations(config), _cells_out(config))
+
+
+def _target(config: pytest.Config):
+    from harness.target.sglang import TargetError, resolve_target
+
+    try:
+        return resolve_target(config.getoption("--sglang-src"), config.getoption("sglang_version"))
+    except TargetError as exc:
+        raise pytest.UsageError(f"pdconform: {exc}") from None
+
+
+def _expectations(config: pytest.Config):
+    path = config.getoption("--expectations")
+    if not path:
+        return None
+    from harness.implementations import available
+    from harness.judge.expectations import ExpectationsError, load_expectations
+    from harness.spec.scenario import all_scenarios
+
+    try:
+        return load_expectations(path, available(), [s.id for s in all_scenarios()])
+    except ExpectationsError as exc:
+        raise pytest.UsageError(f"pdconform: {exc}") from None
+
+
+def _cells_out(config: pytest.Config) -> Path:
+    from harness.report.outdir import OutDirError, check_out
+
+    try:
+        return check_out(config.getoption("--cells-out"))
+    except OutDirError as exc:
+        raise pytest.UsageError(f"pdconform: {exc}") from None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -121,29 +162,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def pdconform_target(request: pytest.FixtureRequest):
-    """The sglang the cells run against (harness.target.sglang), resolved once per session."""
-    from harness.target.sglang import TargetError, resolve_target
-
-    try:
-        return resolve_target(request.config.getoption("--sglang-src"), request.config.getoption("sglang_version"))
-    except TargetError as exc:
-        raise pytest.UsageError(str(exc)) from exc
+    """The sglang the cells run against (harness.target.sglang), resolved once, before collection."""
+    return request.config.stash[_SETUP][0]
 
 
 @pytest.fixture(scope="session")
 def pdconform_expectations(request: pytest.FixtureRequest):
     """The loaded --expectations file, or None."""
-    path = request.config.getoption("--expectations")
-    if not path:
-        return None
-    from harness.judge.expectations import ExpectationsError, load_expectations
-    from harness.implementations import available
-    from harness.spec.scenario import all_scenarios
-
-    try:
-        return load_expectations(path, available(), [s.id for s in all_scenarios()])
-    except ExpectationsError as exc:
-        raise pytest.UsageError(str(exc)) from exc
+    return request.config.stash[_SETUP][1]
 
 
 def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -> None:
@@ -154,7 +180,7 @@ def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -
     from harness.report.terminal import reproduce_command
     from harness.spec.scenario import get_scenario
 
-    out = Path(config.getoption("--cells-out")).expanduser().resolve() / cell_dir_name(cell.scenario, cell.impl)
+    out = config.stash[_SETUP][2] / cell_dir_name(cell.scenario, cell.impl)
     run = session.run(session.RunConfig(impls=[cell.impl], scenarios=[get_scenario(cell.scenario)], out_dir=out,
                                         target=target, seed=config.getoption("--seed"), expectations=expectations))
     result = run.cells[0]

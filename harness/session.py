@@ -1,17 +1,20 @@
 """One run session, the same for ``pdconform run``/``repro``, the pytest plugin and ``bench``:
 execute the cells, judge them once, write the result tree.
 
-The path of one cell: :func:`run` -> harness.drive.scheduler.run_matrix (execution:
-each cell's process records ``history.jsonl``, the runner appends how it ended) ->
-:func:`judge_tree` (harness.judge.judge.judge_run: verdict, divergence, expectation,
-from the histories alone) -> :func:`write_tree` (results.json, each ``cell.json`` and,
-unless asked not to, junit.xml, summary.md and index.html, all atomically).
-``pdconform judge RUN_DIR`` is :func:`rejudge`: the same judge and writer on a stored run.
+The path of one cell: :func:`run` (a fresh run folder under the --out folder,
+harness.report.outdir) -> :func:`run_into` -> harness.drive.scheduler.run_matrix
+(execution: each cell's process records ``history.jsonl``, the runner appends how it
+ended) -> :func:`judge_tree` (harness.judge.judge.judge_run: verdict, divergence,
+expectation, from the histories alone) -> :func:`write_tree` (results.json, each
+``cell.json`` and, unless asked not to, junit.xml, summary.md and index.html, all
+atomically); then ``OUT/latest`` moves to the new run.  ``pdconform judge RUN_DIR`` is
+:func:`rejudge`: the same judge and writer on a stored run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -21,9 +24,9 @@ from harness.drive.scheduler import Callbacks, Schedule, run_matrix
 from harness.implementations import engine_settings, settings_env
 from harness.judge.expectations import Expectations
 from harness.judge.judge import judge_run
-from harness.judge.results import (CELLS_DIR, REFERENCE_FOR_DIFF_DIR, RunResult, cell_dir, dump_cell, dump_run,
-                                   load_histories, load_run)
-from harness.report.files import REPORT_FILES, write_reports
+from harness.judge.results import RunResult, cell_dir, dump_cell, dump_run, load_histories, load_run
+from harness.report.files import write_reports
+from harness.report.outdir import OutDirError, RunFolder, run_folder_of, take_lock
 from harness.spec.scenario import Scenario, all_scenarios
 from harness.target.sglang import SglangTarget
 
@@ -32,7 +35,8 @@ from harness.target.sglang import SglangTarget
 class RunConfig:
     """What one run executes and how.
 
-    ``impls`` and ``scenarios`` (the cells are their product), ``out_dir``, ``target``
+    ``impls`` and ``scenarios`` (the cells are their product), ``out_dir`` (the --out folder:
+    :func:`run` makes the run's own folder under it), ``target``
     (which sglang), ``seed``, ``jobs`` at a time, ``fork`` (from fork servers),
     ``full_waits``, ``engine_settings`` (name -> value, harness.implementations.EngineSetting;
     an unnamed setting keeps its default), ``expectations`` (None: every cell expected to
@@ -58,10 +62,23 @@ class RunConfig:
 
 
 def run(config: RunConfig, callbacks: Callbacks | None = None) -> RunResult:
-    """Execute, judge and write one run (see the module docstring); its result tree.
+    """Execute, judge and write one run into a fresh folder ``OUT/runs/<time>/`` under
+    ``config.out_dir`` (harness.report.outdir.RunFolder), then point ``OUT/latest`` at it;
+    its result tree (each cell's ``workdir`` is inside that folder).
 
-    KeyboardInterrupt propagates after the running cells were killed (nothing is written);
-    OSError when the out directory cannot be written."""
+    OutDirError when another run holds OUT; KeyboardInterrupt propagates after the running
+    cells were killed (``latest`` and earlier runs are left as they were); OSError when the
+    folder cannot be written."""
+    run_folder = RunFolder(config.out_dir)
+    with run_folder as folder:
+        result = run_into(config, folder, callbacks)
+        run_folder.finish()
+    return result
+
+
+def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None) -> RunResult:
+    """Execute, judge and write one run into ``folder`` (made by the caller, e.g. bench's
+    ``run-N``); its result tree."""
     settings = config.settings()
     target = config.target
     target = SglangTarget(python=target.python, info=target.info, env={**target.env, **settings_env(settings)})
@@ -69,11 +86,11 @@ def run(config: RunConfig, callbacks: Callbacks | None = None) -> RunResult:
                      started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
-    cells, duration = run_matrix(config.impls, config.scenarios, config.out_dir, schedule, callbacks)
+    cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)
     meta.duration_s = duration
-    result, histories = judge_tree(meta, config.out_dir, cells_of(cells), {s.id: s for s in config.scenarios},
+    result, histories = judge_tree(meta, folder, cells_of(cells), {s.id: s for s in config.scenarios},
                                    config.expectations)
-    write_tree(result, config.out_dir, histories, reports=config.reports)
+    write_tree(result, folder, histories, reports=config.reports)
     return result
 
 
@@ -109,24 +126,32 @@ class RejudgeError(ValueError):
     """A folder ``pdconform judge`` cannot re-judge; the message says why."""
 
 
-def rejudge(out_dir: Path, expectations: Expectations | None = None,
-            on_note: Callable[[str], None] | None = None) -> RunResult:
-    """Judge a stored run again from its histories and rewrite its result tree.
+def rejudge(path: Path, expectations: Expectations | None = None,
+            on_note: Callable[[str], None] | None = None) -> tuple[RunResult, Path]:
+    """Judge a stored run again from its histories and rewrite its result tree; the result
+    and the run folder.
 
-    The run-level facts (sglang, seed, settings, cell list) come from ``OUT/results.json``;
-    ``expectations`` replaces the ones the run was judged against (None: the run's own file,
-    when it can still be read; ``on_note`` says when it cannot).  RejudgeError for a folder
-    that holds no pdconform run or names a scenario this checkout does not have."""
-    from harness.judge.expectations import ExpectationsError, load_expectations
+    ``path``: a run folder, or an --out folder (its ``latest`` run).  The run-level facts
+    (sglang, seed, settings, cell list) come from its results.json; ``expectations``
+    replaces the ones the run was judged against (None: the run's own file, when it can
+    still be read; ``on_note`` says when it cannot).  RejudgeError for a folder that is no
+    pdconform run, or names a scenario this checkout does not have; OutDirError when
+    another process is judging it."""
     from harness.implementations import available
+    from harness.judge.expectations import ExpectationsError, load_expectations
+    from harness.judge.inputs import InputError
 
-    results = out_dir / "results.json"
+    try:
+        folder = run_folder_of(path)
+    except OutDirError as exc:
+        raise RejudgeError(str(exc)) from None
+    results = folder / "results.json"
     try:
         stored = load_run(results)
-    except OSError as exc:
-        raise RejudgeError(f"{out_dir} holds no pdconform run: cannot read {results} ({exc.strerror or exc})")
+    except InputError as exc:
+        raise RejudgeError(f"{folder} holds no finished pdconform run: {exc}") from None
     except ValueError as exc:
-        raise RejudgeError(f"{results} is not a pdconform results.json: {exc}")
+        raise RejudgeError(f"{results} is not a pdconform results.json: {exc}") from None
     known = {s.id: s for s in all_scenarios(include_test_only=True)}
     missing = sorted({c.scenario for c in stored.cells} - set(known))
     if missing:
@@ -138,19 +163,12 @@ def rejudge(out_dir: Path, expectations: Expectations | None = None,
             if on_note:
                 on_note(f"the run's expectations cannot be read, so every cell is expected to PASS: {exc}")
     cells = [(c.scenario, c.impl) for c in stored.cells]
-    result, histories = judge_tree(stored, out_dir, cells, known, expectations)
-    if expectations is None:
-        result.expectations = None
-    write_tree(result, out_dir, histories)
-    return result
-
-
-def clear_reports(out_dir: Path) -> None:
-    """Remove a previous run's reports and cell folders from ``out_dir`` (before a new run,
-    so an interrupted one leaves no old verdict behind)."""
-    import shutil
-
-    for name in REPORT_FILES:
-        (out_dir / name).unlink(missing_ok=True)
-    for folder in (CELLS_DIR, REFERENCE_FOR_DIFF_DIR):
-        shutil.rmtree(out_dir / folder, ignore_errors=True)
+    lock = take_lock(folder, "judging")
+    try:
+        result, histories = judge_tree(stored, folder, cells, known, expectations)
+        if expectations is None:
+            result.expectations = None
+        write_tree(result, folder, histories)
+    finally:
+        os.close(lock)
+    return result, folder

@@ -12,9 +12,11 @@ from harness.target.sglang import installed_target
 
 def run_cells(impls: list[str], scenarios: list[Scenario], out_dir: Path, *, seed: int = 0, jobs: int = 1,
               fork: bool = True, callbacks=None, **config):
-    """harness.session.run on the installed sglang; the RunResult."""
-    return session.run(session.RunConfig(impls=impls, scenarios=scenarios, out_dir=out_dir, target=installed_target(),
-                                         seed=seed, jobs=jobs, fork=fork, **config), callbacks)
+    """harness.session.run_into ``out_dir`` itself (made here) on the installed sglang; the RunResult."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return session.run_into(session.RunConfig(impls=impls, scenarios=scenarios, out_dir=out_dir,
+                                              target=installed_target(), seed=seed, jobs=jobs, fork=fork, **config),
+                            out_dir, callbacks)
 
 
 def run_one(impl: str, scenario: str | Scenario, workdir: Path, *, seed: int = 0, **kwargs):

@@ -92,5 +92,5 @@ def test_adding_a_scenario_is_one_file_and_the_docs_example_runs(tmp_path):
     assert row["levels"] == {"R-XFER-1": "MUST", "R-TERM-1": "MUST", "R-LAYOUT-1": "MUST", "R-LIVE-2": "MUST"}
     ran = pdconform("run", "--impl", "reference", "--scenario", "two-rooms", "--out", str(tmp_path / "out"))
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    cell = json.loads((tmp_path / "out" / "results.json").read_text())["cells"][0]
+    cell = json.loads((tmp_path / "out" / "latest" / "results.json").read_text())["cells"][0]
     assert cell["verdict"] == "PASS" and cell["bytes_verified"] > 0

@@ -73,12 +73,13 @@ def test_out_symlink_loop_is_a_usage_error(tmp_path):
 
 
 def test_bench_reports_every_figure_with_its_samples(tmp_path):
-    (tmp_path / "run-3" / "cells").mkdir(parents=True)  # an earlier bench's: not this one's
+    (tmp_path / "run-3" / "cells").mkdir(parents=True)  # not pdconform's: never touched
     (tmp_path / "bench.json").write_text("{}")
     out = pdconform("bench", "--repeat", "2", "--impl", "reference", "--scenario", "happy-path", "--jobs", "2",
                     "--skip", "engines", "--seeds", "50", "--out", str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    figures = {f["name"]: f for f in json.loads((tmp_path / "bench.json").read_text())["figures"]}
+    bench = tmp_path / "latest"
+    figures = {f["name"]: f for f in json.loads((bench / "bench.json").read_text())["figures"]}
     assert len(figures["matrix_wall_s"]["samples"]) == 2 and figures["matrix_wall_s"]["goal"] == ["<=", 60.0]
     assert len(figures["cell_overhead_s"]["samples"]) == 2  # one cell per run
     assert len(figures["matrix_cpu_s"]["samples"]) == 2 and all(s > 0 for s in figures["matrix_cpu_s"]["samples"])
@@ -88,9 +89,9 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     assert per_impl["samples"] == figures["cell_overhead_s"]["samples"] and per_impl["goal"] is None
     assert "PASS cells" in per_impl["note"] and "per matrix" in per_impl["note"]
     assert "cell_overhead_s[reference]" in out.stdout  # the name, not eaten as rich markup
-    assert not (tmp_path / "run-3").exists()
+    assert (tmp_path / "run-3" / "cells").is_dir() and (tmp_path / "bench.json").read_text() == "{}"
     for i in (1, 2):  # each run's results.json, to read a figure's cells afterwards
-        assert json.loads((tmp_path / f"run-{i}" / "results.json").read_text())["cells"][0]["verdict"] == "PASS"
+        assert json.loads((bench / f"run-{i}" / "results.json").read_text())["cells"][0]["verdict"] == "PASS"
 
 
 def test_bench_bad_skip_is_a_usage_error():

@@ -94,7 +94,7 @@ def test_run_exit_codes(tmp_path):
                                                     "verdict": "FAIL"})
     out = _run(tmp_path, as_expected, "selftest-role-dies", "selftest-noop")
     assert out.returncode == 0, out.stdout + out.stderr
-    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    data = json.loads((tmp_path / "out" / "latest" / "results.json").read_text())
     assert data["expectations"] == str(as_expected)
     assert {c["scenario"]: c["expected"] for c in data["cells"]} == {"selftest-role-dies": "FAIL", "selftest-noop": "PASS"}
 

@@ -93,6 +93,7 @@ def test_the_expectation_and_the_divergence_are_decided_here_and_nowhere_else():
 def test_pdconform_judge_reproduces_a_stored_runs_verdicts_cell_for_cell(tmp_path):
     scenarios = [get_scenario(s) for s in ("selftest-noop", "selftest-role-dies", "selftest-hang", "happy-path")]
     run = run_cells(["selftest"], scenarios, tmp_path, jobs=2)
+    (tmp_path / ".pdconform-run").write_text("{}")  # (run_cells wrote into tmp_path itself: mark it a run folder)
     before = json.loads((tmp_path / "results.json").read_text())
     assert [c.verdict for c in run.cells] == ["PASS", "FAIL", "ERROR", "PASS"]
     assert (tmp_path / "reference-for-diff" / "happy-path" / "history.jsonl").is_file()  # the diff was computed
@@ -110,4 +111,4 @@ def test_pdconform_judge_reproduces_a_stored_runs_verdicts_cell_for_cell(tmp_pat
 def test_pdconform_judge_refuses_a_folder_without_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness.cli", "judge", str(tmp_path)], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
-    assert out.returncode == 2 and "holds no pdconform run" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "is not a pdconform run folder" in out.stderr and "Traceback" not in out.stderr

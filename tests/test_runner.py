@@ -36,7 +36,7 @@ def test_cli_exit_code_and_results_for_a_hanging_cell(tmp_path):
                           "--scenario", "selftest-hang", "--scenario", "selftest-noop", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
-    data = json.loads((tmp_path / "results.json").read_text())
+    data = json.loads((tmp_path / "latest" / "results.json").read_text())
     assert [c["verdict"] for c in data["cells"]] == ["ERROR", "PASS"]
     assert "deadline" in out.stdout
 
@@ -94,13 +94,13 @@ def test_sigterm_to_the_runner_stops_the_cell_and_its_roles(tmp_path):
                              "--scenario", "selftest-role-hangs", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while not list(tmp_path.glob("cells/*/prefill.endpoint")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob("runs/*/cells/*/prefill.endpoint")) and time.monotonic() < deadline:
         time.sleep(0.1)  # wait until the roles are up
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
-    assert not (tmp_path / "results.json").exists()
+    assert not list(tmp_path.glob("runs/*/results.json")) and not (tmp_path / "latest").exists()
     time.sleep(1.0)  # the cell's own parent watch needs one interval
     assert not _role_processes(tmp_path)
 
@@ -112,7 +112,7 @@ def test_relative_out_works_from_any_directory(tmp_path):
                           "--scenario", "selftest-noop", "--out", "rel/out"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr + out.stdout
-    data = json.loads((tmp_path / "rel" / "out" / "results.json").read_text())
+    data = json.loads((tmp_path / "rel" / "out" / "latest" / "results.json").read_text())
     assert data["cells"][0]["verdict"] == "PASS"
 
 
@@ -156,7 +156,7 @@ def test_sigterm_with_parallel_jobs_stops_every_running_cell_at_once(tmp_path):
                              "--scenario", "selftest-role-hangs", "--scenario", "selftest-hang", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while not list(tmp_path.glob("cells/*/prefill.endpoint")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob("runs/*/cells/*/prefill.endpoint")) and time.monotonic() < deadline:
         time.sleep(0.1)  # the hanging role is up
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -211,10 +211,10 @@ def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
                              "--scenario", "happy-path", "--scenario", "waiting-timeout", "--jobs", "4",
                              "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while not (tmp_path / "zygote-sglang.log").exists() and time.monotonic() < deadline:
+    while not list(tmp_path.glob("runs/*/zygote-sglang.log")) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # sglang's fork server is importing (seconds); workers wait on it
-    assert not list(tmp_path.glob("cells/*--mooncake/history.jsonl"))
+    assert not list(tmp_path.glob("runs/*/cells/*--mooncake/history.jsonl"))
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
@@ -223,7 +223,7 @@ def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
     assert "fresh interpreters" not in stderr
     time.sleep(1.0)
     assert not _role_processes(tmp_path)
-    assert not list(tmp_path.glob("cells/*--mooncake/history.jsonl"))  # no sglang cell ran after the interrupt
+    assert not list(tmp_path.glob("runs/*/cells/*--mooncake/history.jsonl"))  # no sglang cell ran after the interrupt
 
 
 def test_more_jobs_than_cells_starts_one_worker_per_cell(tmp_path):

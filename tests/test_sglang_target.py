@@ -88,9 +88,10 @@ def test_both_options_refused(tmp_path):
     (["--sglang", "9.9.9"], "no pinned package set"),
     (["--sglang", "0.5.23", "--sglang-src", "/tmp"], "not both"),
 ])
-def test_cli_exit_2(args, message):
+def test_cli_exit_2(args, message, tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "reference", "--scenario",
-                          "happy-path", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                          "happy-path", "--out", str(tmp_path / "out"), *args], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
@@ -104,7 +105,7 @@ def test_a_tree_outside_the_adapters_range_gives_unsupported_backend_cells(tmp_p
                           "--scenario", "happy-path", "--sglang-src", str(tree), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 1, out.stdout + out.stderr  # the UNSUPPORTED cell is not the PASS expected
-    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    data = json.loads((tmp_path / "out" / "latest" / "results.json").read_text())
     assert data["sglang"]["version"] == version
     cells = {c["impl"]: c for c in data["cells"]}
     assert cells["reference"]["verdict"] == "PASS", cells["reference"]["reason"]
@@ -120,7 +121,7 @@ def test_results_record_the_source_tree(tmp_path):
                           "selftest-noop", "--sglang-src", str(tree), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
-    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    data = json.loads((tmp_path / "out" / "latest" / "results.json").read_text())
     assert data["sglang"] == {"version": "0.5.23", "path": str(tree / "sglang"), "source": "src", "commit": None}
-    summary = (tmp_path / "out" / "summary.md").read_text()
+    summary = (tmp_path / "out" / "latest" / "summary.md").read_text()
     assert "sglang 0.5.23 (src" in summary

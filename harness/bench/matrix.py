@@ -76,8 +76,8 @@ def machine() -> dict[str, Any]:
 
 def bench_matrix(config: "RunConfig", repeat: int, on_progress: Callable[[str], None] | None = None
                  ) -> tuple[Figure, Figure, Figure, list]:
-    """Run ``config``'s matrix ``repeat`` times, into ``config.out_dir/run-N/`` (results.json
-    and cell.json only); return (wall time, per-cell overhead and matrix CPU time figures,
+    """Run ``config``'s matrix ``repeat`` times, into ``config.out_dir/run-N/`` (the bench's run
+    folder; results.json and cell.json only); return (wall time, per-cell overhead and matrix CPU time figures,
     the runs).  The CPU figure has a sample only for runs whose every cell was measured
     (forked cells).  Every repeat orders its cells by ``config.duration_hint`` (as a clean
     clone's first run does, see harness.drive.scheduler.expected_durations), not by the
@@ -94,7 +94,9 @@ def bench_matrix(config: "RunConfig", repeat: int, on_progress: Callable[[str], 
     for i in range(repeat):
         if on_progress:
             on_progress(f"matrix run {i + 1}/{repeat} ({cells} cells, {config.jobs} at a time)")
-        run = session.run(replace(config, out_dir=config.out_dir / f"run-{i + 1}", reports=False))
+        folder = config.out_dir / f"run-{i + 1}"
+        folder.mkdir()
+        run = session.run_into(replace(config, reports=False), folder)
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -79,15 +78,6 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
         plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
                                 engine_settings=engine_settings, duration_hint=hint)
     return plan
-
-
-def clear_old(out_dir: Path) -> None:
-    """Remove an earlier bench's figures (bench.json and its ``run-N`` folders) from
-    ``out_dir``, so that they cannot pass for this one's, even if this one is interrupted."""
-    (out_dir / "bench.json").unlink(missing_ok=True)
-    for old_run in out_dir.glob("run-*"):
-        if old_run.is_dir() and old_run.name[4:].isdigit():
-            shutil.rmtree(old_run, ignore_errors=True)
 
 
 def run_bench(plan: BenchPlan, on_progress: Callable[[str], None] = lambda text: None) -> list[Figure]:

@@ -30,6 +30,7 @@ from typing import Iterable
 
 import msgspec
 
+from harness.judge.inputs import InputError, read_input
 from harness.judge.results import VERDICTS, CellResult, RunResult
 from harness.judge.verdict import Verdict
 
@@ -76,9 +77,9 @@ def load_expectations(path: str | Path, impls: Iterable[str], scenarios: Iterabl
     """
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ExpectationsError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        raw = tomllib.loads(read_input(path, "expectations file").decode("utf-8"))
+    except InputError as exc:
+        raise ExpectationsError(f"{path}: cannot read ({exc})") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ExpectationsError(f"{path}: not valid TOML: {exc}") from exc
     try:

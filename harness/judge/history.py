@@ -24,6 +24,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
 
+from harness.judge.inputs import InputError, read_input
+
 
 class Event(StrEnum):
     """An event's ``type``."""
@@ -127,11 +129,12 @@ def append_event(path: str | Path, type_: Event, op: Op, **fields: Any) -> dict:
 
 
 def load(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines history; a torn line (killed writer) is skipped; [] when unreadable."""
+    """Read a JSON-lines history; a torn line (killed writer) is skipped; [] when it is missing,
+    not a regular file or too large (harness.judge.inputs)."""
     events = []
     try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        lines = read_input(path, "history").decode("utf-8", errors="replace").splitlines()
+    except InputError:  # missing, not a regular file, too large: no history
         return events
     for line in lines:
         try:

@@ -24,6 +24,7 @@ from typing import Any, Optional
 import msgspec
 
 from harness.judge import history as hist
+from harness.judge.inputs import read_input
 from harness.judge.verdict import Verdict
 from harness.target.sglang import SglangInfo
 
@@ -142,8 +143,13 @@ def load_histories(out_dir: str | Path, cells: list[tuple[str, str]]) -> dict[tu
 
 
 def load_run(path: str | Path) -> RunResult:
-    """Read a results.json; msgspec.ValidationError when it does not match the schema."""
-    return msgspec.json.decode(Path(path).read_bytes(), type=RunResult)
+    """Read a results.json (a regular file of at most harness.judge.inputs.MAX_INPUT_BYTES).
+    harness.judge.inputs.InputError when it is not one; ValueError (msgspec.DecodeError or
+    ValidationError) when it is not a results.json of this schema."""
+    run = msgspec.json.decode(read_input(path, "results file"), type=RunResult)
+    if run.schema != SCHEMA:
+        raise ValueError(f"schema {run.schema}; this pdconform reads schema {SCHEMA} (rerun the run with it)")
+    return run
 
 
 def load_cell(path: str | Path) -> CellResult:

@@ -1,0 +1,139 @@
+"""The ``pdconform`` command line (typer): the app, the option checks every command shares, ``main``.
+
+Each command checks its options (bad usage: one line on stderr, exit 2), hands the work
+to the module that does it (harness.session for run/repro/judge, harness.bench.suite,
+harness.report.run_diff, harness.target.doctor, the reference's simulator) and prints.
+The commands live in harness/cli/runs.py (run, repro, judge, diff) and
+harness/cli/tools.py (doctor, list, bench, simulate).
+
+Exit codes: 0 every cell as expected (or the command succeeded), 1 some cell not as
+expected (or doctor found an unusable engine, or the simulator a violation), 2 bad
+usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Conformance harness for SGLang PD-disaggregation transfer backends.")
+# Lines are never wrapped mid-word; when output is not a terminal (CI logs,
+# pipes) the matrix gets 120 columns instead of rich's default 80.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, soft_wrap=True)
+
+DEFAULT_OUT = Path("reports/out")
+
+
+def _usage_error(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(code=2)
+
+
+def _registry():
+    """harness.implementations, or exit 2 when a registered implementation does not load."""
+    from harness import implementations
+
+    try:
+        implementations.registered()
+    except implementations.RegistryError as exc:
+        raise _usage_error(str(exc))
+    return implementations
+
+
+def _target(sglang_src: Optional[Path], sglang_version: Optional[str]):
+    """Resolve --sglang-src / --sglang (harness.target.sglang); bad input exits 2.  A release
+    outside an implementation's declared range is not bad input: its cells are UNSUPPORTED."""
+    from harness.target.sglang import TargetError, resolve_target
+
+    try:
+        return resolve_target(sglang_src, sglang_version)
+    except TargetError as exc:
+        raise _usage_error(str(exc))
+
+
+def _select(impl: Optional[List[str]], scenario: Optional[List[str]]):
+    """The implementations and scenarios asked for (default: all); unknown names exit 2."""
+    from harness.spec.scenario import all_scenarios
+
+    registry = _registry()
+    impls = list(dict.fromkeys(impl or registry.names()))
+    unknown = [i for i in impls if i not in registry.available()]
+    if unknown:
+        raise _usage_error(f"unknown --impl {', '.join(unknown)} (known: {', '.join(registry.names())})")
+    known = {s.id: s for s in all_scenarios()}
+    wanted = list(dict.fromkeys(scenario or known))
+    missing = [s for s in wanted if s not in known]
+    if missing:
+        raise _usage_error(f"unknown --scenario {', '.join(missing)} (known: {', '.join(known)}; see `pdconform list`)")
+    return impls, [known[s] for s in wanted]
+
+
+def _expectations(path: Optional[Path]):
+    """The loaded --expectations file (None without one); a bad one exits 2."""
+    if path is None:
+        return None
+    from harness.judge.expectations import ExpectationsError, load_expectations
+    from harness.spec.scenario import all_scenarios
+
+    try:
+        return load_expectations(path, _registry().available(), [s.id for s in all_scenarios()])
+    except ExpectationsError as exc:
+        raise _usage_error(str(exc))
+
+
+def _out_dir(out: Path) -> Path:
+    """The checked --out folder (harness.report.outdir.check_out); nothing is touched.  Exit 2 when unusable."""
+    from harness.report.outdir import OutDirError, check_out
+
+    try:
+        return check_out(out)
+    except OutDirError as exc:
+        raise _usage_error(str(exc))
+
+
+def _stop_on_signals() -> None:
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: a job started with & ignores it
+        signal.signal(signum, interrupted)
+
+
+SGLANG_SRC_OPTION = typer.Option(None, "--sglang-src", help="Run against this sglang checkout (its python/ folder) "
+                                 "or unpacked wheel instead of the installed sglang.")
+SGLANG_VERSION_OPTION = typer.Option(None, "--sglang", help="Run against this released sglang version, set up once "
+                                     "into the cached environment .venv-sglang-VERSION.")
+NIXL_DELAY_OPTION = typer.Option(
+    None, "--nixl-progress-delay-us", min=0, show_default=False,
+    help="Microseconds the NIXL agent's progress thread sleeps between polls (default: pdconform's, see "
+         "`pdconform doctor`); 0 is sglang's busy loop, which keeps a core busy per NIXL role (docs/performance.md).")
+FULL_WAITS_OPTION = typer.Option(
+    False, "--full-waits", help="Let every wait run to its bound even after a status that must come never came "
+    "(default: fail fast, later waits of that cell are cut to 1 s).")
+EXPECTATIONS_OPTION = typer.Option(None, "--expectations", help="TOML file of expected verdicts (see expectations/); "
+                                   "exit 1 on a regression or a fix.")
+
+
+def _settings(nixl_progress_delay_us: Optional[int]) -> dict[str, int]:
+    """The engine settings the options change (harness.implementations.EngineSetting names)."""
+    return {} if nixl_progress_delay_us is None else {"nixl_progress_delay_us": nixl_progress_delay_us}
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    app(prog_name="pdconform")
+
+
+
+
+from harness.cli import runs, tools  # noqa: E402,F401 - the commands register themselves on ``app``

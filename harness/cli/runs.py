@@ -1,0 +1,239 @@
+"""The commands that run, judge and compare cells: ``run``, ``repro``, ``judge``, ``diff``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from harness.cli import (DEFAULT_OUT, EXPECTATIONS_OPTION, FULL_WAITS_OPTION, NIXL_DELAY_OPTION, SGLANG_SRC_OPTION,
+                         SGLANG_VERSION_OPTION, _expectations, _out_dir, _select, _settings, _stop_on_signals,
+                         _target, _usage_error, app, console, err)
+
+
+def _duration_hint(out: Path, scenarios, impls, seed: int, expectations) -> dict:
+    """An earlier run's cell durations (the longest cells start first), else the cells the
+    expectations say fail first (they wait out stuck steps); {} without either."""
+    from harness.drive.scheduler import expected_durations
+    from harness.judge.results import load_run
+
+    try:
+        return {(c.scenario, c.impl): c.duration_s for c in load_run(out / "latest" / "results.json").cells}
+    except (OSError, ValueError):  # no earlier run, or not a readable one
+        pass
+    if expectations is None:
+        return {}
+    return expected_durations(scenarios, impls, seed, expectations.verdict_for)
+
+
+def _load_results(path: Path):
+    """The RunResult at ``path`` (a results.json, a run folder or an --out folder); exit 2 when unreadable."""
+    from harness.judge.inputs import InputError
+    from harness.judge.results import load_run
+    from harness.report.outdir import OutDirError, run_folder_of
+
+    if path.is_dir():
+        try:
+            path = run_folder_of(path) / "results.json"
+        except OutDirError as exc:
+            raise _usage_error(str(exc))
+    try:
+        return load_run(path)
+    except InputError as exc:
+        raise _usage_error(str(exc))
+    except ValueError as exc:  # msgspec.DecodeError / ValidationError, another schema
+        raise _usage_error(f"{path} is not a pdconform results.json: {exc}")
+
+
+def _print_verdicts(result, expectations_path) -> None:
+    """The matrix, each non-PASS cell's reason, and the cells not as expected."""
+    from harness.judge.expectations import fixes, regressions
+    from harness.report.terminal import matrix_table, reasons, reproduce_command
+
+    console.print(matrix_table(result))
+    for line in reasons(result):
+        console.print(f"  {line}", markup=False, highlight=False)
+    for title, cells in (("regressions (worse than expected)", regressions(result)),
+                         (f"fixed (better than expected: update {expectations_path or 'the expectations'})",
+                          fixes(result))):
+        if cells:
+            console.print(f"[bold red]{len(cells)} {escape(title)}:[/]")
+            for c in cells:
+                console.print(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
+                              f"({reproduce_command(result, c)})", markup=False, highlight=False)
+
+
+def _run_session(config, callbacks=None, progress=None):
+    """harness.session.run, with an interrupt exiting 130 and a write failure exiting 2."""
+    from harness import session
+    from harness.report.outdir import OutDirError
+
+    _stop_on_signals()
+    try:
+        return session.run(config, callbacks)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.stop()
+        err.print("[bold red]interrupted[/]: the running cells and their roles were stopped; no results written")
+        raise typer.Exit(code=130)
+    except OutDirError as exc:  # another run holds --out
+        if progress is not None:
+            progress.stop()
+        raise _usage_error(str(exc))
+    except OSError as exc:  # --out went away or filled up mid-run
+        if progress is not None:
+            progress.stop()
+        raise _usage_error(f"cannot write the run into {config.out_dir}: {exc.strerror or exc}")
+
+
+@app.command()
+def run(
+    impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementation (repeatable); see `pdconform doctor`."),
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable); see `pdconform list`."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Folder for the runs: each run writes a new OUT/runs/<time>/ "
+                             "(results.json, reports, per-cell logs) and OUT/latest then points at it."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenarios' room ids, pages and faults."),
+    expectations: Optional[Path] = EXPECTATIONS_OPTION,
+    sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
+    sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: the number "
+                                       "of cores). Verdicts do not depend on it."),
+    fork: bool = typer.Option(True, "--fork/--no-fork", help="Fork cells and roles from one process that imported "
+                              "sglang once (default), or start a fresh interpreter for each."),
+    nixl_progress_delay_us: Optional[int] = NIXL_DELAY_OPTION,
+    full_waits: bool = FULL_WAITS_OPTION,
+) -> None:
+    """Run the selected cells (default: every implementation x every scenario), print the matrix
+    and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harness.drive.runner import default_jobs
+    from harness.drive.scheduler import Callbacks
+    from harness.session import RunConfig
+
+    impls, scenarios = _select(impl, scenario)
+    loaded = _expectations(expectations)
+    out = _out_dir(out)
+    hint = _duration_hint(out, scenarios, impls, seed, loaded)
+    target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
+    if loaded and loaded.sglang and loaded.sglang != target.info.version:
+        err.print(f"[yellow]note:[/] {escape(str(expectations))} was written for sglang {escape(loaded.sglang)}, "
+                  f"this run uses {escape(str(target.info.version))}")
+    config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
+                       jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
+                       engine_settings=_settings(nixl_progress_delay_us), expectations=loaded, duration_hint=hint)
+    # Progress only on a terminal: CI logs get the matrix and nothing else.
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+    with progress:
+        task = progress.add_task("starting", total=len(impls) * len(scenarios))
+        callbacks = Callbacks(on_start=lambda i, n, name, sc: progress.update(task, description=f"{sc.id} x {name}"),
+                              on_cell=lambda i, n, cell: progress.advance(task),
+                              on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
+        result = _run_session(config, callbacks, progress)
+    _print_verdicts(result, expectations)
+    console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
+                  f"index.html  (latest: {out / 'latest'})", highlight=False)
+    raise typer.Exit(code=0 if result.all_as_expected else 1)
+
+
+@app.command()
+def repro(
+    scenario: str = typer.Argument(..., help="Scenario id; see `pdconform list`."),
+    impl: str = typer.Option(..., "--impl", help="Implementation; see `pdconform doctor`."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenario's room ids, pages and faults."),
+    out: Path = typer.Option(Path("reports/out/repro"), "--out", help="Directory for the cell's logs and history."),
+    sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
+    sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    nixl_progress_delay_us: Optional[int] = NIXL_DELAY_OPTION,
+    full_waits: bool = FULL_WAITS_OPTION,
+) -> None:
+    """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
+
+    Exit 0 when the cell PASSes, 1 otherwise, 2 on bad usage.
+    """
+    from harness.drive.scheduler import Callbacks
+    from harness.report.terminal import cell_text, event_line, reasons
+    from harness.session import RunConfig
+    from harness.spec.scenario import all_scenarios
+
+    if scenario not in {s.id for s in all_scenarios()}:
+        raise _usage_error(f"unknown scenario {scenario} (see `pdconform list`)")
+    impls, scenarios = _select([impl], [scenario])
+    sc = scenarios[0]
+    out = _out_dir(out)
+    target = _target(sglang_src, sglang_version)
+    console.print(f"[bold]{escape(sc.id)}[/] x [bold]{escape(impl)}[/], seed {seed}, sglang "
+                  f"{escape(str(target.info.version))} ({target.info.source}: {escape(str(target.info.path))})",
+                  highlight=False)
+    console.print(f"{escape(sc.title)}  [dim]{', '.join(sc.requirements)}[/]")
+    console.print("[bold]steps[/] (replayable: the scenario's step list for this seed)")
+    for i, step in enumerate(sc.steps(seed)):
+        console.print(f"  {i:>2}. {step!r}", markup=False, highlight=False)
+    console.print("[bold]history[/] (t in s since the cell started)")
+    config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, full_waits=full_waits,
+                       engine_settings=_settings(nixl_progress_delay_us))
+    result = _run_session(config, Callbacks(
+        on_event=lambda event: console.print("  " + event_line(event), markup=False, highlight=False)))
+    cell = result.cells[0]
+    console.print(cell_text(cell))
+    for check in cell.checks:
+        mark = "[green]ok[/]" if check.get("ok") else "[red]NOT OK[/]"
+        console.print(f"  {mark} {check.get('requirement')} {escape(str(check.get('name')))}: ",
+                      check.get("detail", ""), highlight=False, markup=False)
+    for line in reasons(result):
+        console.print(f"  {line}", markup=False, highlight=False)
+    console.print(f"cell directory: {cell.workdir}", highlight=False)
+    raise typer.Exit(code=0 if cell.verdict == "PASS" else 1)
+
+
+@app.command()
+def judge(
+    run_dir: Path = typer.Argument(..., help="A stored run: its run folder (OUT/runs/<time>/), or an --out folder "
+                                   "(its latest run)."),
+    expectations: Optional[Path] = typer.Option(None, "--expectations", help="Judge against this expectations file "
+                                                "instead of the one the run was judged against."),
+) -> None:
+    """Judge a stored run again from its histories, offline, and rewrite its results.json and reports.
+
+    On an unchanged checkout every verdict comes out as the run gave it.  Exit codes as for `run`.
+    """
+    from harness.session import RejudgeError, rejudge
+
+    loaded = _expectations(expectations)
+    from harness.report.outdir import OutDirError
+
+    try:
+        result, folder = rejudge(run_dir, loaded, on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
+    except (RejudgeError, OutDirError) as exc:
+        raise _usage_error(str(exc))
+    except OSError as exc:
+        raise _usage_error(f"cannot rewrite the results in {run_dir}: {exc.strerror or exc}")
+    _print_verdicts(result, result.expectations)
+    console.print(f"results: {folder / 'results.json'} (judged again)", highlight=False)
+    raise typer.Exit(code=0 if result.all_as_expected else 1)
+
+
+@app.command()
+def diff(
+    run_a: Path = typer.Argument(..., help="The first run: its results.json, its run folder, or an --out folder "
+                                 "(its latest run)."),
+    run_b: Path = typer.Argument(..., help="The second run, as the first."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown (for a PR comment) instead of a table."),
+) -> None:
+    """The cells whose verdict changed between two runs (for example sglang before and after a PR).
+
+    Exit 0 when no cell got worse (a cell of the first run missing from the second counts as
+    worse), 1 when some cell got worse, 2 on bad input.
+    """
+    from harness.report.run_diff import changed_cells, changes_markdown, changes_table
+
+    runs = [_load_results(run_a), _load_results(run_b)]
+    changes = changed_cells(*runs)
+    if markdown:
+        console.print(changes_markdown(runs[0], runs[1], changes), markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(changes_table(runs[0], runs[1], changes))
+    raise typer.Exit(code=1 if any(c.worse for c in changes) else 0)

@@ -1,0 +1,155 @@
+"""The commands about the machine and the harness itself: ``doctor``, ``list``, ``bench``, ``simulate``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from harness.cli import (NIXL_DELAY_OPTION, _out_dir, _registry, _select, _settings, _stop_on_signals, _target,
+                         _usage_error, app, console, err)
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Python, sglang version and path, and for each engine: real, stand-in or unusable, and why."""
+    from harness.target.doctor import diagnose
+
+    report = diagnose(list(_registry().available().values()))
+    if as_json:
+        console.print_json(json.dumps(report))
+    else:
+        console.print(f"python   {report['python']['version']} ({report['python']['executable']})", highlight=False)
+        sg = report["sglang"]
+        console.print(f"sglang   {sg['version'] or 'NOT INSTALLED'} ({sg['path'] or '-'})", highlight=False)
+        console.print(f"libibverbs.so.1  {'present' if report['libibverbs'] else 'missing'}")
+        for e in report["engines"]:
+            style = {"real": "green", "standin": "yellow", "reference": "green"}.get(e["engine"], "red")
+            console.print(f"{e['impl']:<10}[{style}]{e['engine']:<10}[/]{escape(e['reason'])}  "
+                          f"[dim]sglang {escape(e['sglang_range'])}[/]")
+    usable = report["sglang"]["version"] and all(e["engine"] != "unusable" for e in report["engines"])
+    raise typer.Exit(code=0 if usable else 1)
+
+
+@app.command("list")
+def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Scenarios with id, title and the requirement IDs their checks cite (docs/protocol.md)."""
+    from harness.spec.requirements import requirement
+    from harness.spec.scenario import all_scenarios
+
+    rows = [{"id": s.id, "title": s.title, "requirements": list(s.requirements),
+             "levels": {rid: requirement(rid).level for rid in s.requirements}} for s in all_scenarios()]
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    width = max((len(row["id"]) for row in rows), default=0) + 2
+    for row in rows:
+        console.print(f"[bold]{row['id']:<{width}}[/]{escape(row['title'])}  [dim]{', '.join(row['requirements'])}[/]")
+
+
+@app.command()
+def bench(
+    repeat: int = typer.Option(3, "--repeat", min=1, help="Samples of each figure (full matrix runs, simulator runs)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: cores)."),
+    impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementations of the timed matrix (default all)."),
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenarios of the timed matrix (default all)."),
+    seeds: int = typer.Option(2000, "--seeds", min=1, help="Simulator seeds per sample."),
+    engine_mib: int = typer.Option(128, "--engine-mib", min=1, max=4096,
+                                   help="MiB per engine throughput sample (a source and a destination buffer each)."),
+    skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines."),
+    out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
+    nixl_progress_delay_us: Optional[int] = NIXL_DELAY_OPTION,
+) -> None:
+    """Measure the matrix wall time, per-cell overhead, simulator rate and engine throughput
+    (median and spread of --repeat samples), against the project's goals; write bench.json."""
+    from harness.bench.suite import BenchUsageError, figures_table, plan_bench, run_bench, write_bench_json
+    from harness.drive.runner import default_jobs
+    from harness.report.outdir import OutDirError, RunFolder
+
+    jobs = jobs or default_jobs()
+    impls, scenarios = _select(impl, scenario)
+    out = _out_dir(out)
+    try:  # every option is checked before a file is written
+        plan = plan_bench(out, repeat, jobs, impls, scenarios, set(skip or []), seeds, engine_mib,
+                          _settings(nixl_progress_delay_us), target=lambda: _target(None, None))
+    except BenchUsageError as exc:
+        raise _usage_error(str(exc))
+    _stop_on_signals()
+    run_folder = RunFolder(out)
+    try:
+        with run_folder as folder:
+            plan.out_dir = folder
+            if plan.matrix is not None:
+                plan.matrix.out_dir = folder
+            figures = run_bench(plan, on_progress=lambda m: err.print(f"[dim]{escape(m)}[/]"))
+            path = write_bench_json(folder, figures, jobs, repeat)
+            run_folder.finish()
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]")
+        raise typer.Exit(code=130)
+    except OutDirError as exc:
+        raise _usage_error(str(exc))
+    except OSError as exc:
+        raise _usage_error(f"cannot write the bench into {out}: {exc.strerror or exc}")
+    console.print(figures_table(figures, jobs, repeat))
+    console.print(f"bench.json: {path}  (latest: {out / 'latest'})", highlight=False)
+
+
+@app.command()
+def simulate(
+    seeds: int = typer.Option(1000, "--seeds", min=1, help="How many consecutive seeds to run."),
+    seed: int = typer.Option(0, "--seed", min=0, help="First seed (alone with --seeds 1: replay that seed)."),
+    trace: bool = typer.Option(False, "--trace", help="Print the step list of every run, not only failing ones."),
+    planted_bug: Optional[str] = typer.Option(None, "--planted-bug", hidden=True,
+                                              help="Test-only: run a reference core with a planted bug."),
+) -> None:
+    """Run seeded simulations of the reference prefill and decode cores over a faulty network.
+
+    Prints runs per minute; for the first failing seed, its violations and the step
+    list that replays it (`pdconform simulate --seeds 1 --seed S`).
+    """
+    import time
+
+    from rich.progress import Progress
+
+    registry = _registry()
+    sim = registry.implementation(registry.REFERENCE).hook("simulator")
+    if planted_bug is not None and planted_bug not in sim.PLANTED_BUGS:
+        raise _usage_error(f"unknown --planted-bug {planted_bug} (known: {', '.join(sim.PLANTED_BUGS)})")
+    config = sim.SimConfig(planted_bug=planted_bug)
+    failures = []
+    start = time.monotonic()
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("simulating", total=seeds)
+        for s in range(seed, seed + seeds):
+            result = sim.simulate(s, config)
+            if trace:
+                console.print(f"seed {s}: {'ok' if result.ok else 'VIOLATION'}", highlight=False)
+                for line in result.trace:
+                    console.print(f"  {line}", markup=False, highlight=False)
+            if not result.ok:
+                failures.append(result)
+            progress.advance(task)
+    elapsed = max(time.monotonic() - start, 1e-9)
+    console.print(f"{seeds} seeded runs in {elapsed:.1f} s: {seeds / elapsed * 60:,.0f} runs/min; "
+                  f"{len(failures)} with violations", highlight=False)
+    if failures:
+        _print_first_failure(failures, planted_bug)
+    raise typer.Exit(code=1 if failures else 0)
+
+
+def _print_first_failure(failures: list, planted_bug: Optional[str]) -> None:
+    first = failures[0]
+    console.print(f"first failing seed {first.seed}:", highlight=False)
+    for v in first.violations:
+        console.print(f"  VIOLATION {v}", markup=False, highlight=False)
+    console.print("steps that replay it:", highlight=False)
+    for line in first.trace:
+        console.print(f"  {line}", markup=False, highlight=False)
+    console.print(f"replay: pdconform simulate --seeds 1 --seed {first.seed}"
+                  + (f" --planted-bug {planted_bug}" if planted_bug else ""), highlight=False)
+    console.print(f"failing seeds: {', '.join(str(f.seed) for f in failures[:20])}"
+                  + (" ..." if len(failures) > 20 else ""), highlight=False)
