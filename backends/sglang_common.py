@@ -33,15 +33,14 @@ import time
 from typing import Any, ClassVar
 
 from backends.sglang_hooks import CommonHooks, room_residue, wait_for_tcp_port
-from harness.target import gpu_import_shims
 from harness.role import pattern
-from harness.target import role_context
-from harness.target.version import sglang_version
-from harness.spec.protocol import Layout
 from harness.role.adapter import RoleAdapter, Unsupported
-from harness.role.recorder import RoleRecorder
 from harness.role.faults import EngineFaultCounter
 from harness.role.pools import pattern_pools
+from harness.role.recorder import RoleRecorder
+from harness.spec.protocol import DRAFT_BASE, Layout
+from harness.target import gpu_import_shims, role_context
+from harness.target.version import sglang_version
 
 
 class SglangCommonRole(CommonHooks, RoleAdapter):
@@ -153,7 +152,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         # Plain MHA/MLA pools publish no layer ids (disaggregation/utils.py
         # build_kv_layer_ids returns []), so transfers take the positional planners.
         args.kv_layer_ids = []
-        args.num_draft_entries = sum(1 for s, _ in kv if s.layer >= pattern.DRAFT_BASE)
+        args.num_draft_entries = sum(1 for s, _ in kv if s.layer >= DRAFT_BASE)
         args.kv_head_num = layout.kv_heads
         args.total_kv_head_num = layout.kv_heads
         args.page_size = layout.page_size

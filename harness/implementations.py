@@ -28,8 +28,7 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
-from harness.judge.results import REFERENCE
-from harness.role.adapter import RoleAdapter, Unsupported
+from harness.role.adapter import OutOfRangeRole
 from harness.spec.scenario import TEST_SCENARIOS_ENV
 from harness.target.version import SglangRange, sglang_version
 
@@ -44,16 +43,15 @@ class RegistryError(RuntimeError):
 class EngineSetting:
     """An engine setting a run may change from how sglang runs the engine.
 
-    ``name``: its key in results.json ``engine_settings``; ``env``: the variable a role
-    reads it from; ``default``: what pdconform runs with; ``flag``: the ``pdconform
-    run`` option that sets it (reproduce commands carry it when not the default);
+    ``name``: its key in results.json ``engine_settings`` and in ``pdconform run
+    --engine-setting NAME=VALUE`` (reproduce commands carry it when not the default);
+    ``env``: the variable a role reads it from; ``default``: what pdconform runs with;
     ``sglang_value``: sglang's own setting; ``as_sglang``/``changed``: the setting in
     words for the reports, ``changed`` with ``{value}``."""
 
     name: str
     env: str
     default: int
-    flag: str
     sglang_value: int
     as_sglang: str
     changed: str
@@ -76,7 +74,9 @@ class Implementation:
     ``probe``: ``"module:function"`` returning ``(engine, reason)`` with ``engine``
     ``real`` or ``standin`` (raising with the reason when unusable), run by doctor in a
     child process; ``engine_settings``; ``tools``: named ``"module:attribute"`` hooks
-    (``simulator``, ``engine_bench``)."""
+    (``simulator``, ``engine_bench``); ``role_env``: environment its roles (and its engine
+    benchmark's children) need before the engine is imported, set unless already set
+    (:meth:`apply_role_env`)."""
 
     name: str
     adapter: str
@@ -89,6 +89,7 @@ class Implementation:
     probe: str | None = None
     engine_settings: tuple[EngineSetting, ...] = ()
     tools: dict[str, str] = field(default_factory=dict)
+    role_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def imports_sglang(self) -> bool:
@@ -106,6 +107,11 @@ class Implementation:
             return None
         return (f"sglang {version} is outside the releases the {self.name} adapter supports "
                 f"({self.sglang_range}; {self.sglang_range.why})")
+
+    def apply_role_env(self) -> None:
+        """Set :attr:`role_env` in this process's environment, keeping what is already set."""
+        for key, value in self.role_env.items():
+            os.environ.setdefault(key, value)
 
     def hook(self, name: str) -> Any:
         """Import and return the object a ``"module:attribute"`` field or tool names:
@@ -128,6 +134,7 @@ def registered() -> dict[str, Implementation]:
     """Every registered implementation by name, in report order (``rank``, then name).
     RegistryError names an entry point that does not load or is not an Implementation."""
     found: dict[str, Implementation] = {}
+    where: dict[str, str] = {}
     for entry in _entry_points():
         try:
             impl = entry.load()
@@ -137,7 +144,10 @@ def registered() -> dict[str, Implementation]:
         if not isinstance(impl, Implementation) or impl.name != entry.name:
             raise RegistryError(f"implementation entry point {entry.name} = {entry.value} is not an "
                                 f"Implementation named {entry.name!r}")
-        found[impl.name] = impl
+        if impl.name in found and where[impl.name] != entry.value:
+            raise RegistryError(f"two implementations are registered as {impl.name!r}: {where[impl.name]} and "
+                                f"{entry.value}")
+        found[impl.name], where[impl.name] = impl, entry.value
     if not found:
         raise RegistryError(f"no implementation is registered (entry point group {ENTRY_POINT_GROUP}): "
                             "run `make setup`, which installs pdconform and its entry points")
@@ -176,31 +186,6 @@ def settings_env(values: dict[str, int]) -> dict[str, str]:
     return {known[name].env: str(value) for name, value in values.items()}
 
 
-class OutOfRangeRole(RoleAdapter):
-    """Stands in a role process for an adapter whose declared sglang range excludes
-    the sglang being driven: it never imports that adapter (its imports may already
-    fail there), and every step raises :class:`Unsupported` with ``reason``."""
-
-    def __init__(self, impl: str, role: str, reason: str):
-        self.impl = impl
-        self.role = role
-        self.reason = reason
-
-    def _refuse(self, *args, **kwargs):
-        raise Unsupported(self.reason)
-
-    engine = start_prefill = start_decode = open_sender = init_sender = send_chunk = _refuse
-    open_receiver = request_kv = verify = poll = failure_reason = clear = abort = _refuse
-    arm_point = set_engine_faults = abort_frames = plan_layouts = unsupported_layout = _refuse
-
-    def teardown(self) -> None:
-        return None
-
-    def observe(self) -> dict:
-        return {"role": self.role, "loops": {}, "log_records": [], "dead_threads": [], "rooms": {},
-                "remembered": {}}
-
-
 def load_role_adapter(name: str, *, role: str, recorder):
     """Import and build the role adapter for ``name`` (inside a role process); an
     :class:`OutOfRangeRole` when the sglang being driven (harness.target.version.sglang_version)
@@ -209,9 +194,10 @@ def load_role_adapter(name: str, *, role: str, recorder):
     reason = impl.unsupported_sglang(sglang_version())
     if reason is not None:
         return OutOfRangeRole(name, role, reason)
+    impl.apply_role_env()
     return impl.hook("adapter")(role=role, recorder=recorder)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "REFERENCE", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
-           "SglangRange", "available", "engine_settings", "implementation", "load_role_adapter", "names",
-           "registered", "settings_env"]
+__all__ = ["ENTRY_POINT_GROUP", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
+           "available", "engine_settings", "implementation", "load_role_adapter", "names", "registered",
+           "settings_env"]

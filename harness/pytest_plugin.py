@@ -123,12 +123,11 @@ def _expectations(config: pytest.Config):
     path = config.getoption("--expectations")
     if not path:
         return None
-    from harness.implementations import available
-    from harness.judge.expectations import ExpectationsError, load_expectations
-    from harness.spec.scenario import all_scenarios
+    from harness.judge.expectations import ExpectationsError
+    from harness.session import read_expectations
 
     try:
-        return load_expectations(path, available(), [s.id for s in all_scenarios()])
+        return read_expectations(path)
     except ExpectationsError as exc:
         raise pytest.UsageError(f"pdconform: {exc}") from None
 
@@ -175,7 +174,7 @@ def pdconform_expectations(request: pytest.FixtureRequest):
 def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -> None:
     """Run ``cell`` through harness.session (as ``pdconform run`` does) and turn its verdict into a test outcome."""
     from harness import session
-    from harness.judge.diff import describe
+    from harness.judge.divergence import describe
     from harness.judge.results import cell_dir_name
     from harness.report.terminal import reproduce_command
     from harness.spec.scenario import get_scenario

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from harness.drive.contain import NETNS_ENV, isolation_available
 from harness.drive.runner import CellRun
 from harness.drive.scheduler import Callbacks, Schedule, run_matrix
 from harness.implementations import engine_settings, settings_env
@@ -80,10 +81,14 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
     """Execute, judge and write one run into ``folder`` (made by the caller, e.g. bench's
     ``run-N``); its result tree."""
     settings = config.settings()
+    why_not = isolation_available()
+    isolate = {NETNS_ENV: "1"} if why_not is None else {}
     target = config.target
-    target = SglangTarget(python=target.python, info=target.info, env={**target.env, **settings_env(settings)})
+    target = SglangTarget(python=target.python, info=target.info,
+                          env={**target.env, **settings_env(settings), **isolate})
     meta = RunResult(sglang=target.info, seed=config.seed, engine_settings=settings, full_waits=config.full_waits,
-                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                     network="a private loopback-only network namespace per cell" if why_not is None else why_not)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)
@@ -92,6 +97,23 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                                    config.expectations)
     write_tree(result, folder, histories, reports=config.reports)
     return result
+
+
+def read_expectations(path: str | Path) -> Expectations:
+    """An expectations file validated against the registered implementations and scenarios
+    (the self-test ones when PDCONFORM_TEST_SCENARIOS=1); ExpectationsError otherwise."""
+    from harness.implementations import available
+    from harness.judge.expectations import load_expectations
+
+    return load_expectations(path, available(), [s.id for s in all_scenarios()])
+
+
+def shipped_expectations(version: str | None) -> Path | None:
+    """The expectations pdconform ships for sglang ``version`` (expectations/sglang-VERSION.toml), if any."""
+    from harness import ROOT
+
+    path = ROOT / "expectations" / f"sglang-{version}.toml"
+    return path if version and path.is_file() else None
 
 
 def cells_of(cells: list[CellRun]) -> list[tuple[str, str]]:
@@ -133,13 +155,15 @@ def rejudge(path: Path, expectations: Expectations | None = None,
 
     ``path``: a run folder, or an --out folder (its ``latest`` run).  The run-level facts
     (sglang, seed, settings, cell list) come from its results.json; ``expectations``
-    replaces the ones the run was judged against (None: the run's own file, when it can
-    still be read; ``on_note`` says when it cannot).  RejudgeError for a folder that is no
-    pdconform run, or names a scenario this checkout does not have; OutDirError when
+    replaces the ones the run was judged against (None: the run's own file, or, when it can
+    no longer be read, the expected verdicts stored in the run; ``on_note`` says so).
+    RejudgeError for a folder that is no pdconform run, was made by an older pdconform, or
+    names a scenario or implementation this checkout does not have; OutDirError when
     another process is judging it."""
     from harness.implementations import available
-    from harness.judge.expectations import ExpectationsError, load_expectations
-    from harness.judge.inputs import InputError
+    from harness.judge.expectations import Expectations, ExpectationsError
+    from harness.spec.history import Op
+    from harness.spec.inputs import InputError
 
     try:
         folder = run_folder_of(path)
@@ -158,14 +182,24 @@ def rejudge(path: Path, expectations: Expectations | None = None,
         raise RejudgeError(f"{results} has cells of scenarios this checkout does not have: {', '.join(missing)}")
     if expectations is None and stored.expectations:
         try:
-            expectations = load_expectations(stored.expectations, available(include_test_only=True), known)
+            expectations = read_expectations(stored.expectations)
         except ExpectationsError as exc:
+            expectations = Expectations.of_run(stored)
             if on_note:
-                on_note(f"the run's expectations cannot be read, so every cell is expected to PASS: {exc}")
+                on_note(f"the run's expectations file cannot be read, so the expected verdicts stored in the run "
+                        f"are kept: {exc}")
+    unknown = sorted({c.impl for c in stored.cells} - set(available(include_test_only=True)))
+    if unknown:
+        raise RejudgeError(f"{results} has cells of implementations that are not registered: {', '.join(unknown)}")
     cells = [(c.scenario, c.impl) for c in stored.cells]
     lock = take_lock(folder, "judging")
     try:
         result, histories = judge_tree(stored, folder, cells, known, expectations)
+        older = [f"{sc} x {impl}" for sc, impl in cells if (events := histories.get((sc, impl)))
+                 and not any(e["op"] == Op.CELL_START for e in events)]
+        if older:
+            raise RejudgeError(f"{folder} was made by an older pdconform (its histories have no cell-start: "
+                               f"{', '.join(older[:3])}); run it again")
         if expectations is None:
             result.expectations = None
         write_tree(result, folder, histories)

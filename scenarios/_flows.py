@@ -33,7 +33,7 @@ class RoomPlan:
         return tuple(zip(self.src, self.dst))
 
 
-class Planner:
+class RoomAllocator:
     """Hands out rooms with disjoint decode pages and aux slots inside one cell,
     drawn from ``seed``; ValueError when the layout has no room left."""
 
@@ -103,5 +103,5 @@ def pair_healthy(bytes_exact: bool = True) -> list[c.Check]:
     ]
 
 
-__all__ = ["pair_healthy", "LAYOUT", "DONE", "RoomPlan", "Planner", "open_and_request", "send_all", "await_done",
+__all__ = ["pair_healthy", "LAYOUT", "DONE", "RoomPlan", "RoomAllocator", "open_and_request", "send_all", "await_done",
            "full_room", "verify", "room_succeeds"]

@@ -23,9 +23,18 @@ from __future__ import annotations
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import (Abort, AwaitStatus, EngineFaults, InitSender, RequireFact, SendChunk, Sleep,
-                           StartRoles, VerifyPools)
-from scenarios._flows import LAYOUT, Planner, open_and_request, pair_healthy
+from harness.spec.steps import (
+    Abort,
+    AwaitStatus,
+    EngineFaults,
+    InitSender,
+    RequireFact,
+    SendChunk,
+    Sleep,
+    StartRoles,
+    VerifyPools,
+)
+from scenarios._flows import LAYOUT, RoomAllocator, open_and_request, pair_healthy
 
 DELAY_S = 1.0
 ENV = (("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"),)
@@ -33,7 +42,7 @@ NO_DEFERRED = "the implementation has no deferred KV release, so it sends no ABO
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(6, chunks=3), planner.room(6, chunks=3)
 
 

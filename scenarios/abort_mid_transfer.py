@@ -17,14 +17,14 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, EngineFaults, InitSender, SendChunk, Sleep, StartRoles
-from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify, pair_healthy
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, room_succeeds, verify
 
 DELAY_S = 1.0
 PROMPT_S = 2.0
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(6, chunks=3), planner.room()
 
 

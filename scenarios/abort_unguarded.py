@@ -15,7 +15,7 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InjectAbort, Observe, StartRoles
-from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify, pair_healthy
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, room_succeeds, verify
 
 PROMPT_S = 2.0
 LABEL = "after both ABORTs"
@@ -25,7 +25,7 @@ MALFORMED = rf"{BAD}[^\n]*\babort|\babort[^\n]*{BAD}"
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(), planner.room(), planner.room()
 
 

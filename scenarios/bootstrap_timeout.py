@@ -17,8 +17,16 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, OpenSender, Sleep, StartRoles
-from scenarios._flows import (LAYOUT, Planner, await_done, open_and_request, pair_healthy, room_succeeds, send_all,
-                              verify)
+from scenarios._flows import (
+    LAYOUT,
+    RoomAllocator,
+    await_done,
+    open_and_request,
+    pair_healthy,
+    room_succeeds,
+    send_all,
+    verify,
+)
 
 TIMEOUT_S = 3
 SLACK_S = 5.0
@@ -26,7 +34,7 @@ ENV = (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),)
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(), planner.room()
 
 

@@ -18,16 +18,34 @@ from __future__ import annotations
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, RequireFact, Sleep,
-                           StartRoles)
-from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify, pair_healthy
+from harness.spec.steps import (
+    Abort,
+    AwaitStatus,
+    Clear,
+    EngineFaults,
+    OpenRoom,
+    RequestKV,
+    RequireFact,
+    Sleep,
+    StartRoles,
+)
+from scenarios._flows import (
+    LAYOUT,
+    RoomAllocator,
+    full_room,
+    open_and_request,
+    pair_healthy,
+    room_succeeds,
+    send_all,
+    verify,
+)
 from scenarios.abort_ack_after_drain import DELAY_S, ENV, NO_DEFERRED, ack_arrives, acks_safe
 
 PROMPT_S = 2.0
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(6, chunks=2), planner.room(), planner.room()
 
 

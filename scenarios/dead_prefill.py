@@ -13,7 +13,7 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InitSender, KillRole, SendChunk, Sleep, StartRoles
-from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, send_all, verify
+from scenarios._flows import LAYOUT, RoomAllocator, await_done, full_room, open_and_request, send_all, verify
 
 A, B = "prefill-a", "prefill-b"
 SLACK_S = 5.0
@@ -21,7 +21,7 @@ WAIT_S = 40.0  # polling bound; the check judges the latency against the window
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return (planner.room(prefill=A), planner.room(prefill=A, chunks=2), planner.room(prefill=B),
             planner.room(prefill=B))
 

@@ -1,5 +1,5 @@
 """draft-kv-layout: the backend's own KV layout planning, pair by pair, against the
-reference planner, over generated layouts (R-LAYOUT-2).
+layout planning rules (harness.spec.layout_plan), over generated layouts (R-LAYOUT-2).
 
 Layouts (harness.spec.layouts): MHA and MLA; 1-8 layers split into 1-4 prefill
 pipeline stages; the decode with one stage or the same stages; draft KV on the
@@ -19,17 +19,17 @@ at the planning function only).
 from __future__ import annotations
 
 from harness.judge import checks as c
-from harness.spec import layouts
+from harness.judge import layout_check
+from harness.spec.history import completions
 from harness.spec.scenario import Scenario, register
-from harness.judge.history import completions
 from harness.spec.steps import PlanLayouts, StartRoles, TransferLayouts
-from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, room_succeeds, verify
 
 COUNT = 200
 
 
 def steps(seed: int):
-    room = Planner(seed).room()
+    room = RoomAllocator(seed).room()
     return [StartRoles(layout=LAYOUT), PlanLayouts("prefill", count=COUNT, seed=seed), *full_room(room), verify([room]),
             TransferLayouts(count=2, seed=seed)]
 
@@ -41,9 +41,9 @@ def _planned_like_reference(events):
         return None, (calls[0].get("error") if calls else "no layouts were planned")
     value = runs[-1]["value"]
     wrong = [(spec, problem) for spec, result in zip(value["specs"], value["results"])
-             if (problem := layouts.judge(spec, result)) is not None]
+             if (problem := layout_check.plan_difference(spec, result)) is not None]
     if not wrong:
-        return True, f"{len(value['specs'])} generated layouts planned exactly like the reference planner"
+        return True, f"{len(value['specs'])} generated layouts planned exactly as the planning rules say"
     shown = "; ".join(f"[{s['layout']}] {s['problem']}" for s in value["shrunk"])
     return False, f"{len(wrong)} of {len(value['specs'])} layouts planned wrongly; shrunk: {shown}"
 
@@ -85,7 +85,7 @@ def _layout_transfers_exact(events):
 
 
 def checks(seed: int):
-    room = Planner(seed).room()
+    room = RoomAllocator(seed).room()
     return [
         c.Check("planning-matches-reference", "R-LAYOUT-2", _planned_like_reference),
         c.Check("sampled-layouts-bytes-exact", "R-LAYOUT-2", _layout_transfers_exact),

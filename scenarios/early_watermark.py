@@ -17,7 +17,7 @@ from __future__ import annotations
 from harness.judge import checks as c
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import ArmPoint, InjectFrames, Observe, StartRoles
-from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, room_succeeds, verify
 
 # staging_handler.py's WATERMARK: tag, round, tail, session
 WATERMARK = (b"WATERMARK", b"1", b"4096", b"pdconform-session")
@@ -26,7 +26,7 @@ INIT_LABEL, LATER_LABEL = "after the init-window WATERMARK", "after the WATERMAR
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(prefill=INIT), planner.room(prefill=LATER)
 
 

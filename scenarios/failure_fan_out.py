@@ -19,9 +19,18 @@ from dataclasses import replace
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import AwaitStatus, EngineFaults, InitSender, OpenRoom, OpenSender, RequestKV, SendChunk, \
-    StartRoles, VerifyPools
-from scenarios._flows import DONE, LAYOUT, Planner, pair_healthy
+from harness.spec.steps import (
+    AwaitStatus,
+    EngineFaults,
+    InitSender,
+    OpenRoom,
+    OpenSender,
+    RequestKV,
+    SendChunk,
+    StartRoles,
+    VerifyPools,
+)
+from scenarios._flows import DONE, LAYOUT, RoomAllocator, pair_healthy
 
 DECODES = ("decode-0", "decode-1")
 PROMPT_S = 2.0
@@ -29,10 +38,10 @@ MLA_LAYOUT = replace(LAYOUT, mla=True)
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     healthy, broken = planner.room(), planner.room()
     # the second rank's destination pages and aux slots, drawn from its own pool
-    other = Planner(seed + 1)
+    other = RoomAllocator(seed + 1)
     return healthy, broken, other.room(len(healthy.src)), other.room(len(broken.src))
 
 

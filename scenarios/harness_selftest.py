@@ -87,6 +87,20 @@ _selftest("selftest-native-crash", "The prefill crashes natively (SIGSEGV) insid
 _selftest("selftest-clean", "An ordinary room, then an observation of the roles' threads and module state (harness self-test)",
           _observe_after(7), 30.0)
 
+def _harness_bug_steps(seed: int):
+    """A step that names a role the cell never started: the executor raises KeyError (a
+    harness bug, not an implementation's), so the cell process crashes mid-steps."""
+    from harness.spec.steps import Clear
+
+    return [*_open_room_steps(1005)(seed), Clear(1005, "ghost")]
+
+
+_selftest("selftest-harness-bug", "A step raises an unexpected exception in the cell driver (harness self-test)",
+          _harness_bug_steps, 30.0)
+
+_selftest("selftest-escapee", "The prefill starts a process in a session of its own that would outlive it "
+          "(harness self-test)", _observe_after(1006), 30.0)  # backends.selftest.adapter.ESCAPE_ROOM
+
 _selftest("selftest-role-hangs", "The prefill role blocks forever inside a call (harness self-test, impl selftest)",
           _open_room_steps(1001), 6.0)  # backends.selftest.adapter.HANG_ROOM
 
@@ -131,8 +145,8 @@ INJECTED = ((b"BOGUS",), (b"REGISTER", b"1"), (b"ABORT", b"\xff", b"x", b"1"), (
 
 
 def _inject_steps(seed: int):
-    from scenarios import happy_path
     from harness.spec.steps import InjectFrames
+    from scenarios import happy_path
 
     steps = happy_path.steps(seed)
     return [steps[0], InjectFrames("prefill", INJECTED)] + steps[1:]
@@ -170,8 +184,17 @@ def _point_steps(seed: int):
     """happy-path with the prefill's transfer worker paused on the first chunk: the
     room cannot finish while it waits, and finishes once it is released."""
     from harness.spec.protocol import KVPoll
-    from harness.spec.steps import (AwaitPoint, AwaitStatus, InitSender, OpenRoom, ReleasePoint, RequestKV,
-                               SendChunk, StartRoles, VerifyPools)
+    from harness.spec.steps import (
+        AwaitPoint,
+        AwaitStatus,
+        InitSender,
+        OpenRoom,
+        ReleasePoint,
+        RequestKV,
+        SendChunk,
+        StartRoles,
+        VerifyPools,
+    )
 
     hp, (room, src, dst, aux_src, aux_dst, chunks) = _happy_parts(seed)
     arm = ArmPoint("prefill", "worker-take-chunk", action="pause", hold_s=30.0)

@@ -19,7 +19,16 @@ from harness.spec import frames as f
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InjectFrames, Observe, StartRoles
-from scenarios._flows import LAYOUT, Planner, await_done, full_room, open_and_request, room_succeeds, send_all, verify
+from scenarios._flows import (
+    LAYOUT,
+    RoomAllocator,
+    await_done,
+    full_room,
+    open_and_request,
+    room_succeeds,
+    send_all,
+    verify,
+)
 
 PER_KIND = 6
 KINDS = {
@@ -40,7 +49,7 @@ def batches(seed: int) -> dict[str, list[tuple[bytes, ...]]]:
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(), planner.room()
 
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import InitSender, SendChunk, StartRoles
-from scenarios._flows import LAYOUT, Planner, await_done, open_and_request, room_succeeds, verify, pair_healthy
+from scenarios._flows import LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, room_succeeds, verify
 
 POOL = replace(LAYOUT, num_pages=128)
 LONG_PAGES, LONG_CHUNKS = 48, 12
@@ -21,7 +21,7 @@ SHORT_PAGES, SHORT_CHUNKS = 10, 5
 
 
 def _plan(seed: int):
-    planner = Planner(seed, POOL)
+    planner = RoomAllocator(seed, POOL)
     return planner.room(LONG_PAGES, LONG_CHUNKS), planner.room(SHORT_PAGES, SHORT_CHUNKS)
 
 

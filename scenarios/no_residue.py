@@ -22,7 +22,7 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenSender, Sleep, StartRoles
-from scenarios._flows import DONE, LAYOUT, Planner, full_room, open_and_request, send_all, pair_healthy
+from scenarios._flows import DONE, LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, send_all
 
 TIMEOUT_S = 3
 BURST_LAYOUT = replace(LAYOUT, aux_slots=8)
@@ -31,7 +31,7 @@ ENV = (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
 
 
 def _plan(seed: int):
-    planner = Planner(seed, BURST_LAYOUT)
+    planner = RoomAllocator(seed, BURST_LAYOUT)
     return {name: planner.room(2, chunks=1) for name in
             ("succeeded", "failed", "aborted", "bootstrap-timeout", "waiting-timeout", "cleared-waiting")}
 

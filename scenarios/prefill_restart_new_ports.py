@@ -16,13 +16,13 @@ from __future__ import annotations
 from harness.judge import checks as c
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Clear, RestartRole, StartRoles
-from scenarios._flows import LAYOUT, Planner, full_room, room_succeeds, verify, pair_healthy
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, pair_healthy, room_succeeds, verify
 
 ENV = (("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "60"),)
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(), planner.room()
 
 

@@ -27,7 +27,7 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, Sleep, StartRoles
-from scenarios._flows import DONE, LAYOUT, Planner, await_done, open_and_request, pair_healthy, send_all, verify
+from scenarios._flows import DONE, LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, send_all, verify
 
 LATE_S = 2.0  # each write the prefill starts before lifecycle 2 opens waits this long in its engine
 # How long the driver waits for the prefill to report lifecycle 1 Transferring before it
@@ -52,7 +52,7 @@ ANY = (KVPoll.WaitingForInput, KVPoll.Success, KVPoll.Failed)  # stop at a stale
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     first = planner.room()
     second = replace(planner.room(), room=first.room)
     return first, second

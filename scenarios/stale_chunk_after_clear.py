@@ -14,15 +14,25 @@ from __future__ import annotations
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import (ArmPoint, AwaitPoint, AwaitStatus, Clear, InitSender, Observe, ReleasePoint, SendChunk,
-                           Sleep, StartRoles)
-from scenarios._flows import DONE, LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify
+from harness.spec.steps import (
+    ArmPoint,
+    AwaitPoint,
+    AwaitStatus,
+    Clear,
+    InitSender,
+    Observe,
+    ReleasePoint,
+    SendChunk,
+    Sleep,
+    StartRoles,
+)
+from scenarios._flows import DONE, LAYOUT, RoomAllocator, full_room, open_and_request, room_succeeds, verify
 
 POINT = "worker-take-chunk"
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     r, s, n = planner.room(chunks=1), planner.room(chunks=1), planner.room()
     late = tuple(p for p in range(LAYOUT.num_pages) if p not in s.src)[: len(s.src)]
     return r, s, n, late

@@ -19,7 +19,16 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, EngineFaults, StartRoles
-from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, send_all, verify, pair_healthy
+from scenarios._flows import (
+    LAYOUT,
+    RoomAllocator,
+    full_room,
+    open_and_request,
+    pair_healthy,
+    room_succeeds,
+    send_all,
+    verify,
+)
 
 TIMEOUT_S = 4
 SLACK_S = 5.0
@@ -28,7 +37,7 @@ ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)), ("MC_TRANSFER_
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(4, chunks=2), planner.room()
 
 

@@ -15,7 +15,7 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, StartRoles
-from scenarios._flows import LAYOUT, Planner, full_room, open_and_request, room_succeeds, verify, pair_healthy
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, room_succeeds, verify
 
 TIMEOUT_S = 3
 SLACK_S = 5.0
@@ -23,7 +23,7 @@ ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)),)
 
 
 def _plan(seed: int):
-    planner = Planner(seed)
+    planner = RoomAllocator(seed)
     return planner.room(), planner.room()
 
 

@@ -16,11 +16,28 @@ if [[ ! -f $req_sglang ]]; then
   exit 2
 fi
 
-# The stamp covers every input that changes what gets installed.
+# The stamp covers every input that changes what gets installed; a stamped environment
+# must also still work (a moved or broken .venv keeps its stamp but not its interpreter).
 stamp_key=$( { echo "$SGLANG_VERSION $TORCH_VERSION"; cat "$req_sglang" requirements/engines.txt requirements/harness.txt pyproject.toml; } | sha256sum | cut -c1-16)
 stamp=$VENV/.pdconform-setup-$stamp_key
+works() {
+  "$VENV/bin/python" -c "import importlib.metadata as m, harness, harness.implementations as i
+m.version('sglang'); m.version('pdconform'); i.registered()" >/dev/null 2>&1
+}
+if [[ ${1:-} == --check ]]; then  # say whether the environment is set up and works; change nothing
+  if [[ -f $stamp ]] && works; then echo "setup: $VENV works"; exit 0; fi
+  [[ -f $stamp ]] && echo "setup: $VENV is set up but no longer works" >&2 || echo "setup: $VENV is not set up" >&2
+  exit 1
+fi
 if [[ -f $stamp ]]; then
-  exit 0
+  if works; then
+    exit 0
+  fi
+  echo "setup: $VENV is set up but no longer works (moved, or broken); setting it up again" >&2
+  rm -f "$VENV"/.pdconform-setup-*
+  if ! "$VENV/bin/python" -c "" >/dev/null 2>&1; then
+    rm -rf "$VENV"  # its interpreter is gone: a venv this script made (it carried our stamp), made again
+  fi
 fi
 
 # Mooncake's engine.so links libibverbs.so.1 even for TCP.

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from harness import session
 from harness.drive.runner import run_cell_isolated
-from harness.judge import history as hist
+from harness.spec import history as hist
 from harness.judge.judge import judge
 from harness.spec.scenario import Scenario, get_scenario
 from harness.target.sglang import installed_target

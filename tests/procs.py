@@ -6,9 +6,9 @@ import psutil
 
 
 def harness_processes(workdir) -> list:
-    """Cell, role and zygote processes of one test (other runs on the machine are not ours):
-    started ones name ``workdir`` on their command line; ones forked by the zygote keep the
-    zygote's command line but write their output into ``workdir``."""
+    """Cell, role and fork_server processes of one test (other runs on the machine are not ours):
+    started ones name ``workdir`` on their command line; ones forked by the fork server keep the
+    fork_server's command line but write their output into ``workdir``."""
     found = []
     for proc in psutil.process_iter(["cmdline", "pid"]):
         cmd = " ".join(proc.info["cmdline"] or [])

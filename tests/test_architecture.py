@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.drive.executors import EXECUTORS
-from harness.judge.history import Op
+from harness.spec.history import Op
 from harness.role.adapter import CONTRACT
 from harness.spec import steps as s
 
@@ -39,9 +39,17 @@ def test_every_step_of_the_vocabulary_has_an_executor():
 
 def test_history_ops_are_adapter_methods_or_kebab_case_events():
     """A role call is recorded under the adapter method's name; anything else has a kebab-case
-    name or is one word (harness.judge.history.Op)."""
+    name or is one word (harness.spec.history.Op)."""
     strays = [op.value for op in Op if op.value not in CONTRACT and "_" in op.value]
     assert not strays, strays
+
+
+def test_the_adapter_contract_table_lists_every_op():
+    """docs/architecture.md's table of the adapter contract names every op of CONTRACT."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc.split("## The adapter contract", 1)[1].split("\n## ", 1)[0]
+    missing = [op for op in CONTRACT if op != "shutdown" and f"`{op}(" not in table]
+    assert not missing, missing
 
 
 def _sources():
@@ -72,6 +80,9 @@ def test_adding_a_scenario_is_one_file_and_the_docs_example_runs(tmp_path):
 
     doc = (ROOT / "docs" / "architecture.md").read_text()
     example = doc.split("## Adding a scenario", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    # under an id of its own: a reader who adds the example to scenarios/ keeps a passing suite
+    assert 'id="two-rooms"' in example
+    example = example.replace('id="two-rooms"', 'id="two-rooms-docs-example"')
     site = tmp_path / "site"
     (site / "docs_example").mkdir(parents=True)
     (site / "docs_example" / "__init__.py").write_text("")
@@ -87,10 +98,11 @@ def test_adding_a_scenario_is_one_file_and_the_docs_example_runs(tmp_path):
                               timeout=180, cwd=ROOT, env=env)
 
     listed = pdconform("list", "--json")
-    row = {r["id"]: r for r in json.loads(listed.stdout)}["two-rooms"]
+    assert listed.returncode == 0, listed.stderr
+    row = {r["id"]: r for r in json.loads(listed.stdout)}["two-rooms-docs-example"]
     assert row["requirements"] == ["R-XFER-1", "R-TERM-1", "R-LAYOUT-1", "R-LIVE-2"]
     assert row["levels"] == {"R-XFER-1": "MUST", "R-TERM-1": "MUST", "R-LAYOUT-1": "MUST", "R-LIVE-2": "MUST"}
-    ran = pdconform("run", "--impl", "reference", "--scenario", "two-rooms", "--out", str(tmp_path / "out"))
+    ran = pdconform("run", "--impl", "reference", "--scenario", "two-rooms-docs-example", "--out", str(tmp_path / "out"))
     assert ran.returncode == 0, ran.stdout + ran.stderr
     cell = json.loads((tmp_path / "out" / "latest" / "results.json").read_text())["cells"][0]
     assert cell["verdict"] == "PASS" and cell["bytes_verified"] > 0

@@ -19,12 +19,12 @@ PLAIN = [{"attention": kind, "num_layers": n, "stages": 1, "prefill": [0, n, 0],
          for kind in ("MHA", "MLA") for n in (1, 3, 8)]
 PROGRAM = """
 import json, sys
-from harness.spec import layouts
+from harness.judge import layout_check
 from harness.role.recorder import RoleRecorder
 from harness.implementations import load_role_adapter
 specs = json.loads(sys.argv[2])
 role = load_role_adapter(sys.argv[1], role="prefill", recorder=RoleRecorder())
-print(json.dumps([layouts.judge(s, r) for s, r in zip(specs, role.plan_layouts(specs))]))
+print(json.dumps([layout_check.plan_difference(s, r) for s, r in zip(specs, role.plan_layouts(specs))]))
 """
 
 

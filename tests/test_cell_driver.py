@@ -11,7 +11,7 @@ from harness.spec import steps as s
 from harness.spec.protocol import KVPoll
 from harness.role.adapter import RoleAdapter
 from harness.drive.cell import CellDriver
-from harness.judge.history import History
+from harness.spec.history import History
 
 
 class StuckRole:

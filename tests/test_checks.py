@@ -3,7 +3,7 @@
 import pytest
 
 from harness.judge import checks as c
-from harness.judge.history import History
+from harness.spec.history import History
 from harness.judge.judge import verdict_of
 from harness.spec.protocol import KVPoll
 from harness.spec.requirements import UnknownRequirement

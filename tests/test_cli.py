@@ -1,6 +1,7 @@
 """The command line: usage errors exit 2 with a clear message, never a traceback."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -50,6 +51,7 @@ def test_doctor_reports_python_sglang_and_every_engine():
     assert set(engines) == {"reference", "mooncake", "nixl", "mori"}
     for e in engines.values():
         assert e["engine"] in ("real", "standin", "reference", "unusable") and e["reason"] and e["sglang_range"]
+    assert report["network"]["isolated"] is (os.geteuid() == 0) and report["network"]["detail"]
     assert engines["reference"]["engine"] == "reference" and "imports no sglang" in engines["reference"]["sglang_range"]
     assert engines["nixl"]["settings"] == {"nixl_progress_delay_us": 100} and ">= 0.5.22" in engines["nixl"]["sglang_range"]
     # This machine (CPU, no ROCm): real Mooncake and NIXL, Mori on the stand-in.

@@ -1,6 +1,6 @@
-"""harness.judge.diff: normalization drops run-specific values; the first divergence is found and named."""
+"""harness.judge.divergence: normalization drops run-specific values; the first divergence is found and named."""
 
-from harness.judge.diff import describe, first_divergence, normalize
+from harness.judge.divergence import describe, first_divergence, normalize
 
 
 def _events(status: str, port: int, t0: float):

@@ -10,7 +10,7 @@ Expected bytes for happy-path: 5 pages x 256 B x (3 layers x K,V) + one 64 B aux
 import pytest
 
 from cellruns import run_one
-from harness.drive.forkserver_client import Zygote
+from harness.drive.forkserver_client import ForkServer
 from procs import harness_processes
 from scenarios import happy_path
 
@@ -21,8 +21,8 @@ EXPECTED_BYTES = happy_path.NUM_PAGES * happy_path.LAYOUT.page_bytes * 2 * happy
 
 
 @pytest.fixture(scope="module")
-def zygote(tmp_path_factory):
-    with Zygote(impls=["reference", "mooncake", "nixl", "mori"], log_dir=tmp_path_factory.mktemp("zygote")) as z:
+def fork_server(tmp_path_factory):
+    with ForkServer(impls=["reference", "mooncake", "nixl", "mori"], log_dir=tmp_path_factory.mktemp("fork_server")) as z:
         yield z
 
 
@@ -32,8 +32,8 @@ def _leftovers(workdir):
 
 @pytest.mark.parametrize("impl, engine", [("reference", "reference"), ("mooncake", "real"), ("nixl", "real"),
                                           ("mori", "standin")])
-def test_happy_path(impl, engine, tmp_path, zygote):
-    cell = run_one(impl, "happy-path", tmp_path, seed=1, zygote=zygote)
+def test_happy_path(impl, engine, tmp_path, fork_server):
+    cell = run_one(impl, "happy-path", tmp_path, seed=1, fork_server=fork_server)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert cell.engine == engine
     assert cell.bytes_verified == EXPECTED_BYTES
@@ -54,9 +54,9 @@ SEED_SCENARIOS = ["dead-prefill", "stale-chunk-after-clear", "early-watermark", 
 
 
 @pytest.mark.parametrize("scenario", SEED_SCENARIOS)
-def test_reference_passes_the_seed_scenarios(scenario, tmp_path, zygote):
+def test_reference_passes_the_seed_scenarios(scenario, tmp_path, fork_server):
     """The oracle conforms to its own spec under every fault the scenarios inject."""
-    cell = run_one("reference", scenario, tmp_path, seed=0, zygote=zygote)
+    cell = run_one("reference", scenario, tmp_path, seed=0, fork_server=fork_server)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert cell.bytes_verified > 0
     assert not _leftovers(tmp_path)
@@ -68,9 +68,9 @@ FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "a
 
 
 @pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
-def test_reference_passes_the_field_scenarios(scenario, tmp_path, zygote):
+def test_reference_passes_the_field_scenarios(scenario, tmp_path, fork_server):
     """The twelve field scenarios: the oracle PASSes each (timeouts, ABORTs, restarts, residue)."""
-    cell = run_one("reference", scenario, tmp_path, seed=0, zygote=zygote)
+    cell = run_one("reference", scenario, tmp_path, seed=0, fork_server=fork_server)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert all(check["ok"] for check in cell.checks), cell.checks
     assert not _leftovers(tmp_path)

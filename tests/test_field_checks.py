@@ -2,7 +2,7 @@
 
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
-from harness.judge.history import History
+from harness.spec.history import History
 from scenarios.abort_ack_after_drain import ack_arrives, acks_safe
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge.diff import first_divergence
+from harness.judge.divergence import first_divergence
 from harness.judge.results import load_histories
 from harness.report.html import render_index_html, write_index_html
 from harness.report.terminal import reproduce_command

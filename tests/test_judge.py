@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cellruns import run_cells
 from harness.judge.expectations import Expectation
-from harness.judge.history import Event, History, Op
+from harness.spec.history import Event, History, Op
 from harness.judge.judge import judge
 from harness.spec.scenario import get_scenario
 
@@ -112,3 +112,60 @@ def test_pdconform_judge_refuses_a_folder_without_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness.cli", "judge", str(tmp_path)], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "is not a pdconform run folder" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_cell_whose_driver_crashes_is_an_error_not_judged_on_its_half_history(tmp_path):
+    (cell,) = run_cells(["selftest"], [get_scenario("selftest-harness-bug")], tmp_path).cells
+    assert cell.verdict == "ERROR" and cell.checks == []
+    assert cell.reason.startswith("cell process crashed in step 3: KeyError: 'ghost'"), cell.reason
+
+
+def test_rejudging_keeps_a_cell_whose_history_is_gone_and_the_runs_expected_verdicts(tmp_path):
+    import shutil
+
+    expectations = tmp_path / "e.toml"
+    expectations.write_text('[[expect]]\nimpl = "selftest"\nscenario = "selftest-role-dies"\nverdict = "FAIL"\n'
+                            'reason = "the role is killed on purpose"\nlink = "tests"\n')
+    out = tmp_path / "out"
+    ran = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "selftest", "--scenario", "selftest-noop",
+                          "--scenario", "selftest-role-dies", "--out", str(out), "--expectations", str(expectations)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    run_dir = (out / "latest").resolve()
+    expectations.unlink()  # the run's expectations file is gone ...
+    shutil.rmtree(run_dir / "cells" / "selftest-noop--selftest")  # ... and so is one cell's history
+    again = subprocess.run([sys.executable, "-m", "harness.cli", "judge", str(out)], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+    assert again.returncode == 1 and "the expected verdicts stored in the run are kept" in again.stderr, again.stderr
+    data = json.loads((run_dir / "results.json").read_text())
+    cells = {(c["scenario"], c["impl"]): c for c in data["cells"]}
+    assert set(cells) == {("selftest-noop", "selftest"), ("selftest-role-dies", "selftest")}
+    assert cells[("selftest-noop", "selftest")]["verdict"] == "ERROR"  # no history: not judged PASS, not renamed
+    assert cells[("selftest-role-dies", "selftest")]["expected"] == "FAIL"  # kept, though the file is gone
+    assert data["expectations"] == str(expectations)  # stored absolute, not as typed
+
+
+def test_malformed_history_lines_are_skipped_and_a_torn_line_does_not_swallow_the_next_event(tmp_path):
+    from harness.spec.history import append_event, load
+
+    path = tmp_path / "history.jsonl"
+    good = history(STEP0, end=COMPLETED)
+    lines = [json.dumps(e) for e in good]
+    lines.insert(1, json.dumps({"op": "verify", "type": "ok"}))  # parseable, but not an event
+    lines.insert(2, json.dumps({**good[0], "value": "x"}))  # a cell-start whose value is no dict
+    path.write_text("\n".join(lines) + '\n{"seq": 9, "op": "step", "torn')
+    append_event(path, Event.INFO, Op.CELL_EXIT, value={"how": "exited", "returncode": 0, "duration_s": 1.0})
+    events = load(path)
+    assert [e["op"] for e in events] == [Op.CELL_START, Op.STEP, Op.CELL_END, Op.CELL_EXIT]
+    assert judge(NOOP, 0, events).verdict == "PASS"
+
+
+def test_report_files_are_readable_by_others_as_open_would_make_them(tmp_path):
+    import os
+
+    from harness.judge.results import write_atomic
+
+    write_atomic(tmp_path / "x.json", b"{}")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o666 & ~umask

@@ -66,6 +66,6 @@ def test_reports_and_repro_say_which_progress_thread_ran():
     assert "busy loop, as sglang runs it" in summary_markdown(busy)
     assert engine_settings_line(old) == ""  # a results.json from before the setting existed
     nixl_cell, mooncake_cell = busy.cells
-    assert reproduce_command(busy, nixl_cell).endswith("--nixl-progress-delay-us 0")
-    assert "--nixl" not in reproduce_command(busy, mooncake_cell)
-    assert "--nixl" not in reproduce_command(default, default.cells[0])
+    assert reproduce_command(busy, nixl_cell).endswith("--engine-setting nixl_progress_delay_us=0")
+    assert "--engine-setting" not in reproduce_command(busy, mooncake_cell)
+    assert "--engine-setting" not in reproduce_command(default, default.cells[0])

@@ -28,7 +28,7 @@ def test_changed_cells_and_direction():
                             ("dead-prefill", "nixl")}
     assert changes[("room-reuse", "nixl")].direction == "better"
     assert changes[("room-reuse", "mori")].worse and changes[("room-reuse", "mori")].reason == "why FAIL"
-    assert changes[("no-residue", "nixl")].direction == "only in A"
+    assert changes[("no-residue", "nixl")].direction == "only in A: worse" and changes[("no-residue", "nixl")].worse
     assert changes[("dead-prefill", "nixl")].direction == "only in B" and not changes[("dead-prefill", "nixl")].worse
     assert changed_cells(A, A) == []
 
@@ -70,3 +70,20 @@ def test_cli_diff_rejects_an_unknown_verdict(tmp_path):
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "MAYBE" not in out.stdout and "Traceback" not in out.stderr, out.stderr
     assert "verdict" in out.stderr + out.stdout
+
+
+def test_a_vanished_cell_fails_the_gate_and_another_schema_is_refused(tmp_path):
+    import json
+
+    only_happy = make_run("0.5.23", happy_path__nixl="PASS")
+    with_failure = make_run("0.5.23", happy_path__nixl="PASS", room_reuse__nixl="FAIL")
+    dump_run(with_failure, tmp_path / "a" / "results.json")
+    dump_run(only_happy, tmp_path / "b" / "results.json")
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "diff", str(tmp_path / "a"), str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 1 and "only in A: worse" in out.stdout  # the FAIL did not turn green by vanishing
+    data = json.loads((tmp_path / "b" / "results.json").read_text())
+    (tmp_path / "b" / "results.json").write_text(json.dumps({**data, "schema": 7}))
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "diff", str(tmp_path / "a"), str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "schema 7; this pdconform reads schema 2" in out.stderr, out.stderr

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from cellruns import run_cells as run_matrix
+from cellruns import run_cells
 from procs import harness_processes
 from harness.spec.scenario import get_scenario
 
@@ -20,14 +20,14 @@ def _role_processes(workdir):
 def test_hanging_cell_is_killed_and_the_run_continues(tmp_path):
     scenarios = [get_scenario("selftest-hang"), get_scenario("selftest-noop")]
     start = time.monotonic()
-    run = run_matrix(["mooncake"], scenarios, tmp_path)
+    run = run_cells(["mooncake"], scenarios, tmp_path)
     elapsed = time.monotonic() - start
     hang, noop = run.cells
     assert hang.verdict == "ERROR"
     assert "exceeded its deadline of 3 s and was killed" in hang.reason
     assert "in step 0 Sleep" in hang.reason
     assert noop.verdict == "PASS"
-    assert elapsed < 60  # the zygote's imports (seconds) + 3 s deadline + the noop cell, never the 120 s default
+    assert elapsed < 60  # the fork server's imports (seconds) + 3 s deadline + the noop cell, never the 120 s default
     assert not _role_processes(tmp_path)
 
 
@@ -43,7 +43,7 @@ def test_cli_exit_code_and_results_for_a_hanging_cell(tmp_path):
 
 def test_role_that_dies_mid_call_is_noticed_at_once(tmp_path):
     start = time.monotonic()
-    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-dies")], tmp_path).cells
+    (cell,) = run_cells(["selftest"], [get_scenario("selftest-role-dies")], tmp_path).cells
     assert cell.verdict == "FAIL"
     assert "prefill: its process ended (exit code 9) while open_sender was running" in cell.reason
     assert time.monotonic() - start < 20  # not the 30 s call deadline
@@ -51,7 +51,7 @@ def test_role_that_dies_mid_call_is_noticed_at_once(tmp_path):
 
 
 def test_role_that_hangs_in_a_call_is_killed_with_the_cell(tmp_path):
-    (cell,) = run_matrix(["selftest"], [get_scenario("selftest-role-hangs")], tmp_path).cells
+    (cell,) = run_cells(["selftest"], [get_scenario("selftest-role-hangs")], tmp_path).cells
     assert cell.verdict == "ERROR"
     assert "deadline of 6 s" in cell.reason
     assert "in step 1 OpenRoom, last event: open_sender on prefill (invoke)" in cell.reason
@@ -117,7 +117,7 @@ def test_relative_out_works_from_any_directory(tmp_path):
 
 
 def _observations(workdir):
-    from harness.judge import history as hist
+    from harness.spec import history as hist
 
     return [e["value"] for e in hist.load(workdir / "history.jsonl") if e["op"] == "observe-mid" and e["type"] == "ok"]
 
@@ -127,7 +127,7 @@ def test_forked_cells_are_isolated_from_a_leaking_or_crashing_cell(tmp_path):
     # behind (a running non-daemon thread, changed module state, a native crash) must
     # not reach the third, and no process of theirs may outlive them.
     scenarios = [get_scenario(s) for s in ("selftest-leak-thread", "selftest-native-crash", "selftest-clean")]
-    run = run_matrix(["selftest"], scenarios, tmp_path, jobs=1, fork=True)
+    run = run_cells(["selftest"], scenarios, tmp_path, jobs=1, fork=True)
     leak, crash, clean = run.cells
     assert leak.verdict == "PASS", leak.reason
     leaked = _observations(tmp_path / "cells" / "selftest-leak-thread--selftest")
@@ -142,8 +142,8 @@ def test_forked_cells_are_isolated_from_a_leaking_or_crashing_cell(tmp_path):
 def test_parallel_cells_give_the_same_verdicts(tmp_path):
     scenarios = [get_scenario(s) for s in ("selftest-noop", "selftest-role-dies", "selftest-clean",
                                             "selftest-native-crash")]
-    serial = run_matrix(["selftest"], scenarios, tmp_path / "serial", jobs=1)
-    parallel = run_matrix(["selftest"], scenarios, tmp_path / "parallel", jobs=4)
+    serial = run_cells(["selftest"], scenarios, tmp_path / "serial", jobs=1)
+    parallel = run_cells(["selftest"], scenarios, tmp_path / "parallel", jobs=4)
     assert [(c.scenario, c.verdict) for c in serial.cells] == [(c.scenario, c.verdict) for c in parallel.cells]
     assert [c.verdict for c in parallel.cells] == ["PASS", "FAIL", "PASS", "FAIL"]
     assert not _role_processes(tmp_path)
@@ -181,7 +181,7 @@ def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
                     proc.kill()
                     killed.append(proc.pid)
 
-    run = run_matrix(["selftest"], [get_scenario("selftest-noop"), get_scenario("selftest-clean")], tmp_path,
+    run = run_cells(["selftest"], [get_scenario("selftest-noop"), get_scenario("selftest-clean")], tmp_path,
                      jobs=1, callbacks=Callbacks(on_start=kill_zygote))
     assert killed
     assert [c.verdict for c in run.cells] == ["PASS", "PASS"]
@@ -193,7 +193,7 @@ def test_cell_json_is_the_cells_entry_in_results_json(tmp_path):
     # The judge decides a cell once, in the parent, from its history; the CPU time (the fork
     # server reaps the cell) and the wall time come from the runner's cell-exit event.
     scenario = get_scenario("stale-chunk-after-clear")
-    (cell,) = run_matrix(["reference"], [scenario], tmp_path, jobs=1, fork=True).cells
+    (cell,) = run_cells(["reference"], [scenario], tmp_path, jobs=1, fork=True).cells
     saved = json.loads((tmp_path / "cells" / "stale-chunk-after-clear--reference" / "cell.json").read_text())
     assert cell.inherent_wait_s == scenario.inherent_wait_s(0) > 0
     assert cell.cpu_s is not None and cell.cpu_s > 0 and cell.duration_s > cell.inherent_wait_s
@@ -211,7 +211,7 @@ def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
                              "--scenario", "happy-path", "--scenario", "waiting-timeout", "--jobs", "4",
                              "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while not list(tmp_path.glob("runs/*/zygote-sglang.log")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob("runs/*/forkserver-sglang.log")) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # sglang's fork server is importing (seconds); workers wait on it
     assert not list(tmp_path.glob("runs/*/cells/*--mooncake/history.jsonl"))
@@ -227,5 +227,5 @@ def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
 
 
 def test_more_jobs_than_cells_starts_one_worker_per_cell(tmp_path):
-    run = run_matrix(["selftest"], [get_scenario("selftest-noop")], tmp_path, jobs=10**12)
+    run = run_cells(["selftest"], [get_scenario("selftest-noop")], tmp_path, jobs=10**12)
     assert [c.verdict for c in run.cells] == ["PASS"]

@@ -17,6 +17,7 @@ IMPLEMENTATION = Implementation(
     preload=(*COMMON_PRELOAD, "sglang.srt.disaggregation.mooncake.conn", "backends.mooncake.adapter"),
     probe="backends.mooncake:probe",
     tools={"engine_bench": "backends.mooncake.engine_bench:SIDES"},
+    role_env={"MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"},  # no RDMA device here: Mooncake's TCP transport
 )
 
 

@@ -4,7 +4,7 @@ Mirrors ``sglang/srt/disaggregation/mooncake/conn.py``.  The manager takes the
 process-wide engine from ``sglang.srt.distributed.device_communicators.
 mooncake_transfer_engine`` (a real server creates it while it sets up model
 parallelism); this adapter creates it for loopback with the TCP protocol
-(``MOONCAKE_PROTOCOL=tcp``, ``MC_FORCE_TCP=1``, see harness.target.role_context).
+(``MOONCAKE_PROTOCOL=tcp``, ``MC_FORCE_TCP=1``, set by the mooncake Implementation's role_env, backends/mooncake/__init__.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 
-from harness.bench.engine_sides import LOOPBACK, BenchSides, Side, SourceSide
+from harness.role.engine_bench import BenchSides, Side, SourceSide
+from harness.target.role_context import LOOPBACK
 
 #: blocks per Mooncake batch_transfer_sync call (a batch of ~4096 fails over TCP)
 MOONCAKE_MAX_BATCH_ENTRIES = 1024

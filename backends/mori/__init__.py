@@ -31,9 +31,9 @@ def probe() -> tuple[str, str]:
         return "real", "amd-mori imports"
     sys.path.insert(0, str(STANDIN_PATH))
     try:
+        import mori
         import mori.cpp  # noqa: F401
         import mori.io  # noqa: F401
-        import mori
 
         assert getattr(mori, "__pdconform_standin__", False), "the mori that imported is not the stand-in"
     except Exception as exc:

@@ -14,11 +14,13 @@ PROGRESS_DELAY_ENV = "PDCONFORM_NIXL_PROGRESS_DELAY_US"
 #: pdconform's default: about 2 % of a core while idle, instead of 100 %
 DEFAULT_PROGRESS_DELAY_US = 100
 
+#: UCX over TCP on loopback (its shared-memory transports fail at backend creation here)
+UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
+
 PROGRESS_DELAY = EngineSetting(
-    name="nixl_progress_delay_us", env=PROGRESS_DELAY_ENV, default=DEFAULT_PROGRESS_DELAY_US,
-    flag="--nixl-progress-delay-us", sglang_value=0,
+    name="nixl_progress_delay_us", env=PROGRESS_DELAY_ENV, default=DEFAULT_PROGRESS_DELAY_US, sglang_value=0,
     as_sglang="NIXL progress thread: busy loop, as sglang runs it",
-    changed="NIXL progress thread: sleeps {value} us between polls (sglang: busy loop; --nixl-progress-delay-us 0)",
+    changed="NIXL progress thread: sleeps {value} us between polls (sglang: busy loop; --engine-setting nixl_progress_delay_us=0)",
 )
 
 IMPLEMENTATION = Implementation(
@@ -31,15 +33,13 @@ IMPLEMENTATION = Implementation(
     probe="backends.nixl:probe",
     engine_settings=(PROGRESS_DELAY,),
     tools={"engine_bench": "backends.nixl.engine_bench:SIDES"},
+    role_env=UCX_ENV,
 )
 
 
 def probe() -> tuple[str, str]:
     """A NIXL agent with the UCX backend starts over TCP on ``lo``."""
-    import os
-
-    os.environ.setdefault("UCX_TLS", "tcp")
-    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    IMPLEMENTATION.apply_role_env()
     from nixl._api import nixl_agent, nixl_agent_config
 
     nixl_agent("pdconform-doctor", nixl_agent_config(backends=["UCX"]))

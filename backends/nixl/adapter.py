@@ -13,7 +13,7 @@ polls UCX in a busy loop and keeps a whole core busy for the life of the role, e
 when nothing moves.  A cell has two to four NIXL roles and a 2-core CI machine runs
 several cells at once, so by default the harness has the thread sleep
 :data:`backends.nixl.DEFAULT_PROGRESS_DELAY_US` between polls (the engine, its threads and every
-transfer are still the real ones).  ``pdconform run --nixl-progress-delay-us 0``
+transfer are still the real ones).  ``pdconform run --engine-setting nixl_progress_delay_us=0``
 restores sglang's busy loop; results.json records which one a run used.
 """
 
@@ -25,9 +25,9 @@ import sys
 import threading
 from typing import Any
 
+from backends.nixl import DEFAULT_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 from backends.sglang_common import SglangCommonRole
 from harness.role.faults import FAIL, NEVER, EngineFaultCounter
-from backends.nixl import DEFAULT_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 
 log = logging.getLogger(__name__)
 

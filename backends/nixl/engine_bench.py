@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from harness.bench.engine_sides import BenchSides, Side, SourceSide
+from harness.role.engine_bench import BenchSides, Side, SourceSide
 
 
 def _nixl_agent(prefill: bool):

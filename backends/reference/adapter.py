@@ -27,19 +27,28 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
 from backends.reference.shared_events import Clear
-from backends.reference.wire import (HEALTH_TIMEOUT_S, HOST, ControlSide, MalformedFrame, csv, endpoint,  # noqa: F401
-                                    env_flag, env_seconds, ints, parse)
-from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
+from backends.reference.wire import (  # noqa: F401
+    HEALTH_TIMEOUT_S,
+    HOST,
+    ControlSide,
+    MalformedFrame,
+    csv,
+    endpoint,
+    env_flag,
+    env_seconds,
+    ints,
+    parse,
+)
 from harness.role import pattern
-from harness.spec.protocol import KVPoll, Layout
 from harness.role.adapter import RoleAdapter
-from harness.role.recorder import RoleRecorder
 from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
 from harness.role.pools import pattern_pools
+from harness.role.recorder import RoleRecorder
+from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
+from harness.spec.protocol import KVPoll, Layout
 
 log = logging.getLogger("pdconform.reference")
 

@@ -14,7 +14,6 @@ from typing import Union
 from backends.reference.shared_events import Clear, StatusChanged, Tick
 from harness.spec.protocol import KVPoll
 
-
 # ---- events ---------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from typing import Union
 from backends.reference.shared_events import Clear, Log, StatusChanged, Tick
 from harness.spec.protocol import KVPoll
 
-
 #: residue entries that are the bounded memory of ended generations R-REUSE-1 allows
 #: (they expire at the bootstrap timeout), not leftover state of a live room
 ENDED_GENERATION_MEMORY = frozenset({"acked", "tombstones", "retired"})

@@ -6,7 +6,8 @@ cleanup run in a second instead of twenty.  Only visible when
 ``HANG_ROOM`` makes ``open_sender`` block forever, ``DIE_ROOM`` makes the role
 process exit in the middle of ``open_sender``, ``LEAK_ROOM`` leaves a non-daemon
 thread running and module state changed, ``CRASH_ROOM`` crashes the process natively
-(SIGSEGV from C).  ``observe`` reports the live threads and the module state, so a
+(SIGSEGV from C), ``ESCAPE_ROOM`` starts a process in a new session that outlives its
+parent (``sleep 3017``).  ``observe`` reports the live threads and the module state, so a
 test can see that nothing of an earlier cell reached a later one.
 """
 
@@ -17,14 +18,16 @@ import os
 import threading
 import time
 
-from harness.spec.protocol import KVPoll
 from harness.role.adapter import RoleAdapter
 from harness.role.recorder import RoleRecorder
+from harness.spec.protocol import KVPoll
 
 HANG_ROOM = 1001
 DIE_ROOM = 1002
 LEAK_ROOM = 1003
 CRASH_ROOM = 1004
+ESCAPE_ROOM = 1006
+ESCAPEE_SECONDS = "3017"  # `sleep 3017`: the process ESCAPE_ROOM leaves behind, findable by its command line
 LEAKED: list[str] = []  # module state a leaking cell changes
 
 
@@ -58,6 +61,14 @@ class SelftestRole(RoleAdapter):
             LEAKED.append(f"room {room} in pid {os.getpid()}")
         if room == CRASH_ROOM:
             ctypes.string_at(0)  # reads address 0: SIGSEGV in C, no Python exception
+        if room == ESCAPE_ROOM:  # a daemon in a session of its own: it leaves the cell's process group
+            child = os.fork()
+            if child == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    os.execvp("sleep", ["sleep", ESCAPEE_SECONDS])
+                os._exit(0)
+            os.waitpid(child, 0)
         self.status[room] = KVPoll.WaitingForInput
 
     def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:

@@ -67,11 +67,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import traceback
 from multiprocessing.connection import Connection
 from typing import Any
+
 from harness import ROOT
-from harness.bench.engine_sides import sides
-from harness.implementations import registered
+from harness.implementations import implementation, registered
+from harness.role.engine_bench import BenchSides
 
 DEFAULT_TOTAL_BYTES = 64 << 20  # 64 MiB
 DEFAULT_BLOCK_BYTES = 64 << 10  # 64 KiB: a KV page of a few tokens across heads
@@ -114,6 +116,59 @@ def _check_sizes(engine: str, total_bytes: int, block_bytes: int, repeats: int) 
     return total_bytes // block_bytes
 
 
+def sides(engine: str) -> BenchSides:
+    """The bench sides of ``engine`` (imports its module: call it in the child that runs them)."""
+    return implementation(engine).hook("engine_bench")
+
+
+
+def _child_main(engine: str, role: str, fd: int) -> None:
+    """Serve one side over the connection on ``fd`` until ``stop`` or EOF; never returns
+    (``os._exit``).  Requests are ``(command, kwargs)``; replies ``("ok", value)`` or
+    ``("error" | "unavailable", text)``."""
+    conn = Connection(fd)
+    side = None
+    code = 0
+    try:
+        from harness.target import role_context
+
+        role_context.apply_role_env()
+        implementation(engine).apply_role_env()
+        while True:
+            try:
+                command, kwargs = conn.recv()
+            except (EOFError, OSError):
+                code = 1  # the parent went away
+                break
+            try:
+                if command == "init":
+                    try:
+                        side = getattr(sides(engine), role)(**kwargs)
+                    except ImportError as exc:
+                        conn.send(("unavailable", f"{type(exc).__name__}: {exc}"))
+                        continue
+                    reply = dict(getattr(side, "fill", {}))
+                    if role == "destination":
+                        reply.update(side.info())
+                    conn.send(("ok", reply))
+                elif command == "stop":
+                    if side is not None:
+                        side.close()
+                    conn.send(("ok", None))
+                    break
+                else:
+                    conn.send(("ok", getattr(side, command)(**kwargs)))
+            except Exception:  # noqa: BLE001 - reported to the parent, which raises
+                conn.send(("error", traceback.format_exc(limit=6)))
+    finally:
+        try:
+            conn.close()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
 # --------------------------------------------------------------------------- parent side
 
 
@@ -124,7 +179,7 @@ class _Child:
         self.engine, self.role = engine, role
         self.log = tempfile.TemporaryFile(mode="w+b")
         parent_sock, child_sock = socket.socketpair()
-        code = ("import sys; from harness.bench.engine_sides import _child_main; "
+        code = ("import sys; from harness.bench.engines import _child_main; "
                 "_child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
         env = dict(os.environ)
         env.setdefault("MC_TRANSFER_TIMEOUT", str(int(TRANSFER_TIMEOUT_S)))

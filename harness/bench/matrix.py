@@ -129,7 +129,8 @@ def overhead_by_impl(runs: list) -> list[Figure]:
 def bench_simulator(seeds: int, repeat: int) -> Figure:
     """Seeded reference lifecycle runs per minute (the reference's ``simulator`` tool,
     harness.implementations), ``repeat`` samples."""
-    from harness.implementations import REFERENCE, implementation
+    from harness.implementations import implementation
+    from harness.spec.protocol import REFERENCE
 
     simulate = implementation(REFERENCE).hook("simulator").simulate
 

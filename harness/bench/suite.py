@@ -16,9 +16,16 @@ from typing import Callable
 from rich.markup import escape
 from rich.table import Table
 
-from harness import ROOT
-from harness.bench.matrix import (GOALS, Figure, bench_engines, bench_matrix, bench_simulator, engine_pairs, machine,
-                                  overhead_by_impl)
+from harness.bench.matrix import (
+    GOALS,
+    Figure,
+    bench_engines,
+    bench_matrix,
+    bench_simulator,
+    engine_pairs,
+    machine,
+    overhead_by_impl,
+)
 from harness.judge.results import write_atomic
 
 PARTS = ("matrix", "simulator", "engines")
@@ -50,11 +57,8 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
     clean clone's ``make matrix`` uses (the shipped expectations' failing cells first).
     BenchUsageError for an unknown part, nothing left to measure, or engine buffers beyond
     the free memory."""
-    from harness.drive.scheduler import expected_durations
-    from harness.implementations import available
-    from harness.judge.expectations import load_expectations
-    from harness.session import RunConfig
-    from harness.spec.scenario import all_scenarios
+    from harness.drive.scheduler import duration_hint
+    from harness.session import RunConfig, read_expectations, shipped_expectations
 
     unknown = skip - set(PARTS)
     if unknown:
@@ -70,11 +74,8 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
                      engine_bytes=0 if "engines" in skip else engine_mib * 2**20)
     if "matrix" not in skip:
         sglang = target()
-        hint = {}
-        shipped = ROOT / "expectations" / f"sglang-{sglang.info.version}.toml"
-        if shipped.is_file():
-            loaded = load_expectations(shipped, available(), [s.id for s in all_scenarios()])
-            hint = expected_durations(scenarios, impls, 0, loaded.verdict_for)
+        shipped = shipped_expectations(sglang.info.version)
+        hint = duration_hint(out / "no-earlier-run", scenarios, impls, 0, read_expectations(shipped) if shipped else None)
         plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
                                 engine_settings=engine_settings, duration_hint=hint)
     return plan

@@ -2,7 +2,7 @@
 
 Each command checks its options (bad usage: one line on stderr, exit 2), hands the work
 to the module that does it (harness.session for run/repro/judge, harness.bench.suite,
-harness.report.run_diff, harness.target.doctor, the reference's simulator) and prints.
+harness.report.run_diff, harness.doctor, the reference's simulator) and prints.
 The commands live in harness/cli/runs.py (run, repro, judge, diff) and
 harness/cli/tools.py (doctor, list, bench, simulate).
 
@@ -34,17 +34,22 @@ DEFAULT_OUT = Path("reports/out")
 
 
 def _usage_error(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}")
+    from harness.report.safe import terminal
+
+    err.print(f"[bold red]error:[/] {escape(terminal(message))}")
     return typer.Exit(code=2)
 
 
 def _registry():
-    """harness.implementations, or exit 2 when a registered implementation does not load."""
+    """harness.implementations, once the implementation and scenario registries have loaded;
+    exit 2 (one line naming the entry point) when one of them does not."""
     from harness import implementations
+    from harness.spec.scenario import ScenarioLoadError, all_scenarios
 
     try:
         implementations.registered()
-    except implementations.RegistryError as exc:
+        all_scenarios(include_test_only=True)
+    except (implementations.RegistryError, ScenarioLoadError) as exc:
         raise _usage_error(str(exc))
     return implementations
 
@@ -81,11 +86,11 @@ def _expectations(path: Optional[Path]):
     """The loaded --expectations file (None without one); a bad one exits 2."""
     if path is None:
         return None
-    from harness.judge.expectations import ExpectationsError, load_expectations
-    from harness.spec.scenario import all_scenarios
+    from harness.judge.expectations import ExpectationsError
+    from harness.session import read_expectations
 
     try:
-        return load_expectations(path, _registry().available(), [s.id for s in all_scenarios()])
+        return read_expectations(path)
     except ExpectationsError as exc:
         raise _usage_error(str(exc))
 
@@ -112,10 +117,11 @@ SGLANG_SRC_OPTION = typer.Option(None, "--sglang-src", help="Run against this sg
                                  "or unpacked wheel instead of the installed sglang.")
 SGLANG_VERSION_OPTION = typer.Option(None, "--sglang", help="Run against this released sglang version, set up once "
                                      "into the cached environment .venv-sglang-VERSION.")
-NIXL_DELAY_OPTION = typer.Option(
-    None, "--nixl-progress-delay-us", min=0, show_default=False,
-    help="Microseconds the NIXL agent's progress thread sleeps between polls (default: pdconform's, see "
-         "`pdconform doctor`); 0 is sglang's busy loop, which keeps a core busy per NIXL role (docs/performance.md).")
+ENGINE_SETTING_OPTION = typer.Option(
+    None, "--engine-setting", metavar="NAME=VALUE", show_default=False,
+    help="Change an engine setting from pdconform's default (repeatable; `pdconform doctor` lists them): "
+         "nixl_progress_delay_us=0 runs NIXL's progress thread as sglang does, a busy loop that keeps a core busy "
+         "per NIXL role (docs/performance.md).")
 FULL_WAITS_OPTION = typer.Option(
     False, "--full-waits", help="Let every wait run to its bound even after a status that must come never came "
     "(default: fail fast, later waits of that cell are cut to 1 s).")
@@ -123,9 +129,19 @@ EXPECTATIONS_OPTION = typer.Option(None, "--expectations", help="TOML file of ex
                                    "exit 1 on a regression or a fix.")
 
 
-def _settings(nixl_progress_delay_us: Optional[int]) -> dict[str, int]:
-    """The engine settings the options change (harness.implementations.EngineSetting names)."""
-    return {} if nixl_progress_delay_us is None else {"nixl_progress_delay_us": nixl_progress_delay_us}
+def _settings(pairs: Optional[List[str]]) -> dict[str, int]:
+    """The engine settings ``--engine-setting NAME=VALUE`` asks for (harness.implementations.EngineSetting);
+    an unknown name or a value that is not a whole number >= 0 exits 2."""
+    known = _registry().engine_settings()
+    settings: dict[str, int] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or name.strip() not in known:
+            raise _usage_error(f"--engine-setting {pair}: give NAME=VALUE with NAME one of {', '.join(known) or '-'}")
+        if not value.strip().isdigit():
+            raise _usage_error(f"--engine-setting {pair}: the value must be a whole number >= 0")
+        settings[name.strip()] = int(value)
+    return settings
 
 
 def main() -> None:

@@ -7,38 +7,45 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
-from harness.cli import (DEFAULT_OUT, EXPECTATIONS_OPTION, FULL_WAITS_OPTION, NIXL_DELAY_OPTION, SGLANG_SRC_OPTION,
-                         SGLANG_VERSION_OPTION, _expectations, _out_dir, _select, _settings, _stop_on_signals,
-                         _target, _usage_error, app, console, err)
-
-
-def _duration_hint(out: Path, scenarios, impls, seed: int, expectations) -> dict:
-    """An earlier run's cell durations (the longest cells start first), else the cells the
-    expectations say fail first (they wait out stuck steps); {} without either."""
-    from harness.drive.scheduler import expected_durations
-    from harness.judge.results import load_run
-
-    try:
-        return {(c.scenario, c.impl): c.duration_s for c in load_run(out / "latest" / "results.json").cells}
-    except (OSError, ValueError):  # no earlier run, or not a readable one
-        pass
-    if expectations is None:
-        return {}
-    return expected_durations(scenarios, impls, seed, expectations.verdict_for)
+from harness.cli import (
+    DEFAULT_OUT,
+    ENGINE_SETTING_OPTION,
+    EXPECTATIONS_OPTION,
+    FULL_WAITS_OPTION,
+    SGLANG_SRC_OPTION,
+    SGLANG_VERSION_OPTION,
+    _expectations,
+    _out_dir,
+    _registry,
+    _select,
+    _settings,
+    _stop_on_signals,
+    _target,
+    _usage_error,
+    app,
+    console,
+    err,
+)
+from harness.drive.scheduler import duration_hint
+from harness.judge.results import LATEST
+from harness.report.safe import terminal
 
 
 def _load_results(path: Path):
     """The RunResult at ``path`` (a results.json, a run folder or an --out folder); exit 2 when unreadable."""
-    from harness.judge.inputs import InputError
     from harness.judge.results import load_run
     from harness.report.outdir import OutDirError, run_folder_of
+    from harness.spec.inputs import InputError
 
-    if path.is_dir():
+    if path.is_dir() and not (path / "results.json").is_file():
         try:
             path = run_folder_of(path) / "results.json"
         except OutDirError as exc:
             raise _usage_error(str(exc))
+    elif path.is_dir():
+        path = path / "results.json"
     try:
         return load_run(path)
     except InputError as exc:
@@ -61,8 +68,8 @@ def _print_verdicts(result, expectations_path) -> None:
         if cells:
             console.print(f"[bold red]{len(cells)} {escape(title)}:[/]")
             for c in cells:
-                console.print(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
-                              f"({reproduce_command(result, c)})", markup=False, highlight=False)
+                console.print(terminal(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
+                                       f"({reproduce_command(result, c)})"), markup=False, highlight=False)
 
 
 def _run_session(config, callbacks=None, progress=None):
@@ -102,7 +109,7 @@ def run(
                                        "of cores). Verdicts do not depend on it."),
     fork: bool = typer.Option(True, "--fork/--no-fork", help="Fork cells and roles from one process that imported "
                               "sglang once (default), or start a fresh interpreter for each."),
-    nixl_progress_delay_us: Optional[int] = NIXL_DELAY_OPTION,
+    engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     full_waits: bool = FULL_WAITS_OPTION,
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
@@ -116,14 +123,14 @@ def run(
     impls, scenarios = _select(impl, scenario)
     loaded = _expectations(expectations)
     out = _out_dir(out)
-    hint = _duration_hint(out, scenarios, impls, seed, loaded)
+    hint = duration_hint(out / LATEST / "results.json", scenarios, impls, seed, loaded)
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
     if loaded and loaded.sglang and loaded.sglang != target.info.version:
         err.print(f"[yellow]note:[/] {escape(str(expectations))} was written for sglang {escape(loaded.sglang)}, "
                   f"this run uses {escape(str(target.info.version))}")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
-                       engine_settings=_settings(nixl_progress_delay_us), expectations=loaded, duration_hint=hint)
+                       engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint)
     # Progress only on a terminal: CI logs get the matrix and nothing else.
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
@@ -147,7 +154,7 @@ def repro(
     out: Path = typer.Option(Path("reports/out/repro"), "--out", help="Directory for the cell's logs and history."),
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
-    nixl_progress_delay_us: Optional[int] = NIXL_DELAY_OPTION,
+    engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     full_waits: bool = FULL_WAITS_OPTION,
 ) -> None:
     """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
@@ -159,6 +166,7 @@ def repro(
     from harness.session import RunConfig
     from harness.spec.scenario import all_scenarios
 
+    _registry()
     if scenario not in {s.id for s in all_scenarios()}:
         raise _usage_error(f"unknown scenario {scenario} (see `pdconform list`)")
     impls, scenarios = _select([impl], [scenario])
@@ -174,18 +182,19 @@ def repro(
         console.print(f"  {i:>2}. {step!r}", markup=False, highlight=False)
     console.print("[bold]history[/] (t in s since the cell started)")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, full_waits=full_waits,
-                       engine_settings=_settings(nixl_progress_delay_us))
+                       engine_settings=_settings(engine_setting))
     result = _run_session(config, Callbacks(
         on_event=lambda event: console.print("  " + event_line(event), markup=False, highlight=False)))
     cell = result.cells[0]
     console.print(cell_text(cell))
     for check in cell.checks:
         mark = "[green]ok[/]" if check.get("ok") else "[red]NOT OK[/]"
-        console.print(f"  {mark} {check.get('requirement')} {escape(str(check.get('name')))}: ",
-                      check.get("detail", ""), highlight=False, markup=False)
+        line = Text.from_markup(f"  {mark} ")
+        line.append(terminal(f"{check.get('requirement')} {check.get('name')}: {check.get('detail', '')}"))
+        console.print(line, highlight=False)
     for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
-    console.print(f"cell directory: {cell.workdir}", highlight=False)
+    console.print(f"cell directory: {terminal(cell.workdir)}", highlight=False, markup=False)
     raise typer.Exit(code=0 if cell.verdict == "PASS" else 1)
 
 
@@ -200,15 +209,19 @@ def judge(
 
     On an unchanged checkout every verdict comes out as the run gave it.  Exit codes as for `run`.
     """
+    from harness.report.outdir import OutDirError
     from harness.session import RejudgeError, rejudge
 
+    _registry()
     loaded = _expectations(expectations)
-    from harness.report.outdir import OutDirError
-
+    _stop_on_signals()
     try:
         result, folder = rejudge(run_dir, loaded, on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
     except (RejudgeError, OutDirError) as exc:
         raise _usage_error(str(exc))
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]: the run's results may be part old, part new; judge it again")
+        raise typer.Exit(code=130)
     except OSError as exc:
         raise _usage_error(f"cannot rewrite the results in {run_dir}: {exc.strerror or exc}")
     _print_verdicts(result, result.expectations)
@@ -230,6 +243,7 @@ def diff(
     """
     from harness.report.run_diff import changed_cells, changes_markdown, changes_table
 
+    _registry()
     runs = [_load_results(run_a), _load_results(run_b)]
     changes = changed_cells(*runs)
     if markdown:

@@ -9,14 +9,25 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from harness.cli import (NIXL_DELAY_OPTION, _out_dir, _registry, _select, _settings, _stop_on_signals, _target,
-                         _usage_error, app, console, err)
+from harness.cli import (
+    ENGINE_SETTING_OPTION,
+    _out_dir,
+    _registry,
+    _select,
+    _settings,
+    _stop_on_signals,
+    _target,
+    _usage_error,
+    app,
+    console,
+    err,
+)
 
 
 @app.command()
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Python, sglang version and path, and for each engine: real, stand-in or unusable, and why."""
-    from harness.target.doctor import diagnose
+    from harness.doctor import diagnose
 
     report = diagnose(list(_registry().available().values()))
     if as_json:
@@ -26,6 +37,8 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         sg = report["sglang"]
         console.print(f"sglang   {sg['version'] or 'NOT INSTALLED'} ({sg['path'] or '-'})", highlight=False)
         console.print(f"libibverbs.so.1  {'present' if report['libibverbs'] else 'missing'}")
+        net = report["network"]
+        console.print(f"network  [{'green' if net['isolated'] else 'yellow'}]{escape(net['detail'])}[/]")
         for e in report["engines"]:
             style = {"real": "green", "standin": "yellow", "reference": "green"}.get(e["engine"], "red")
             console.print(f"{e['impl']:<10}[{style}]{e['engine']:<10}[/]{escape(e['reason'])}  "
@@ -40,6 +53,7 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
     from harness.spec.requirements import requirement
     from harness.spec.scenario import all_scenarios
 
+    _registry()
     rows = [{"id": s.id, "title": s.title, "requirements": list(s.requirements),
              "levels": {rid: requirement(rid).level for rid in s.requirements}} for s in all_scenarios()]
     if as_json:
@@ -61,7 +75,7 @@ def bench(
                                    help="MiB per engine throughput sample (a source and a destination buffer each)."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines."),
     out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
-    nixl_progress_delay_us: Optional[int] = NIXL_DELAY_OPTION,
+    engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
 ) -> None:
     """Measure the matrix wall time, per-cell overhead, simulator rate and engine throughput
     (median and spread of --repeat samples), against the project's goals; write bench.json."""
@@ -74,7 +88,7 @@ def bench(
     out = _out_dir(out)
     try:  # every option is checked before a file is written
         plan = plan_bench(out, repeat, jobs, impls, scenarios, set(skip or []), seeds, engine_mib,
-                          _settings(nixl_progress_delay_us), target=lambda: _target(None, None))
+                          _settings(engine_setting), target=lambda: _target(None, None))
     except BenchUsageError as exc:
         raise _usage_error(str(exc))
     _stop_on_signals()
@@ -116,7 +130,9 @@ def simulate(
     from rich.progress import Progress
 
     registry = _registry()
-    sim = registry.implementation(registry.REFERENCE).hook("simulator")
+    from harness.spec.protocol import REFERENCE
+
+    sim = registry.implementation(REFERENCE).hook("simulator")
     if planted_bug is not None and planted_bug not in sim.PLANTED_BUGS:
         raise _usage_error(f"unknown --planted-bug {planted_bug} (known: {', '.join(sim.PLANTED_BUGS)})")
     config = sim.SimConfig(planted_bug=planted_bug)

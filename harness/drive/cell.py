@@ -4,7 +4,7 @@
 starts the scenario's roles through a :class:`harness.drive.launcher.Launcher`,
 executes its steps (each through the executor :data:`harness.drive.executors.EXECUTORS`
 names for its type), observes every role, stops them, and records all of it in
-``DIR/history.jsonl`` (harness.judge.history), from :attr:`Op.CELL_START` to
+``DIR/history.jsonl`` (harness.spec.history), from :attr:`Op.CELL_START` to
 :attr:`Op.CELL_END`.  The verdict is decided afterwards, in the parent, by
 harness.judge.judge from that history alone.  The runner kills the whole process
 group at the cell deadline, so nothing here guards against its own hang.
@@ -18,20 +18,21 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from harness.drive.contain import NETNS_ENV, NETNS_PID_ENV, become_subreaper, isolate_network, kill_descendants
 from harness.drive.errors import CellAborted, RoleError
 from harness.drive.executors import execute
+from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
 from harness.drive.launcher import Launcher, LocalLauncher, RoleHandle
 from harness.drive.role_client import RoleClient
-from harness.judge.history import START_OPS, Event, History, Op
 from harness.spec import steps as s
+from harness.spec.history import START_OPS, Event, History, Op
 from harness.spec.scenario import Scenario, get_scenario
-
-CALL_TIMEOUT_S = 30.0
 
 
 class CellDriver:
@@ -77,7 +78,7 @@ class CellDriver:
         except RoleError as exc:
             self._record_failure(role, op, kwargs, exc)
             if exc.unsupported:
-                raise CellAborted(f"{role}.{op}: {exc}", unsupported=True) from exc
+                raise CellAborted(f"{role}.{op}: {exc.remote_message or exc}", unsupported=True) from exc
             return None
         self.record(Event.OK, op, role, args=kwargs, value=value)
         return value
@@ -104,7 +105,7 @@ class CellDriver:
             except RoleError as exc:
                 self._record_failure(role, op, kwargs, exc)
                 if exc.unsupported and unsupported is None:
-                    unsupported = f"{role}.{op}: {exc}"
+                    unsupported = f"{role}.{op}: {exc.remote_message or exc}"
                 values.append(None)
                 continue
             self.record(Event.OK, op, role, args=kwargs, value=value)
@@ -120,7 +121,8 @@ class CellDriver:
             value = self.clients[role].call(op, CALL_TIMEOUT_S, **kwargs)
         except RoleError as exc:
             self.record(Event.FAIL, what, role, args=kwargs, error=str(exc), unsupported=exc.unsupported)
-            raise CellAborted(f"{role}.{op}: {exc}", unsupported=exc.unsupported) from exc
+            raise CellAborted(f"{role}.{op}: {exc.remote_message if exc.unsupported and exc.remote_message else exc}",
+                              unsupported=exc.unsupported) from exc
         self.record(Event.NEMESIS, what, role, args=kwargs, value=value)
         return value
 
@@ -226,17 +228,19 @@ class CellDriver:
 
 
 def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port: int,
-             full_waits: bool = False) -> None:
+             full_waits: bool = False, network: str = "the host's network") -> None:
     """Run one cell in this process (roles in child processes), recording everything in
     ``workdir/history.jsonl``: :attr:`Op.CELL_START` first, :attr:`Op.CELL_END` last
-    (``outcome`` completed | aborted | unsupported, with the ``reason`` of the last two).
+    (``outcome`` completed | aborted | unsupported | crashed, with the ``reason`` of the last
+    three; crashed: an exception other than CellAborted, which propagates).
 
     ``full_waits``: every AwaitStatus waits its whole bound, even after a must-come
     status never came (default: later waits are cut, see harness.spec.steps.STALL_CUT_S)."""
     workdir.mkdir(parents=True, exist_ok=True)
     history = History(workdir / "history.jsonl")
     history.record(Event.INFO, Op.CELL_START, None, None,
-                   value={"impl": impl, "scenario": scenario.id, "seed": seed, "full_waits": full_waits})
+                   value={"impl": impl, "scenario": scenario.id, "seed": seed, "full_waits": full_waits,
+                          "network": network})
     driver = CellDriver(impl, LocalLauncher(workdir), history, base_port)
     driver.full_waits = full_waits
     outcome: dict[str, Any] = {"outcome": "completed"}
@@ -247,8 +251,15 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
     except CellAborted as exc:
         outcome = {"outcome": "unsupported" if exc.unsupported else "aborted", "reason": str(exc),
                    "step": driver.step_index}
+    except BaseException as exc:  # a harness bug or an interrupt: the cell did not run to its end
+        outcome = {"outcome": "crashed", "step": driver.step_index,
+                   "reason": f"{type(exc).__name__}: {exc}" + "".join(traceback.format_exception(exc)[-3:-1])[-1500:]}
+        raise
     finally:
         driver.stop_all()
+        strays = kill_descendants(grace_s=0.2)  # orphans a role's process left behind (re-parented here)
+        if strays:
+            outcome["stray_processes"] = strays
         history.record(Event.INFO, Op.CELL_END, None, None, value=outcome)
         history.close()
 
@@ -276,10 +287,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, required=True)
     parser.add_argument("--full-waits", action="store_true")
     args = parser.parse_args(argv)
+    network = contain_cell()  # while this process has one thread
     _die_with_parent()
     run_cell(args.impl, get_scenario(args.scenario), args.seed, Path(args.workdir), args.base_port,
-             full_waits=args.full_waits)
+             full_waits=args.full_waits, network=network)
     return 0
+
+
+def contain_cell() -> str:
+    """Isolate this cell's network when the runner asks for it (harness.drive.contain: the roles
+    join it; ``NETNS_PID_ENV`` tells the launcher whose namespace) and make this process a child
+    subreaper; what the cell's network is, in words."""
+    network = "the host's network"
+    if os.environ.get(NETNS_ENV) == "1":
+        try:
+            network = isolate_network()
+            os.environ[NETNS_PID_ENV] = str(os.getpid())
+        except OSError as exc:
+            network = f"the host's network (isolation refused: {exc.strerror or exc})"
+    become_subreaper()
+    return network
 
 
 if __name__ == "__main__":

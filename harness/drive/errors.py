@@ -7,9 +7,10 @@ class RoleError(RuntimeError):
     """A role process failed to start, died, or answered a command with an error."""
 
     def __init__(self, message: str, *, remote_error: str | None = None, remote_traceback: str = "",
-                 unsupported: bool = False):
+                 unsupported: bool = False, remote_message: str | None = None):
         super().__init__(message)
         self.remote_error = remote_error
+        self.remote_message = remote_message  # the exception's own message in the role, when it raised
         self.remote_traceback = remote_traceback
         self.unsupported = unsupported
 

@@ -1,7 +1,7 @@
 """A fork server: import sglang and the engines once, fork a fresh process per cell and per role.
 
 Importing sglang's disaggregation modules costs seconds per process, and every cell
-starts two to four role processes.  The zygote is one long-lived process per run
+starts two to four role processes.  The fork server is one long-lived process per run
 (and per sglang target) that imports them once, while it is still single-threaded,
 then forks:
 
@@ -9,18 +9,18 @@ then forks:
 * the cell's **role** processes (``harness.drive.role_host``), each joining its cell's
   process group, so that killing the group still removes the cell and every role.
 
-Isolation is the same as with a fresh interpreter per process: the zygote never
+Isolation is the same as with a fresh interpreter per process: the fork server never
 creates a thread (beyond the one torch's import starts), a ZMQ context or an engine;
 each child starts from that clean state and leaves with ``os._exit``.  Engines whose
 import starts native threads (``mooncake.engine``) are not preloaded; the child
 imports them (tens of milliseconds).
 
 Protocol: a UNIX stream socket; one JSON line per request, one JSON line per reply
-(see :class:`ZygoteClient`).  The zygote reaps its children and keeps their exit
+(see :class:`ForkServerClient`).  The fork server reaps its children and keeps their exit
 status until asked.  It exits when its parent (the runner) goes away.
 
 Started with ``python -m harness.drive.forkserver --socket PATH`` by
-:class:`harness.drive.forkserver_client.Zygote`, with the target's interpreter and
+:class:`harness.drive.forkserver_client.ForkServer`, with the target's interpreter and
 environment (harness.target.sglang); the client side of the protocol is there too.
 """
 
@@ -35,6 +35,9 @@ import socket
 import sys
 import traceback
 from pathlib import Path
+
+from harness.drive.contain import become_subreaper, describe, enter_network_of
+from harness.drive.contain import children as contain_children
 
 POLL_S = 0.05  # how often the server checks its parent and reaps children (seconds)
 
@@ -90,6 +93,8 @@ def _child(request: dict, listener: socket.socket, clients: list[socket.socket])
             c.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if request.get("netns"):  # a role joins its cell's private network
+            enter_network_of(int(request["netns"]))
         os.setpgid(0, request.get("pgid") or 0)
         os.chdir(request["cwd"])
         os.environ.update(request.get("env") or {})
@@ -149,6 +154,17 @@ class _Children:
         if group == pid:
             self.group_cpu.pop(pid, None)  # a reused pid: an older group's CPU is not this one's
 
+    def end_adopted(self) -> None:
+        """Kill and reap every child this server did not fork: orphans re-parented to it (a
+        process a role started in a session of its own, left when the role ended)."""
+        for pid in [c for c in contain_children() if c not in self.running]:
+            print(f"fork server: ended a process a role left behind: {describe(pid)}", flush=True)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
     def kill_all(self) -> None:
         for pid in list(self.running):
             try:
@@ -189,8 +205,10 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
     clients: list[socket.socket] = []
     buffers: dict[socket.socket, bytes] = {}
     children = _Children()
+    become_subreaper()  # what a role's process leaves behind is re-parented here, and ended
     while os.getppid() == parent_pid:
         children.reap()
+        children.end_adopted()
         readable, _, _ = select.select([listener, *clients], [], [], POLL_S)
         for sock in readable:
             if sock is listener:
@@ -209,7 +227,7 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
                 line, buffers[sock] = buffers[sock].split(b"\n", 1)
                 try:
                     reply = _answer(json.loads(line), children, listener, clients)
-                except Exception as exc:  # noqa: BLE001 - a bad request must not end the zygote
+                except Exception as exc:  # noqa: BLE001 - a bad request must not end the fork server
                     reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
                 sock.sendall(json.dumps(reply).encode() + b"\n")
     children.kill_all()  # the runner is gone: so are its cells
@@ -227,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     listener.listen(socket.SOMAXCONN)  # every cell and role of a run may connect at once
     failed = preload([i for i in args.preload.split(",") if i])
     for line in failed:
-        print(f"zygote: preload failed: {line}", flush=True)
+        print(f"fork server: preload failed: {line}", flush=True)
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     tmp = args.ready_file + ".tmp"
     Path(tmp).write_text(json.dumps({"pid": os.getpid(), "threads": threads, "failed": failed}))

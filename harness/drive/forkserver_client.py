@@ -1,6 +1,6 @@
 """The client side of the fork server (harness.drive.forkserver): start one, fork through it.
 
-:class:`Zygote` starts and owns a fork server process; :class:`ZygoteClient` sends it
+:class:`ForkServer` starts and owns a fork server process; :class:`ForkServerClient` sends it
 requests (one JSON line each way per connection, so it is safe across fork and
 threads); :class:`ForkedProcess` is a process it forked, with the parts of
 ``subprocess.Popen`` the harness uses.
@@ -20,24 +20,48 @@ from typing import Any
 
 from harness import ROOT
 
-ZYGOTE_ENV = "PDCONFORM_ZYGOTE"  # set in a forked cell: the socket its launcher forks roles through
+FORK_SERVER_ENV = "PDCONFORM_FORK_SERVER"  # set in a forked cell: the socket its launcher forks roles through
 READY_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 10.0
 POLL_S = 0.05
 
 
-class ZygoteError(RuntimeError):
-    """The zygote could not be started, or did not answer."""
+DIR_PREFIX = "pdconform-forkserver-"  # the temporary folder of each fork server (its socket, its ready file)
+OWNER_FILE = "owner.pid"  # in that folder: the pid of the process that started the fork server
 
 
-class ZygoteClient:
-    """Talks to a zygote: one connection per request, so it is safe across fork and threads."""
+def remove_stale_dirs() -> list[Path]:
+    """Remove the temporary folders of fork servers whose starting process is gone (a run
+    that was SIGKILLed could not remove its own); only folders with our name and owner file.
+    The removed paths."""
+    import shutil
+    import tempfile
+
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(DIR_PREFIX + "*"):
+        try:
+            owner = int((folder / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being made
+        if folder.is_symlink() or _exists(owner):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not be started, or did not answer."""
+
+
+class ForkServerClient:
+    """Talks to a fork server: one connection per request, so it is safe across fork and threads."""
 
     def __init__(self, path: str):
         self.path = path
 
     def call(self, request: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
-        """Send ``request``; return the reply.  ZygoteError when unreachable, silent or refusing."""
+        """Send ``request``; return the reply.  ForkServerError when unreachable, silent or refusing."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(timeout_s)
@@ -50,32 +74,34 @@ class ZygoteClient:
                         break
                     data += chunk
         except OSError as exc:
-            raise ZygoteError(f"zygote at {self.path} did not answer {request.get('op')}: {exc}") from exc
+            raise ForkServerError(f"fork server at {self.path} did not answer {request.get('op')}: {exc}") from exc
         try:
             reply = json.loads(data)
         except json.JSONDecodeError as exc:
-            raise ZygoteError(f"zygote at {self.path} answered {request.get('op')} with {data[:200]!r}") from exc
+            raise ForkServerError(f"fork server at {self.path} answered {request.get('op')} with {data[:200]!r}") from exc
         if not reply.get("ok"):
-            raise ZygoteError(f"zygote refused {request.get('op')}: {reply.get('error')}")
+            raise ForkServerError(f"fork server refused {request.get('op')}: {reply.get('error')}")
         return reply
 
     def fork(self, kind: str, argv: list[str], log: str | os.PathLike, env: dict[str, str] | None = None,
-             pgid: int | None = None, cwd: str | os.PathLike | None = None) -> "ForkedProcess":
+             pgid: int | None = None, cwd: str | os.PathLike | None = None,
+             netns: int | None = None) -> "ForkedProcess":
         """Fork a ``kind`` ("cell" or "role") process running ``main(argv)`` with stdout/stderr to ``log``.
 
         ``pgid``: the process group to join (a role joins its cell's); None: a new group.
+        ``netns``: a process whose network namespace the child joins first (a role joins its cell's).
         """
         if kind not in ("cell", "role"):
             raise ValueError(f"kind must be 'cell' or 'role', got {kind!r}")
         reply = self.call({"op": "fork", "kind": kind, "argv": list(argv), "log": str(log), "env": env or {},
-                           "pgid": pgid, "cwd": str(cwd or ROOT)})
+                           "pgid": pgid, "cwd": str(cwd or ROOT), "netns": netns})
         return ForkedProcess(self, reply["pid"])
 
 
 class ForkedProcess:
-    """A process the zygote forked, with the parts of ``subprocess.Popen`` the harness uses."""
+    """A process the fork server forked, with the parts of ``subprocess.Popen`` the harness uses."""
 
-    def __init__(self, client: ZygoteClient, pid: int):
+    def __init__(self, client: ForkServerClient, pid: int):
         self.client = client
         self.pid = pid
         self.returncode: int | None = None
@@ -85,8 +111,8 @@ class ForkedProcess:
             return self.returncode
         try:
             code = self.client.call({"op": "status", "pid": self.pid})["returncode"]
-        except ZygoteError:
-            code = None if _exists(self.pid) else -signal.SIGKILL  # zygote gone: it took its children along
+        except ForkServerError:  # the fork server is gone: it took its children along
+            code = _orphan_returncode(self.pid)
         if code == "unknown":
             code = -signal.SIGKILL
         self.returncode = code
@@ -112,19 +138,32 @@ class ForkedProcess:
 
     def group_cpu_s(self, timeout_s: float = 2.0) -> float | None:
         """CPU seconds (user + system) this process and the others of its process group used,
-        once all of them have exited (waits up to ``timeout_s``); None when the zygote cannot
+        once all of them have exited (waits up to ``timeout_s``); None when the fork server cannot
         say (it is gone, or some are still running at the deadline)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 reply = self.client.call({"op": "group_cpu", "pgid": self.pid})
-            except ZygoteError:
+            except ForkServerError:
                 return None
             if not reply["running"]:
                 return reply["cpu_s"]
             if time.monotonic() > deadline:
                 return None
             time.sleep(POLL_S)
+
+
+def _orphan_returncode(pid: int) -> int | None:
+    """The return code of ``pid`` once its fork server is gone: the runner is a subreaper, so
+    the orphan is its child now and is reaped here (a zombie waits for no one); None while
+    it runs; -SIGKILL when it is gone and not ours to reap."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None if _exists(pid) else -signal.SIGKILL
+    if reaped == 0:
+        return None
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _exists(pid: int) -> bool:
@@ -137,33 +176,35 @@ def _exists(pid: int) -> bool:
     return True
 
 
-class Zygote:
-    """Starts and owns one zygote process (a context manager); ``client`` forks through it.
+class ForkServer:
+    """Starts and owns one fork server process (a context manager); ``client`` forks through it.
 
     ``python``/``env``: the interpreter and environment of the sglang target; ``impls``:
-    the implementations whose imports to preload (:data:`PRELOAD`); its log is
-    ``log_dir/log_name``.  With ``wait`` (default) the constructor returns once the zygote
+    the implementations whose imports to preload (their ``Implementation.preload``); its log is
+    ``log_dir/log_name``.  With ``wait`` (default) the constructor returns once the fork server
     is ready; without, it returns at once and :meth:`wait_ready` waits (so that a run can
-    start the cells of one zygote while another still imports).  ZygoteError when it is
+    start the cells of one fork server while another still imports).  ForkServerError when it is
     not ready within ``ready_timeout_s`` seconds of its start, or exits while importing.
     """
 
     def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None,
                  ready_timeout_s: float = READY_TIMEOUT_S, log_dir: str | os.PathLike | None = None,
-                 impls: list[str] | tuple[str, ...] = (), wait: bool = True, log_name: str = "zygote.log"):
+                 impls: list[str] | tuple[str, ...] = (), wait: bool = True, log_name: str = "forkserver.log"):
         import tempfile
         import threading
 
-        self._dir = tempfile.mkdtemp(prefix="pdconform-zygote-")
-        self.socket_path = os.path.join(self._dir, "zygote.sock")
+        remove_stale_dirs()
+        self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX)
+        Path(self._dir, OWNER_FILE).write_text(str(os.getpid()))
+        self.socket_path = os.path.join(self._dir, "fork_server.sock")
         self._ready = Path(self._dir) / "ready.json"
         self.log_path = Path(log_dir or self._dir) / log_name
         self._log = open(self.log_path, "wb")
         self._deadline = time.monotonic() + ready_timeout_s
         self._timeout_s = ready_timeout_s
         self._lock = threading.Lock()
-        self._error: ZygoteError | None = None
-        self.client: ZygoteClient | None = None
+        self._error: ForkServerError | None = None
+        self.client: ForkServerClient | None = None
         self.info: dict[str, Any] = {}
         self.process = subprocess.Popen(
             [python, "-m", "harness.drive.forkserver", "--socket", self.socket_path, "--ready-file", str(self._ready),
@@ -178,13 +219,13 @@ class Zygote:
                 raise
 
     def ready_now(self) -> bool:
-        """Whether the zygote has finished importing (never blocks)."""
+        """Whether the fork server has finished importing (never blocks)."""
         return self.client is not None or self._ready.exists()
 
-    def wait_ready(self) -> "ZygoteClient":
-        """Block until the zygote is ready (thread-safe; at once when it already is); its client.
+    def wait_ready(self) -> "ForkServerClient":
+        """Block until the fork server is ready (thread-safe; at once when it already is); its client.
 
-        ZygoteError when it exited while importing or was not ready by its deadline (the
+        ForkServerError when it exited while importing or was not ready by its deadline (the
         same error for every later call)."""
         with self._lock:
             if self.client is not None:
@@ -193,20 +234,20 @@ class Zygote:
                 raise self._error
             while not self._ready.exists():
                 if self.process.poll() is not None:
-                    self._error = ZygoteError(f"zygote exited with code {self.process.returncode} while "
+                    self._error = ForkServerError(f"fork server exited with code {self.process.returncode} while "
                                               f"importing (log: {self.log_path})")
                     raise self._error
                 if time.monotonic() > self._deadline:
-                    self._error = ZygoteError(f"zygote not ready within {self._timeout_s:.0f} s "
+                    self._error = ForkServerError(f"fork server not ready within {self._timeout_s:.0f} s "
                                               f"(log: {self.log_path})")
                     raise self._error
                 time.sleep(POLL_S)
             self.info = json.loads(self._ready.read_text())
-            self.client = ZygoteClient(self.socket_path)
+            self.client = ForkServerClient(self.socket_path)
             return self.client
 
     def close(self) -> None:
-        """Stop the zygote (its group) and remove its socket."""
+        """Stop the fork server (its group) and remove its socket."""
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -220,7 +261,7 @@ class Zygote:
 
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def __enter__(self) -> "Zygote":
+    def __enter__(self) -> "ForkServer":
         return self
 
     def __exit__(self, *exc) -> None:

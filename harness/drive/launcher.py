@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import ROOT
+from harness.drive.contain import NETNS_PID_ENV
 from harness.drive.errors import RoleError, RoleTimeout
-from harness.drive.forkserver_client import ZYGOTE_ENV, ZygoteClient
+from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkServerClient
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class LocalLauncher(Launcher):
     """Runs each role as a local process in this cell's process group.
 
     With ``PDCONFORM_ZYGOTE`` set (a cell forked by harness.drive.forkserver), roles are forked
-    by the zygote, which has sglang and the engines imported already, and join this
+    by the fork server, which has sglang and the engines imported already, and join this
     process group; otherwise each is a fresh ``python -m harness.drive.role_host`` child.
     ``workdir`` receives one ``<role name>.log`` per role.
     """
@@ -162,10 +163,12 @@ class LocalLauncher(Launcher):
         ready_file.unlink(missing_ok=True)
         args = ["--impl", spec.impl, "--role", spec.role,
                 "--ready-file", str(ready_file), "--parent-pid", str(os.getpid())]
-        zygote = os.environ.get(ZYGOTE_ENV)
-        if zygote:
+        fork_server = os.environ.get(FORK_SERVER_ENV)
+        if fork_server:
             log_path.write_bytes(b"")
-            process = ZygoteClient(zygote).fork("role", args, log_path, env=dict(spec.env), pgid=os.getpgid(0))
+            netns = os.environ.get(NETNS_PID_ENV)  # the cell's private network, when it has one
+            process = ForkServerClient(fork_server).fork("role", args, log_path, env=dict(spec.env), pgid=os.getpgid(0),
+                                                         netns=int(netns) if netns else None)
             return LocalRoleHandle(spec, process, ready_file, log_path)
         env = dict(os.environ)
         env.update(spec.env)

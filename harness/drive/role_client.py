@@ -81,6 +81,7 @@ class RoleClient:
             remote_error=reply.get("error"),
             remote_traceback=reply.get("traceback", ""),
             unsupported=bool(reply.get("unsupported")),
+            remote_message=reply.get("message"),
         )
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ import traceback
 
 import zmq
 
+from harness.drive.contain import become_subreaper, children, describe, kill_descendants
 from harness.role.adapter import CONTRACT, SHUTDOWN, RoleAdapter, Unsupported
 from harness.role.recorder import RoleRecorder
 
@@ -76,6 +77,8 @@ def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
             continue
         try:
             value = getattr(adapter, op)(**request.get("kwargs", {}))
+            if op == "observe" and isinstance(value, dict):  # processes the implementation started, still alive
+                value["processes"] = [describe(pid) for pid in children()]
             payload = pickle.dumps({"ok": True, "value": value})
         except BaseException as exc:  # reported to the driver, never fatal here
             payload = pickle.dumps(_reply_error(exc))
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     _watch_parent(args.parent_pid)
+    become_subreaper()  # a process the implementation starts in a new session stays ours, and is ended
     recorder = RoleRecorder().install()
 
     from harness.implementations import load_role_adapter
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         socket.close(0)
         ctx.term()
+        for stray in kill_descendants():  # none may outlive the role
+            print(f"role host: ended a process the implementation left running: {stray}", flush=True)
     # sglang's daemon threads may block in recv forever: leave without joining them.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 from harness import ROOT
-from harness.drive.forkserver_client import ZYGOTE_ENV, ForkedProcess, Zygote, ZygoteError
+from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkedProcess, ForkServer, ForkServerError
 from harness.drive.ports import free_port_block
-from harness.judge.history import Event, Op, append_event
+from harness.spec.history import Event, Op, append_event
 from harness.spec.scenario import Scenario
 from harness.target.sglang import SglangTarget, installed_target
 
@@ -96,12 +96,12 @@ class _HistoryFollower:
                 continue
 
 
-def _start(cmd: list[str], args: list[str], workdir: Path, log, target: SglangTarget, zygote: Zygote | None):
-    """The cell process: forked by ``zygote`` when it can, else a fresh interpreter."""
-    if zygote is not None:
+def _start(cmd: list[str], args: list[str], workdir: Path, log, target: SglangTarget, fork_server: ForkServer | None):
+    """The cell process: forked by ``fork_server`` when it can, else a fresh interpreter."""
+    if fork_server is not None:
         try:
-            return zygote.wait_ready().fork("cell", args, workdir / "cell.log", env={ZYGOTE_ENV: zygote.socket_path})
-        except ZygoteError as exc:  # the fork server is gone: this cell starts a fresh interpreter
+            return fork_server.wait_ready().fork("cell", args, workdir / "cell.log", env={FORK_SERVER_ENV: fork_server.socket_path})
+        except ForkServerError as exc:  # the fork server is gone: this cell starts a fresh interpreter
             log.write(f"pdconform: fork server unusable ({exc}); fresh interpreter\n".encode())
             log.flush()
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -138,7 +138,7 @@ def _log_tail(workdir: Path) -> str:
 
 def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
                       timeout_s: float | None = None, target: SglangTarget | None = None,
-                      on_event: Callable[[dict], None] | None = None, zygote: Zygote | None = None,
+                      on_event: Callable[[dict], None] | None = None, fork_server: ForkServer | None = None,
                       base_port: int | None = None, full_waits: bool = False) -> CellRun:
     """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's).
     Its history then ends with an :attr:`Op.CELL_EXIT` event: ``how`` (``exited`` or
@@ -147,8 +147,8 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     the tail of its ``cell.log``.
 
     ``target``: the sglang to run against (harness.target.sglang; default the installed one).
-    ``on_event``: called with each history event (harness.judge.history) as the cell records it.
-    ``zygote``: fork the cell (and its roles) from this fork server instead of starting
+    ``on_event``: called with each history event (harness.spec.history) as the cell records it.
+    ``fork_server``: fork the cell (and its roles) from this fork server instead of starting
     fresh interpreters.  ``base_port``: first of the cell's loopback ports (default: a
     free block picked now).  ``full_waits``: see harness.drive.cell.run_cell.
     """
@@ -164,7 +164,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     cmd = [target.python, "-m", "harness.drive.cell", *args]
     start = time.monotonic()
     with open(workdir / "cell.log", "wb") as log:
-        process = _start(cmd, args, workdir, log, target, zygote)
+        process = _start(cmd, args, workdir, log, target, fork_server)
         with _RUNNING_LOCK:
             _RUNNING.add(process)
         follower = _HistoryFollower(workdir / "history.jsonl", on_event) if on_event else None

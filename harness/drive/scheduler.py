@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.drive.forkserver_client import Zygote, ZygoteError
+from harness.drive.contain import become_subreaper, children, kill_descendants
+from harness.drive.forkserver_client import ForkServer, ForkServerError
 from harness.drive.ports import PortBlocks
 from harness.drive.runner import CellRun, kill_running_cells, run_cell_isolated
-from harness.implementations import REFERENCE, implementation
+from harness.implementations import implementation
 from harness.judge.results import cell_dir, reference_for_diff_dir
 from harness.judge.verdict import Verdict
+from harness.spec.protocol import REFERENCE
 from harness.spec.scenario import Scenario
 from harness.spec.steps import STEP_TIMEOUT_S
 from harness.target.sglang import SglangTarget
@@ -97,6 +99,22 @@ def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
     return hint
 
 
+def duration_hint(previous: Path, scenarios: list[Scenario], impls: list[str], seed: int,
+                  expectations=None) -> dict[tuple[str, str], float]:
+    """Which cells start first: the cell durations of an earlier run (its results.json at
+    ``previous``), else :func:`expected_durations` from ``expectations``
+    (harness.judge.expectations.Expectations: the cells expected to fail first); {} with neither."""
+    from harness.judge.results import load_run
+
+    try:
+        return {(c.scenario, c.impl): c.duration_s for c in load_run(previous).cells}
+    except (OSError, ValueError):  # no earlier run, or not a readable one
+        pass
+    if expectations is None:
+        return {}
+    return expected_durations(scenarios, impls, seed, expectations.verdict_for)
+
+
 def tasks_for(impls: list[str], scenarios: list[Scenario], out_dir: Path, diff: bool) -> list[_Task]:
     """Every reported (scenario, impl) cell, then the reference cells that only serve the
     behaviour diff (when the reference is not among ``impls``; not for self-test scenarios)."""
@@ -113,7 +131,7 @@ class _Run:
     def __init__(self, tasks: list[_Task], schedule: Schedule, out_dir: Path, callbacks: Callbacks):
         self.tasks, self.schedule, self.out_dir, self.cb = tasks, schedule, out_dir, callbacks
         self.reported = sum(t.reported for t in tasks)
-        self.zygotes: dict[str, Zygote] = {}
+        self.fork_servers: dict[str, ForkServer] = {}
         self.ports = PortBlocks()
         self.lock = threading.Lock()
         self.started = self.done = 0
@@ -129,21 +147,21 @@ class _Run:
         target = self.schedule.target
         for group, names in fork_groups(sorted({t.impl for t in self.tasks})).items():
             try:
-                self.zygotes[group] = Zygote(target.python, target.cell_env(), log_dir=self.out_dir, impls=names,
-                                             wait=False, log_name=f"zygote-{group}.log")
-            except (ZygoteError, OSError) as exc:
+                self.fork_servers[group] = ForkServer(target.python, target.cell_env(), log_dir=self.out_dir, impls=names,
+                                             wait=False, log_name=f"forkserver-{group}.log")
+            except (ForkServerError, OSError) as exc:
                 self.note(f"{group} cells start as fresh interpreters: {exc}")
 
-    def zygote_for(self, impl: str) -> Zygote | None:
+    def zygote_for(self, impl: str) -> ForkServer | None:
         """The ready fork server of ``impl``'s group (waits while it imports); None: fresh interpreters."""
         group = fork_group(impl)
-        zygote = self.zygotes.get(group)
-        if zygote is None:
+        fork_server = self.fork_servers.get(group)
+        if fork_server is None:
             return None
         try:
-            zygote.wait_ready()
-            return zygote
-        except ZygoteError as exc:
+            fork_server.wait_ready()
+            return fork_server
+        except ForkServerError as exc:
             if self.stopping.is_set():  # closed by an interrupt: nothing to note, work() starts nothing
                 return None
             with self.lock:
@@ -156,7 +174,7 @@ class _Run:
         """Run one cell; None when the run is being interrupted (nothing was started)."""
         if self.stopping.is_set():
             return None
-        zygote = self.zygote_for(task.impl)
+        fork_server = self.zygote_for(task.impl)
         if self.stopping.is_set():  # interrupted while the fork server imported: start nothing
             return None
         if task.reported and self.cb.on_start:
@@ -167,7 +185,7 @@ class _Run:
         try:
             cell = run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir,
                                      target=self.schedule.target,
-                                     on_event=self.cb.on_event if task.reported else None, zygote=zygote,
+                                     on_event=self.cb.on_event if task.reported else None, fork_server=fork_server,
                                      base_port=base, full_waits=self.schedule.full_waits)
         finally:
             self.ports.release(base)
@@ -197,7 +215,7 @@ class _Run:
                 if self.stopping.is_set() or not pending:
                     return None
                 for i in pending:
-                    z = self.zygotes.get(fork_group(self.tasks[i].impl))
+                    z = self.fork_servers.get(fork_group(self.tasks[i].impl))
                     if z is None or z.ready_now():
                         pending.remove(i)
                         return i
@@ -216,8 +234,8 @@ class _Run:
                 future.result()
         except BaseException:  # an interrupt: stop every running cell now, start no other
             self.stopping.set()
-            for zygote in self.zygotes.values():  # workers waiting on an importing one give up at once
-                zygote.close()
+            for fork_server in self.fork_servers.values():  # workers waiting on an importing one give up at once
+                fork_server.close()
             _stop_workers(futures)
             raise
         finally:
@@ -249,6 +267,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
     out_dir.mkdir(parents=True, exist_ok=True)
     tasks = tasks_for(impls, scenarios, out_dir, diff)
     run = _Run(tasks, schedule, out_dir, callbacks or Callbacks())
+    ours_before = set(children())
+    become_subreaper()  # what a dead cell's roles left behind comes back here, and is ended below
     try:
         if schedule.fork:
             run.start_fork_servers()
@@ -257,7 +277,9 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
         else:
             results = run.run_parallel()
     finally:
-        for zygote in run.zygotes.values():
-            zygote.close()
+        for fork_server in run.fork_servers.values():
+            fork_server.close()
+        for stray in kill_descendants(keep=ours_before):
+            run.note(f"ended a process a cell left behind: {stray}")
     cells = [cell for task, cell in zip(tasks, results) if task.reported and cell is not None]
     return cells, round(time.monotonic() - started, 3)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from harness.judge.history import Event, Op, completions, fact
 from harness.judge.verdict import Level
+from harness.spec.history import Event, Op, completions, fact
 from harness.spec.protocol import KVPoll, kvpoll_name
 from harness.spec.requirements import requirement
 

@@ -30,9 +30,9 @@ from typing import Iterable
 
 import msgspec
 
-from harness.judge.inputs import InputError, read_input
 from harness.judge.results import VERDICTS, CellResult, RunResult
 from harness.judge.verdict import Verdict
+from harness.spec.inputs import InputError, read_input
 
 
 class ExpectationsError(ValueError):
@@ -62,6 +62,15 @@ class Expectations(msgspec.Struct, kw_only=True):
     def for_cell(self, impl: str, scenario: str) -> Expectation | None:
         """The entry for the cell, None when it is not listed (expected to PASS)."""
         return self.entries.get((impl, scenario))
+
+    @classmethod
+    def of_run(cls, run: RunResult) -> "Expectations":
+        """The expectations a judged run carries in its cells (their ``expected``, reason and
+        link), for judging it again when its expectations file can no longer be read."""
+        entries = {(c.impl, c.scenario): Expectation(impl=c.impl, scenario=c.scenario, verdict=str(c.expected),
+                                                     reason=c.expected_reason, link=c.expected_link)
+                   for c in run.cells if c.expected != Verdict.PASS}
+        return cls(path=run.expectations or "", sglang=None, entries=entries)
 
     def verdict_for(self, impl: str, scenario: str) -> Verdict:
         """The verdict the cell is expected to have."""
@@ -101,7 +110,7 @@ def load_expectations(path: str | Path, impls: Iterable[str], scenarios: Iterabl
         if (e.impl, e.scenario) in entries:
             raise ExpectationsError(f"{where}: listed twice")
         entries[(e.impl, e.scenario)] = e
-    return Expectations(path=str(path), sglang=parsed.sglang, entries=entries)
+    return Expectations(path=str(path.resolve()), sglang=parsed.sglang, entries=entries)
 
 
 def is_regression(cell: CellResult) -> bool:

@@ -4,14 +4,15 @@ Execution and judgement are apart (as Jepsen keeps its checker a function of the
 stored history): the cell process only records (harness.drive.cell), the runner
 appends how the process ended (:attr:`Op.CELL_EXIT`), and :func:`judge` decides,
 once, in the parent: the verdict and its reason, the checks, the first divergence
-from the reference's history for the same scenario and seed (harness.judge.diff)
+from the reference's history for the same scenario and seed (harness.judge.divergence)
 and the expectation (harness.judge.expectations).  ``pdconform judge RUN_DIR``
 calls the same function on a stored run, so it reproduces every verdict.
 
 The verdict, in order:
 
 1. ERROR when the runner killed the cell at its deadline (the last step it reached is named);
-2. ERROR when the cell process ended before its history did (a crash; its log's tail is quoted);
+2. ERROR when the cell process ended before its history did, or its steps raised something
+   other than a step it cannot take (a crash; the exception or the log's tail is quoted);
 3. UNSUPPORTED when the implementation could not perform a step;
 4. ERROR when the cell could not go on (a role did not start) or declares no check;
 5. FAIL when a MUST check failed (evidence beats a check that could not tell);
@@ -22,14 +23,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.judge import diff
+from harness.judge import divergence
 from harness.judge.checks import CheckResult
 from harness.judge.expectations import Expectation, Expectations
-from harness.judge.history import START_OPS, Event, Op
-from harness.judge.results import REFERENCE, CellResult, RunResult, cell_dir
+from harness.judge.results import CellResult, RunResult, cell_dir
 from harness.judge.verdict import Level, Verdict
+from harness.spec.history import START_OPS, Event, Op
+from harness.spec.protocol import REFERENCE
 from harness.spec.scenario import Scenario
 from harness.spec.steps import STALL_CUT_S
+
 
 def verdict_of(results: list[CheckResult]) -> tuple[Verdict, str]:
     """Fold the check results of a cell that ran to its end into (verdict, reason): steps 5
@@ -49,8 +52,9 @@ def verdict_of(results: list[CheckResult]) -> tuple[Verdict, str]:
 
 
 def _value(events: list[dict], op: Op) -> dict | None:
-    """The value of the last ``op`` info event (None when there is none)."""
-    return next(((e.get("value") or {}) for e in reversed(events) if e["op"] == op and e["type"] == Event.INFO), None)
+    """The value of the last ``op`` info event (None when there is none, or it is not a dict)."""
+    value = next((e.get("value") for e in reversed(events) if e["op"] == op and e["type"] == Event.INFO), None)
+    return value if isinstance(value, dict) else None
 
 
 def _last_step(events: list[dict]) -> str:
@@ -76,6 +80,8 @@ def _ended_early(exit_: dict | None, end: dict | None, events: list[dict]) -> st
     if end is None:
         return (f"cell process exited with code {exit_.get('returncode')} before its history ended: "
                 f"{exit_.get('log_tail', '')}")
+    if end.get("outcome") == "crashed":
+        return f"cell process crashed in step {end.get('step')}: {end.get('reason', '')}"
     return None
 
 
@@ -94,17 +100,18 @@ def _engine(events: list[dict]) -> str | None:
     return next((x for x in reversed(engines) if x), None)
 
 
-def judge(scenario: Scenario, seed: int, history: list[dict], *, reference: list[dict] | None = None,
-          expectation: Expectation | None = None, workdir: str | None = None) -> CellResult:
+def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | None = None,
+          reference: list[dict] | None = None, expectation: Expectation | None = None,
+          workdir: str | None = None) -> CellResult:
     """The :class:`CellResult` of one cell, from its history alone (see the module docstring).
 
     ``reference``: the reference's history for the same scenario and seed (None: no
     divergence is computed; the reference's own cells and self-test scenarios get none);
     ``expectation``: the expectations file's entry for the cell (None: PASS expected).
-    The implementation is read from the history (:attr:`Op.CELL_START`, else
+    ``impl``: the implementation (None: read from the history, :attr:`Op.CELL_START`, else
     :attr:`Op.CELL_EXIT`).  Pure: the same arguments give the same result."""
     start, exit_, end = _value(history, Op.CELL_START), _value(history, Op.CELL_EXIT), _value(history, Op.CELL_END)
-    impl = (start or exit_ or {}).get("impl", "?")
+    impl = impl or (start or exit_ or {}).get("impl", "?")
     early = _ended_early(exit_, end, history)
     checks: list[CheckResult] = []
     if early is not None:
@@ -126,7 +133,7 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, reference: list
         reason=reason, checks=[r.to_dict() for r in checks], workdir=workdir,
     )
     if reference and impl != REFERENCE and not scenario.test_only:
-        result.divergence = diff.first_divergence(reference, history, result.checks)
+        result.divergence = divergence.first_divergence(reference, history, result.checks)
     if expectation is not None:
         result.expected = Verdict(expectation.verdict)
         result.expected_reason, result.expected_link = expectation.reason, expectation.link
@@ -143,7 +150,7 @@ def judge_run(run: RunResult, out_dir: str | Path, cells: list[tuple[str, str]],
     for scenario_id, impl in cells:
         scenario = scenarios[scenario_id]
         expectation = expectations.for_cell(impl, scenario_id) if expectations else None
-        judged.append(judge(scenario, run.seed, histories.get((scenario_id, impl), []),
+        judged.append(judge(scenario, run.seed, histories.get((scenario_id, impl), []), impl=impl,
                             reference=histories.get((scenario_id, REFERENCE)), expectation=expectation,
                             workdir=str(cell_dir(out_dir, scenario_id, impl))))
     out = RunResult(**{f: getattr(run, f) for f in run.__struct_fields__ if f != "cells"}, cells=judged)

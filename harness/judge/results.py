@@ -23,13 +23,13 @@ from typing import Any, Optional
 
 import msgspec
 
-from harness.judge import history as hist
-from harness.judge.inputs import read_input
 from harness.judge.verdict import Verdict
+from harness.spec import history as hist
+from harness.spec.inputs import read_input
+from harness.spec.protocol import REFERENCE
 from harness.target.sglang import SglangInfo
 
 SCHEMA = 2
-REFERENCE = "reference"
 
 VERDICTS = tuple(Verdict)  # PASS, WARN, UNSUPPORTED, FAIL, ERROR: load_run rejects any other
 
@@ -74,9 +74,11 @@ class RunResult(msgspec.Struct, kw_only=True):
     started_at: str = ""
     expectations: Optional[str] = None  # the expectations file the cells were judged against
     # engine settings of this run that differ from how sglang runs the engine, e.g.
-    # {"nixl_progress_delay_us": 100} (harness.target.role_context); {} in runs made before it existed
+    # {"nixl_progress_delay_us": 100} (harness.implementations.EngineSetting); {} in runs made before it existed
     engine_settings: dict[str, Any] = msgspec.field(default_factory=dict)
     full_waits: bool = False  # no fail-fast cut of waits after a stuck step (harness.spec.steps.STALL_CUT_S)
+    # the cells' network: each in a private loopback-only namespace, or the host's and why (harness.drive.contain)
+    network: str = ""
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property
@@ -84,8 +86,19 @@ class RunResult(msgspec.Struct, kw_only=True):
         return all(cell.as_expected for cell in self.cells)
 
 
-CELLS_DIR = "cells"  # OUT/cells/SCENARIO--IMPL/: a reported cell's work directory
-REFERENCE_FOR_DIFF_DIR = "reference-for-diff"  # OUT/reference-for-diff/SCENARIO/: a reference cell for the diff only
+# The layout of an --out folder and of each run folder in it, defined here and nowhere else
+# (harness.report.outdir makes the folders, the scheduler the cell folders):
+#   OUT/runs/<time>/                 one run: results.json, REPORT_FILES, cells/, reference-for-diff/, MARKER
+#   OUT/latest -> runs/<time>        the last run that finished
+#   OUT/.pdconform.lock              held while a run writes into OUT
+RUNS = "runs"
+LATEST = "latest"
+MARKER = ".pdconform-run"  # in each run folder pdconform made (only such folders are ever removed)
+LOCK = ".pdconform.lock"
+CELLS_DIR = "cells"  # RUN/cells/SCENARIO--IMPL/: a reported cell's work directory
+REFERENCE_FOR_DIFF_DIR = "reference-for-diff"  # RUN/reference-for-diff/SCENARIO/: a reference cell for the diff only
+#: every file a run writes into its run folder beside the cell folders
+REPORT_FILES = ("results.json", "junit.xml", "summary.md", "index.html")
 
 
 def cell_dir_name(scenario: str, impl: str) -> str:
@@ -111,6 +124,9 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it (mkstemp makes 0600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
@@ -133,7 +149,7 @@ def load_histories(out_dir: str | Path, cells: list[tuple[str, str]]) -> dict[tu
     """The histories of a run's ``(scenario, impl)`` cells under ``out_dir``, keyed like
     ``cells``, and for each scenario without a reference cell the reference's history from
     ``OUT/reference-for-diff/SCENARIO/`` (keyed ``(scenario, "reference")``).  A missing or
-    unreadable file gives no key (harness.judge.history.load); never raises."""
+    unreadable file gives no key (harness.spec.history.load); never raises."""
     out_dir = Path(out_dir)
     paths = {key: cell_dir(out_dir, *key) / "history.jsonl" for key in cells}
     for scenario in dict.fromkeys(sc for sc, _ in cells):
@@ -143,8 +159,8 @@ def load_histories(out_dir: str | Path, cells: list[tuple[str, str]]) -> dict[tu
 
 
 def load_run(path: str | Path) -> RunResult:
-    """Read a results.json (a regular file of at most harness.judge.inputs.MAX_INPUT_BYTES).
-    harness.judge.inputs.InputError when it is not one; ValueError (msgspec.DecodeError or
+    """Read a results.json (a regular file of at most harness.spec.inputs.MAX_INPUT_BYTES).
+    harness.spec.inputs.InputError when it is not one; ValueError (msgspec.DecodeError or
     ValidationError) when it is not a results.json of this schema."""
     run = msgspec.json.decode(read_input(path, "results file"), type=RunResult)
     if run.schema != SCHEMA:

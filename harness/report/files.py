@@ -20,14 +20,13 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from harness.judge.diff import describe as describe_divergence
+from harness.judge.divergence import describe as describe_divergence
 from harness.judge.expectations import fixes, is_fix, regressions
-from harness.report.html import write_index_html
-from harness.report.terminal import engine_settings_line, reproduce_command
 from harness.judge.results import VERDICTS, CellResult, RunResult, write_atomic
+from harness.report.html import write_index_html
+from harness.report.safe import md, md_code
+from harness.report.terminal import engine_settings_line, reproduce_command
 
-#: every file a run writes into its out directory beside the cell folders
-REPORT_FILES = ("results.json", "junit.xml", "summary.md", "index.html")
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
 SUMMARY_LIMIT = 60_000
 MARK = {"PASS": "✅", "WARN": "⚠️", "UNSUPPORTED": "➖", "FAIL": "❌", "ERROR": "💥"}
@@ -110,10 +109,10 @@ def _matrix_markdown(run: RunResult) -> list[str]:
     impls = list(dict.fromkeys(c.impl for c in run.cells))
     engines = {impl: next((c.engine for c in run.cells if c.impl == impl and c.engine), "?") for impl in impls}
     by_key = {(c.scenario, c.impl): c for c in run.cells}
-    lines = ["| scenario | " + " | ".join(f"{i} ({engines[i]})" for i in impls) + " |",
+    lines = ["| scenario | " + " | ".join(f"{md(i)} ({md(engines[i])})" for i in impls) + " |",
              "|---" * (len(impls) + 1) + "|"]
     for scenario in dict.fromkeys(c.scenario for c in run.cells):
-        row = [f"`{scenario}`"]
+        row = [md_code(scenario)]
         for impl in impls:
             cell = by_key.get((scenario, impl))
             if cell is None:
@@ -128,12 +127,13 @@ def _matrix_markdown(run: RunResult) -> list[str]:
 
 
 def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
-    lines = [f"- **{cell.scenario} x {cell.impl}**: {cell.verdict}, expected {cell.expected}"]
+    """One cell not PASSing, as a list item; every string from the run is escaped (harness.report.safe)."""
+    lines = [f"- **{md(cell.scenario)} x {md(cell.impl)}**: {cell.verdict}, expected {cell.expected}"]
     for line in failure_text(cell).splitlines():
-        lines.append(f"  - {line}")
+        lines.append(f"  - {md(line)}")
     if cell.expected_reason:
-        lines.append(f"  - expected because: {cell.expected_reason} ({cell.expected_link})")
-    lines.append(f"  - reproduce: `{reproduce_command(run, cell)}`")
+        lines.append(f"  - expected because: {md(cell.expected_reason)} ({md(cell.expected_link)})")
+    lines.append(f"  - reproduce: {md_code(reproduce_command(run, cell))}")
     return lines
 
 
@@ -148,11 +148,11 @@ def summary_markdown(run: RunResult) -> str:
     else:
         status = "no expectations file: every cell expected to PASS"
     lines = [f"## pdconform: {status}", "",
-             f"{sglang_line(run)}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
+             f"{md(sglang_line(run))}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
              + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-             + (f"; expectations `{run.expectations}`" if run.expectations else ""), ""]
+             + (f"; expectations {md_code(run.expectations)}" if run.expectations else ""), ""]
     if engine_settings_line(run):
-        lines[-1:-1] = ["", engine_settings_line(run)]
+        lines[-1:-1] = ["", md(engine_settings_line(run))]
     lines += _matrix_markdown(run)
     if regs or fixed:
         lines += ["", "### Not as expected", ""]

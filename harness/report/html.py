@@ -5,7 +5,7 @@ assets, works from ``file://``): scenarios as rows, implementations as columns,
 each cell coloured by verdict and marked when the verdict is not the expected
 one.  Clicking a cell opens its details: verdict and reason, failing checks,
 first divergence from the reference, a unified diff of the normalized histories
-(:func:`harness.judge.diff.normalize`), the history as a compact table and the
+(:func:`harness.judge.divergence.normalize`), the history as a compact table and the
 command that reproduces the cell.
 
 Long histories are cut at ``max_events`` rows and long values at
@@ -23,10 +23,11 @@ from typing import Any, Mapping
 
 import jinja2
 
-from harness.judge.diff import describe as describe_divergence
-from harness.judge.diff import normalize
+from harness.judge.divergence import describe as describe_divergence
+from harness.judge.divergence import normalize
+from harness.judge.results import VERDICTS, CellResult, RunResult, cell_dir_name, write_atomic
 from harness.report.terminal import engine_settings_line, reproduce_command
-from harness.judge.results import REFERENCE, VERDICTS, CellResult, RunResult, cell_dir_name, write_atomic
+from harness.spec.protocol import REFERENCE
 
 MAX_EVENTS = 400  # history rows shown per cell
 MAX_VALUE_CHARS = 160  # characters of a value/error shown per history row
@@ -125,7 +126,7 @@ def render_index_html(run: RunResult, histories: Mapping[tuple[str, str], list[d
     """The whole ``index.html`` page for ``run``, as a string (pure: no I/O).
 
     ``histories`` maps ``(scenario, impl)`` to that cell's raw history events
-    (:mod:`harness.judge.history`), including ``(scenario, "reference")`` for the diff
+    (:mod:`harness.spec.history`), including ``(scenario, "reference")`` for the diff
     when the reference was not a column; a missing key renders as "no history".
     Each cell's history table shows at most ``max_events`` events, each value or
     error at most ``max_value_chars`` characters, and the normalized diff at most

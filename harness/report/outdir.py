@@ -25,11 +25,8 @@ import shutil
 from pathlib import Path
 
 from harness import ROOT
+from harness.judge.results import LATEST, LOCK, MARKER, RUNS
 
-MARKER = ".pdconform-run"
-LOCK = ".pdconform.lock"
-RUNS = "runs"
-LATEST = "latest"
 KEEP_RUNS = 10  # finished or interrupted run folders kept per OUT (the newest)
 
 

@@ -2,7 +2,7 @@
 
 Typical use: the same matrix against sglang before and after a pull request (or
 0.5.17 against 0.5.23).  A cell present in only one run is listed too, as
-``missing`` on the other side.  Worse/better follows the verdict order of
+``missing`` on the other side; one that run B lost counts as worse.  Worse/better follows the verdict order of
 harness.judge.expectations (PASS < WARN < UNSUPPORTED < FAIL < ERROR).
 """
 
@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
-from harness.judge.verdict import Verdict
-from harness.report.terminal import VERDICT_STYLE
 from harness.judge.results import RunResult
+from harness.judge.verdict import Verdict
+from harness.report.safe import md, md_code, terminal
+from harness.report.terminal import VERDICT_STYLE
 
 MISSING = "missing"
 
@@ -32,14 +33,20 @@ class CellChange:
 
     @property
     def worse(self) -> bool:
-        if MISSING in (self.before, self.after):
+        """B's verdict is worse than A's, or B lost the cell (a gate must not pass because a
+        failing cell vanished); a cell only in B is not worse."""
+        if self.after == MISSING:
+            return True
+        if self.before == MISSING:
             return False
         return Verdict(self.after) > Verdict(self.before)
 
     @property
     def direction(self) -> str:
-        if MISSING in (self.before, self.after):
-            return "only in A" if self.after == MISSING else "only in B"
+        if self.after == MISSING:
+            return "only in A: worse"
+        if self.before == MISSING:
+            return "only in B"
         return "worse" if self.worse else "better"
 
 
@@ -63,23 +70,26 @@ def _label(run: RunResult) -> str:
 
 def changes_table(run_a: RunResult, run_b: RunResult, changes: list[CellChange]) -> Table:
     """The changes as a rich table (A's and B's sglang in the title)."""
-    table = Table(title=Text(f"{len(changes)} cell(s) changed: A = {_label(run_a)}, B = {_label(run_b)}"))
+    table = Table(title=Text(terminal(f"{len(changes)} cell(s) changed: A = {_label(run_a)}, B = {_label(run_b)}")))
     for column in ("scenario", "impl", "A", "B", "", "B's reason"):
         table.add_column(column)
     for c in changes:
-        table.add_row(Text(c.scenario), Text(c.impl), Text(c.before, style=VERDICT_STYLE.get(c.before, "")),
-                      Text(c.after, style=VERDICT_STYLE.get(c.after, "")), Text(c.direction), Text(c.reason[:120]))
+        table.add_row(Text(terminal(c.scenario)), Text(terminal(c.impl)),
+                      Text(c.before, style=VERDICT_STYLE.get(c.before, "")),
+                      Text(c.after, style=VERDICT_STYLE.get(c.after, "")), Text(c.direction),
+                      Text(terminal(c.reason[:120])))
     return table
 
 
 def changes_markdown(run_a: RunResult, run_b: RunResult, changes: list[CellChange]) -> str:
     """The changes as Markdown for a pull-request comment."""
     lines = [f"### pdconform diff: {len(changes)} cell(s) changed", "",
-             f"A = {_label(run_a)} ({run_a.sglang.source}), B = {_label(run_b)} ({run_b.sglang.source})", ""]
+             f"A = {md(_label(run_a))} ({md(run_a.sglang.source)}), B = {md(_label(run_b))} ({md(run_b.sglang.source)})",
+             ""]
     if not changes:
         return "\n".join(lines + ["No cell changed its verdict."]) + "\n"
     lines += ["| scenario | impl | A | B | | B's reason |", "|---|---|---|---|---|---|"]
     for c in changes:
-        reason = c.reason.replace("|", "\\|").replace("\n", " ")[:200]
-        lines.append(f"| `{c.scenario}` | {c.impl} | {c.before} | {c.after} | {c.direction} | {reason} |")
+        lines.append(f"| {md_code(c.scenario)} | {md(c.impl)} | {c.before} | {c.after} | {c.direction} | "
+                     f"{md(c.reason[:200])} |")
     return "\n".join(lines) + "\n"

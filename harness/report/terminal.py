@@ -1,4 +1,8 @@
-"""Human-readable views of a result tree (pure: they build rich renderables)."""
+"""Human-readable views of a result tree (pure: they build rich renderables and lines).
+
+Every string from the run (names, versions, reasons, values) is shown as plain text: no
+rich markup is read from it and terminal control sequences are removed (harness.report.safe).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from harness.judge.diff import describe as describe_divergence
-from harness.judge.results import CellResult, RunResult
 from harness.implementations import registered
+from harness.judge.divergence import describe as describe_divergence
+from harness.judge.results import CellResult, RunResult
+from harness.report.safe import terminal
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
                  "UNSUPPORTED": "cyan", "ERROR": "bold magenta"}
@@ -29,7 +34,7 @@ def cell_text(cell: CellResult) -> Text:
         text.append(f" (expected {cell.expected})", style="bold red")
     details = [d for d in (cell.engine, _size(cell.bytes_verified) if cell.bytes_verified else None) if d]
     if details:
-        text.append("\n" + ", ".join(details), style="dim")
+        text.append("\n" + terminal(", ".join(details)), style="dim")
     return text
 
 
@@ -38,13 +43,13 @@ def matrix_table(run: RunResult) -> Table:
     impls = list(dict.fromkeys(c.impl for c in run.cells))
     scenarios = list(dict.fromkeys(c.scenario for c in run.cells))
     by_key = {(c.scenario, c.impl): c for c in run.cells}
-    table = Table(title=Text(f"pdconform: sglang {run.sglang.version}, seed {run.seed}, {run.duration_s:.1f} s"),
-                  show_lines=True)
+    table = Table(title=Text(terminal(f"pdconform: sglang {run.sglang.version}, seed {run.seed}, "
+                                      f"{run.duration_s:.1f} s")), show_lines=True)
     table.add_column("scenario", style="bold")
     for impl in impls:
-        table.add_column(impl, justify="center")
+        table.add_column(Text(terminal(impl)), justify="center")
     for scenario in scenarios:
-        row = [scenario]
+        row = [Text(terminal(scenario))]
         for impl in impls:
             cell = by_key.get((scenario, impl))
             row.append(cell_text(cell) if cell else Text("-"))
@@ -64,7 +69,7 @@ def reproduce_command(run: RunResult, cell: CellResult) -> str:
     for setting in impl.engine_settings if impl else ():
         value = run.engine_settings.get(setting.name, setting.default)
         if value != setting.default:
-            target += f" {setting.flag} {value}"
+            target += f" --engine-setting {setting.name}={value}"
     if run.full_waits:
         target += " --full-waits"
     return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
@@ -81,7 +86,7 @@ def engine_settings_line(run: RunResult) -> str:
 
 def reasons(run: RunResult) -> list[str]:
     """For each cell that did not PASS: why, its first divergence from the reference
-    (harness.judge.diff) and the command that reproduces it."""
+    (harness.judge.divergence) and the command that reproduces it."""
     lines = []
     for c in run.cells:
         if c.verdict == "PASS":
@@ -90,7 +95,7 @@ def reasons(run: RunResult) -> list[str]:
         if c.divergence:
             lines.append(f"    {describe_divergence(c.divergence)}")
         lines.append(f"    reproduce: {reproduce_command(run, c)}")
-    return lines
+    return [terminal(line) for line in lines]
 
 
 def event_line(event: dict) -> str:
@@ -98,9 +103,9 @@ def event_line(event: dict) -> str:
     t = event.get("t")
     when = f"{t:7.3f}" if isinstance(t, (int, float)) else "      -"
     if event.get("op") == "step":
-        return f"{when}  -- step {event.get('step')}: {(event.get('args') or {}).get('step')}"
+        return terminal(f"{when}  -- step {event.get('step')}: {(event.get('args') or {}).get('step')}")
     detail = event.get("error") if event.get("type") == "fail" else event.get("value")
     text = "" if detail is None else json.dumps(detail, default=repr)
     if len(text) > 160:
         text = text[:157] + "..."
-    return f"{when}  {event.get('role') or '-':<10} {event.get('op'):<16} {event.get('type'):<7} {text}"
+    return terminal(f"{when}  {event.get('role') or '-':<10} {event.get('op'):<16} {event.get('type'):<7} {text}")

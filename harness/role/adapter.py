@@ -259,3 +259,28 @@ def check_call(op: str, kwargs: dict[str, Any]) -> None:
         signature.bind(**kwargs)
     except TypeError as exc:
         raise ContractError(f"{op}{signature}: {exc}") from None
+
+
+class OutOfRangeRole(RoleAdapter):
+    """Stands in a role process for an adapter whose declared sglang range
+    (harness.implementations) excludes the sglang being driven: it never imports that adapter (its imports may already
+    fail there), and every step raises :class:`Unsupported` with ``reason``."""
+
+    def __init__(self, impl: str, role: str, reason: str):
+        self.impl = impl
+        self.role = role
+        self.reason = reason
+
+    def _refuse(self, *args, **kwargs):
+        raise Unsupported(self.reason)
+
+    engine = start_prefill = start_decode = open_sender = init_sender = send_chunk = _refuse
+    open_receiver = request_kv = verify = poll = failure_reason = clear = abort = _refuse
+    arm_point = set_engine_faults = abort_frames = plan_layouts = unsupported_layout = _refuse
+
+    def teardown(self) -> None:
+        return None
+
+    def observe(self) -> dict:
+        return {"role": self.role, "loops": {}, "log_records": [], "dead_threads": [], "rooms": {},
+                "remembered": {}}

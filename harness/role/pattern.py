@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from harness.spec.protocol import DRAFT_BASE, layer_name  # noqa: F401 - part of the pattern's vocabulary
+from harness.spec.protocol import layer_name
 
 PREFILL, DECODE = 1, 2
 K, V, AUX = 0, 1, 2

@@ -3,7 +3,7 @@
 Buffer order follows sglang's ``KVArgs.kv_data_ptrs`` for the side's pipeline
 stage: MHA ``[K of each layer..., V of each layer..., draft K..., draft V...]``,
 MLA ``[KV of each layer..., draft KV...]`` (draft layer d tagged as layer
-``pattern.DRAFT_BASE + d``); then one aux buffer.
+``DRAFT_BASE + d``); then one aux buffer.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from harness.role import pattern
-from harness.spec.protocol import Layout
+from harness.spec.protocol import DRAFT_BASE, Layout
 
 
 def pattern_pools(side: int, layout: Layout) -> tuple[list[tuple[pattern.BufferSpec, Any]], tuple[pattern.BufferSpec, Any]]:
     """(KV buffers, aux buffer) for ``side`` (pattern.PREFILL or pattern.DECODE): each a
     (BufferSpec, ``[pages, page_bytes]`` uint8 tensor) pair."""
     main = list(layout.main_layers)
-    draft = [pattern.DRAFT_BASE + d for d in range(layout.draft_layers)]
+    draft = [DRAFT_BASE + d for d in range(layout.draft_layers)]
     kinds = (pattern.K,) if layout.mla else (pattern.K, pattern.V)
     specs = [pattern.BufferSpec(kind, layer) for kind in kinds for layer in main]
     specs += [pattern.BufferSpec(kind, layer) for kind in kinds for layer in draft]

@@ -13,7 +13,7 @@ fill ``KVArgs.kv_data_ptrs`` (see :mod:`harness.spec.layout_plan`).
 An adapter's ``plan_layouts`` returns, per spec, ``{"pairs": [[src, dst], ...]}``
 (the prefill buffer index each decode buffer index receives) or
 ``{"rejected": reason}`` (the implementation refuses it, visibly).
-:func:`judge` compares that with the planning rules (harness.spec.layout_plan) and names the first
+harness.judge.layout_check compares that with the planning rules (harness.spec.layout_plan) and names the first
 difference by buffer identity.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.spec.layout_plan import LayoutSpec, Plan, SideLayout, plan, side_buffers
+from harness.spec.layout_plan import LayoutSpec, SideLayout, side_buffers
 
 
 @st.composite
@@ -66,44 +66,6 @@ def describe(spec: dict) -> str:
             f"decode {decode}, draft KV {draft}")
 
 
-def kind_of(problem: str) -> str:
-    """A difference's kind: its text with numbers blurred, so that the same planning
-    mistake on different layers counts once (a V sent to a V of another layer and a
-    V sent to a draft K stay two kinds)."""
-    import re
-
-    return re.sub(r"\d+", "#", problem)[:100]
-
-
-def judge(spec: dict, result: dict) -> str | None:
-    """None when ``result`` agrees with the planning rules (harness.spec.layout_plan) for ``spec``; otherwise
-    what differs, by buffer identity (R-LAYOUT-2)."""
-    s = to_spec(spec)
-    expected = plan(s)
-    src_ids, dst_ids = side_buffers(s.attention, s.prefill), side_buffers(s.attention, s.decode)
-
-    def name(ids, index):
-        return ids[index].describe() if 0 <= index < len(ids) else f"buffer #{index} (out of range)"
-
-    if not isinstance(expected, Plan):
-        if "pairs" in result and result["pairs"]:
-            src, dst = result["pairs"][0]
-            return (f"writes a layout the spec rejects ({expected.reason}): e.g. prefill {name(src_ids, src)} "
-                    f"-> decode {name(dst_ids, dst)}")
-        return None
-    if "pairs" not in result:
-        return f"refuses a layout the spec serves: {result.get('rejected') or result}"
-    want = {(p.src, p.dst) for p in expected.pairs}
-    got = {tuple(p) for p in result["pairs"]}
-    for src, dst in sorted(got - want):
-        right = next((p.dst for p in expected.pairs if p.src == src), None)
-        should = f"decode {name(dst_ids, right)}" if right is not None else "nowhere"
-        return f"prefill {name(src_ids, src)} -> decode {name(dst_ids, dst)} (reference: {should})"
-    for src, dst in sorted(want - got):
-        return f"prefill {name(src_ids, src)} is never sent (reference: -> decode {name(dst_ids, dst)})"
-    return None
-
-
 def single_stage_specs():
     """Layouts with one prefill stage (the ones the role processes can transfer for
     real today: a multi-stage prefill needs one process per stage), with draft KV on
@@ -134,9 +96,10 @@ def sent_layers(spec: dict) -> tuple[int, ...]:
 def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
     """One room from creation to Success between ``prefill`` and ``decode``, then the
     byte check for ``spec`` (R-LAYOUT-1/2)."""
+    import random
+
     from harness.spec.protocol import KVPoll
     from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
-    import random
 
     rng = random.Random(seed)
     room = rng.randrange(1, 2**62)

@@ -9,6 +9,10 @@ from dataclasses import asdict, dataclass
 from enum import IntEnum
 from typing import Any
 
+#: the name of pdconform's own implementation of the protocol (backends/reference): the oracle
+#: every other implementation's history is diffed against (harness.judge.divergence)
+REFERENCE = "reference"
+
 
 class KVPoll(IntEnum):
     """A room's status on one side, with sglang's names and values

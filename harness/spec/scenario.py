@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-from importlib import metadata
 import os
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Callable
-
-from typing import TYPE_CHECKING
+from importlib import metadata
+from typing import TYPE_CHECKING, Callable
 
 from harness.spec.steps import Step
 
@@ -66,9 +64,12 @@ TEST_SCENARIOS_ENV = "PDCONFORM_TEST_SCENARIOS"
 
 
 def register(scenario: Scenario) -> Scenario:
-    """Add ``scenario`` to the registry; ValueError on a duplicate id."""
+    """Add ``scenario`` to the registry, once its checks have been built (so a check citing an
+    ID docs/protocol.md lacks fails here, at import, naming the scenario's module); ValueError
+    on a duplicate id, harness.spec.requirements.UnknownRequirement on such a check."""
     if scenario.id in _REGISTRY and _REGISTRY[scenario.id] is not scenario:
         raise ValueError(f"duplicate scenario id {scenario.id!r}")
+    scenario.checks(0)
     _REGISTRY[scenario.id] = scenario
     return scenario
 
@@ -76,14 +77,27 @@ def register(scenario: Scenario) -> Scenario:
 SCENARIO_ENTRY_POINTS = "pdconform.scenarios"  # each names a package whose every module registers scenarios
 
 
+class ScenarioLoadError(RuntimeError):
+    """A scenario package of the :data:`SCENARIO_ENTRY_POINTS` group does not load, or a
+    module of it raises, or registers an id another scenario has; the message names it."""
+
+
 @functools.lru_cache(maxsize=None)
 def _load_all() -> None:
     """Import every module of every scenario package (entry point group :data:`SCENARIO_ENTRY_POINTS`,
-    pyproject.toml), once per process; each registers its scenarios."""
+    pyproject.toml), once per process; each registers its scenarios.  ScenarioLoadError
+    names the entry point and module that failed."""
     for entry in metadata.entry_points(group=SCENARIO_ENTRY_POINTS):
-        package = importlib.import_module(entry.value)
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{entry.value}.{info.name}")
+        module = entry.value
+        try:
+            package = importlib.import_module(module)
+            for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+                module = f"{entry.value}.{info.name}"
+                importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - a broken scenario package is named, not a traceback
+            _load_all.cache_clear()
+            raise ScenarioLoadError(f"scenario entry point {entry.name} = {entry.value}: {module} does not load: "
+                                    f"{type(exc).__name__}: {exc}") from exc
 
 
 def all_scenarios(include_test_only: bool | None = None) -> list[Scenario]:

@@ -1,7 +1,7 @@
 """The closed step vocabulary that scenarios are written in.
 
-A scenario is a list of these frozen dataclasses; :mod:`harness.drive.cell` executes
-them against role processes and records every invocation and completion in the
+A scenario is a list of these frozen dataclasses; the cell (harness.drive.cell) executes
+each through its executor (harness.drive.executors) against role processes and records every invocation and completion in the
 history.  Steps name roles (``"prefill"``, ``"decode"``, or more for scenarios
 with several prefills) and bootstrap rooms; they never import a backend.
 """

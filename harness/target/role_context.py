@@ -28,13 +28,10 @@ from harness.target.version import release_of, sglang_version
 
 LOOPBACK = "127.0.0.1"
 
-# Environment that every role process needs before sglang or an engine is imported.
+# Environment that every role process needs before sglang or an engine is imported (an
+# implementation's own engine settings are its Implementation.role_env, harness.implementations).
 ROLE_ENV = {
     "SGLANG_HOST_IP": LOOPBACK,  # otherwise the managers pick the NIC's address
-    "MOONCAKE_PROTOCOL": "tcp",
-    "MC_FORCE_TCP": "1",
-    "UCX_TLS": "tcp",  # shared-memory transports fail at backend creation here
-    "UCX_NET_DEVICES": "lo",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",

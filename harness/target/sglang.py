@@ -22,17 +22,16 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
+from pathlib import Path
 from typing import Optional
 
 import msgspec
-from pathlib import Path
 
 from harness import ROOT
-from harness.target.version import VERSION_ENV
+from harness.target.version import VERSION_ENV, installed_version
 
 SETUP_TIMEOUT_S = 1800.0
-PROBE_TIMEOUT_S = 60.0
+VENV_PROBE_TIMEOUT_S = 60.0
 
 
 class SglangInfo(msgspec.Struct, kw_only=True):
@@ -71,6 +70,7 @@ class SglangTarget:
     def cell_env(self) -> dict[str, str]:
         """``os.environ`` plus this target's variables (PYTHONPATH prepended, not replaced)."""
         env = dict(os.environ)
+        env.pop(VERSION_ENV, None)  # only a source-tree target says which version its tree is
         for key, value in self.env.items():
             if key == "PYTHONPATH" and env.get("PYTHONPATH"):
                 value = value + os.pathsep + env["PYTHONPATH"]
@@ -80,9 +80,8 @@ class SglangTarget:
 
 def installed_info() -> SglangInfo:
     """The sglang installed in this Python environment (version, package directory), without importing it."""
-    try:
-        version = metadata.version("sglang")
-    except metadata.PackageNotFoundError:
+    version = installed_version()
+    if version is None:
         return SglangInfo(version=None, path=None)
     for entry in sys.path:
         candidate = Path(entry or ".") / "sglang" / "__init__.py"
@@ -175,7 +174,7 @@ def _venv_info(python: Path) -> SglangInfo:
             "s = u.find_spec('sglang')\n"
             "print(json.dumps([m.version('sglang'), os.path.dirname(s.origin) if s and s.origin else None]))")
     try:
-        proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=VENV_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise TargetError(f"cannot query sglang in {python}: {exc}") from exc
     if proc.returncode != 0:

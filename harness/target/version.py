@@ -1,8 +1,10 @@
 """Which sglang release a process drives, read in one place, and ranges of releases.
 
-:func:`sglang_version` is the only reader: the declared-range gate
-(harness.implementations), the role context (harness.target.role_context) and the
-reports (harness.target.sglang, which passes a source tree's version on) all agree.
+Inside any pdconform process, :func:`sglang_version` is the one reader: the declared-range
+gate (harness.implementations), the role context (harness.target.role_context) and the
+target the reports name (harness.target.sglang) all agree.  A source tree's version is read
+from the tree once, when its target is resolved (harness.target.sglang.source_target), and
+handed to every cell and role as :data:`VERSION_ENV`.
 """
 
 from __future__ import annotations
@@ -18,17 +20,19 @@ VERSION_ENV = "PDCONFORM_SGLANG_VERSION"
 Release = tuple[int, int, int]
 
 
-def sglang_version() -> str | None:
-    """The version of the sglang this process imports, without importing it:
-    :data:`VERSION_ENV` when a source-tree target set it, else the installed package's
-    metadata; None when neither says (sglang is not installed)."""
-    from_env = os.environ.get(VERSION_ENV)
-    if from_env:
-        return from_env
+def installed_version() -> str | None:
+    """The installed sglang package's version (its metadata, no import); None when it is not installed."""
     try:
         return metadata.version("sglang")
     except metadata.PackageNotFoundError:
         return None
+
+
+def sglang_version() -> str | None:
+    """The version of the sglang this process imports, without importing it:
+    :data:`VERSION_ENV` when a source-tree target set it, else the installed package's
+    metadata; None when neither says (sglang is not installed)."""
+    return os.environ.get(VERSION_ENV) or installed_version()
 
 
 def release_of(version: str) -> Release:

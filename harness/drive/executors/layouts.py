@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 from harness.drive.errors import CellAborted, RoleError
 from harness.drive.executors import lifecycle
-from harness.judge.history import Event, Op
+from harness.judge import layout_check
 from harness.spec import layouts
 from harness.spec import steps as s
 from harness.spec.frames import sample
+from harness.spec.history import Event, Op
 
 if TYPE_CHECKING:
     from harness.drive.cell import CellDriver
@@ -29,9 +30,9 @@ def plan_layouts(d: "CellDriver", step: s.PlanLayouts) -> None:
         return
     failures: dict[str, tuple[dict, str]] = {}
     for spec, result in zip(specs, results):
-        problem = layouts.judge(spec, result)
+        problem = layout_check.plan_difference(spec, result)
         if problem is not None:
-            failures.setdefault(layouts.kind_of(problem), (spec, problem))
+            failures.setdefault(layout_check.difference_kind(problem), (spec, problem))
     client = d.clients[step.role]
     shrunk = [_shrink(client, kind, spec) for kind, (spec, _) in list(failures.items())[: step.max_shrinks]]
     d.record(Event.INFO, Op.LAYOUT_SHRINK, step.role, args={"count": len(specs)},
@@ -45,8 +46,8 @@ def _shrink(client, kind: str, spec: dict) -> dict:
 
     def still_fails(candidate: dict) -> bool:
         answer = client.call("plan_layouts", lifecycle.CALL_TIMEOUT_S, specs=[candidate])[0]
-        found = layouts.judge(candidate, answer)
-        return found is not None and layouts.kind_of(found) == kind
+        found = layout_check.plan_difference(candidate, answer)
+        return found is not None and layout_check.difference_kind(found) == kind
 
     try:
         small = find(layouts.layout_specs(), still_fails,
@@ -55,7 +56,7 @@ def _shrink(client, kind: str, spec: dict) -> dict:
     except (NoSuchExample, RoleError):
         small = spec
     answer = client.call("plan_layouts", lifecycle.CALL_TIMEOUT_S, specs=[small])[0]
-    return {"spec": small, "layout": layouts.describe(small), "problem": layouts.judge(small, answer),
+    return {"spec": small, "layout": layouts.describe(small), "problem": layout_check.plan_difference(small, answer),
             "first_seen": layouts.describe(spec)}
 
 

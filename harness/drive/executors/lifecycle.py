@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from harness.drive.errors import CellAborted, RoleError
 from harness.drive.launcher import RoleHandle, RoleSpec
 from harness.drive.role_client import RoleClient
-from harness.judge.history import Event, Op
 from harness.spec import steps as s
+from harness.spec.history import Event, Op
 from harness.spec.protocol import KVPoll, kvpoll_name
 
 if TYPE_CHECKING:

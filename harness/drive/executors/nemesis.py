@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from harness.drive.errors import CellAborted, RoleError
 from harness.drive.executors.lifecycle import CALL_TIMEOUT_S, connect, start_prefill
 from harness.drive.launcher import RoleSpec
-from harness.judge.history import Event, Op
 from harness.role.faults import push_frames
 from harness.spec import steps as s
+from harness.spec.history import Event, Op
 
 if TYPE_CHECKING:
     from harness.drive.cell import CellDriver

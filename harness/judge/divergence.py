@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.judge.history import Event, Op
+from harness.spec.history import Event, Op
 
 # ops whose outcome says nothing about the protocol (process start-up, bookkeeping)
 # and fault bookkeeping copied in at the end of a cell, whose counts depend on how an engine batches

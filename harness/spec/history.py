@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.judge.inputs import InputError, read_input
+from harness.spec.inputs import InputError, read_input
 
 
 class Event(StrEnum):
@@ -120,6 +120,13 @@ def append_event(path: str | Path, type_: Event, op: Op, **fields: Any) -> dict:
     event = {"seq": (events[-1]["seq"] + 1) if events else 0, "t": None, "wall": round(time.time(), 4),
              "step": None, "op": op, "role": None, "type": type_, **fields}
     line = (json.dumps(event, default=repr) + "\n").encode()
+    try:  # a writer killed mid-line left a torn last line: end it, so this event is a line of its own
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = b"\n" + line
+    except OSError:  # an empty or missing file
+        pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)
@@ -130,7 +137,7 @@ def append_event(path: str | Path, type_: Event, op: Op, **fields: Any) -> dict:
 
 def load(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSON-lines history; a torn line (killed writer) is skipped; [] when it is missing,
-    not a regular file or too large (harness.judge.inputs)."""
+    not a regular file or too large (harness.spec.inputs)."""
     events = []
     try:
         lines = read_input(path, "history").decode("utf-8", errors="replace").splitlines()
@@ -141,9 +148,24 @@ def load(path: str | Path) -> list[dict[str, Any]]:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(event, dict) and "op" in event and "type" in event:
+        if _well_formed(event):
             events.append(event)
     return events
+
+
+def _well_formed(event: Any) -> bool:
+    """An event the judge can read: the keys :meth:`History.record` writes, of their types."""
+    if not isinstance(event, dict) or not all(key in event for key in ("seq", "t", "step", "op", "role", "type")):
+        return False
+    if not isinstance(event["op"], str) or not isinstance(event["type"], str):
+        return False
+    if event["step"] is not None and not isinstance(event["step"], int):
+        return False
+    if event["role"] is not None and not isinstance(event["role"], str):
+        return False
+    if not isinstance(event.get("args", {}), dict):
+        return False
+    return event["op"] not in (Op.CELL_START, Op.CELL_END, Op.CELL_EXIT) or isinstance(event.get("value"), dict)
 
 
 def completions(events: list[dict], op: str | None = None, role: str | None = None,

@@ -1,7 +1,7 @@
 """``pdconform doctor``: what this machine can run, and why not.
 
 Each implementation's engine is probed in a child process with a timeout (``python -m
-harness.target.doctor --impl NAME --probe MODULE:FUNCTION`` calls the implementation's
+harness.doctor --impl NAME --probe MODULE:FUNCTION`` calls the implementation's
 ``probe`` hook, harness.implementations), so a crashing or hanging native library cannot take the CLI
 down.  Returns plain data; the CLI prints it.
 """
@@ -39,7 +39,7 @@ def probe_in_child(impl: str, probe: str) -> EngineStatus:
     PROBE_TIMEOUT_S seconds).  The child leaves with ``os._exit`` because NIXL 1.5.1's agent
     segfaults at interpreter exit."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "harness.target.doctor", "--impl", impl, "--probe", probe],
+        proc = subprocess.run([sys.executable, "-m", "harness.doctor", "--impl", impl, "--probe", probe],
                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, cwd=str(ROOT))
     except subprocess.TimeoutExpired:
         return EngineStatus(impl, "unusable", f"probe did not finish within {PROBE_TIMEOUT_S:.0f} s")
@@ -75,7 +75,7 @@ def _libibverbs_present() -> bool:
 
 def diagnose(impls: list) -> dict:
     """Everything doctor reports, as JSON-ready data: Python, the installed sglang,
-    libibverbs, and each of ``impls`` (harness.implementations.Implementation) that has a
+    libibverbs, whether cells get a private network (harness.drive.contain), and each of ``impls`` (harness.implementations.Implementation) that has a
     probe: its engine here, its declared sglang range and its engine settings."""
     info = installed_info()
     engines = []
@@ -86,16 +86,22 @@ def diagnose(impls: list) -> dict:
         status["sglang_range"] = str(impl.sglang_range) if impl.sglang_range else "any (imports no sglang)"
         status["settings"] = {s.name: s.default for s in impl.engine_settings}
         engines.append(status)
+    from harness.drive.contain import isolation_available
+
+    why_not = isolation_available()
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "sglang": {"version": info.version, "path": info.path},
         "libibverbs": _libibverbs_present(),
+        "network": {"isolated": why_not is None,
+                    "detail": "each cell gets a private loopback-only network namespace" if why_not is None
+                    else why_not},
         "engines": engines,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.target.doctor")
+    parser = argparse.ArgumentParser(prog="python -m harness.doctor")
     parser.add_argument("--impl", required=True, help="the implementation whose engine is probed")
     parser.add_argument("--probe", required=True, help="its probe hook, module:function")
     args = parser.parse_args(argv)

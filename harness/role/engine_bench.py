@@ -8,16 +8,13 @@ its source and destination classes, subclasses of :class:`Side` (the source also
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-import traceback
 import zlib
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+
+from harness.target.role_context import LOOPBACK  # noqa: F401 - the sides bind loopback
 
 SEED = 20240517
-LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -29,13 +26,6 @@ class BenchSides:
     source: type
     destination: type
     setup: str
-
-
-def sides(engine: str) -> BenchSides:
-    """The bench sides of ``engine`` (imports its module: call it in the child that runs them)."""
-    from harness.implementations import implementation
-
-    return implementation(engine).hook("engine_bench")
 
 
 def _permutation(blocks: int):
@@ -141,51 +131,3 @@ class SourceSide:
             cost["wrapped_s"] += wrapped_poll
         cost["added_s"] = cost["wrapped_s"] - cost["raw_s"]
         return cost
-
-
-def _child_main(engine: str, role: str, fd: int) -> None:
-    """Serve one side over the connection on ``fd`` until ``stop`` or EOF; never returns
-    (``os._exit``).  Requests are ``(command, kwargs)``; replies ``("ok", value)`` or
-    ``("error" | "unavailable", text)``."""
-    conn = Connection(fd)
-    side = None
-    code = 0
-    try:
-        from harness.target import role_context
-
-        role_context.apply_role_env()
-        while True:
-            try:
-                command, kwargs = conn.recv()
-            except (EOFError, OSError):
-                code = 1  # the parent went away
-                break
-            try:
-                if command == "init":
-                    try:
-                        side = getattr(sides(engine), role)(**kwargs)
-                    except ImportError as exc:
-                        conn.send(("unavailable", f"{type(exc).__name__}: {exc}"))
-                        continue
-                    reply = dict(getattr(side, "fill", {}))
-                    if role == "destination":
-                        reply.update(side.info())
-                    conn.send(("ok", reply))
-                elif command == "stop":
-                    if side is not None:
-                        side.close()
-                    conn.send(("ok", None))
-                    break
-                else:
-                    conn.send(("ok", getattr(side, command)(**kwargs)))
-            except Exception:  # noqa: BLE001 - reported to the parent, which raises
-                conn.send(("error", traceback.format_exc(limit=6)))
-    finally:
-        try:
-            conn.close()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-
-

@@ -1,0 +1,90 @@
+"""The fork server's start: a run starts its fork_servers without waiting, then waits per group."""
+
+import pytest
+
+from harness.drive.scheduler import fork_groups
+from harness.drive.forkserver_client import ForkServer, ForkServerError
+
+
+def test_a_zygote_started_without_waiting_becomes_ready_and_forks(tmp_path):
+    fork_server = ForkServer(impls=["reference"], wait=False, log_dir=tmp_path, log_name="forkserver-reference.log")
+    try:
+        assert not fork_server.ready_now()  # importing torch takes seconds; the constructor did not wait
+        client = fork_server.wait_ready()
+        assert fork_server.ready_now() and fork_server.wait_ready() is client
+        assert client.call({"op": "ping"})["pid"] == fork_server.info["pid"]
+        assert fork_server.info["threads"] <= 2  # still safe to fork: no thread but torch's own
+    finally:
+        fork_server.close()
+    assert (tmp_path / "forkserver-reference.log").exists()
+
+
+def test_a_zygote_that_dies_while_importing_fails_every_wait_the_same_way(tmp_path):
+    fork_server = ForkServer(python="/bin/false", wait=False, log_dir=tmp_path)
+    try:
+        with pytest.raises(ForkServerError, match="exited with code 1 while importing") as first:
+            fork_server.wait_ready()
+        with pytest.raises(ForkServerError) as second:
+            fork_server.wait_ready()
+        assert str(first.value) == str(second.value)
+    finally:
+        fork_server.close()
+
+
+def test_implementations_that_import_no_sglang_get_their_own_fork_server():
+    assert fork_groups(["mooncake", "nixl", "reference"]) == {"sglang": ["mooncake", "nixl"], "plain": ["reference"]}
+    assert fork_groups(["reference", "selftest"]) == {"plain": ["reference", "selftest"]}
+
+
+def test_a_forked_cell_reports_the_cpu_time_of_itself_and_its_roles(tmp_path):
+    from cellruns import run_cells
+    from harness.spec.scenario import get_scenario
+
+    fork, fresh = (run_cells(["selftest"], [get_scenario("selftest-clean")], tmp_path / name, fork=forked).cells[0]
+                   for name, forked in (("fork", True), ("fresh", False)))
+    assert fork.verdict == "PASS" and fork.cpu_s is not None
+    assert 0 < fork.cpu_s < 2 * fork.duration_s + 1  # two roles and the cell, mostly waiting
+    assert fresh.cpu_s is None  # fresh interpreters: not measured, not guessed
+
+
+def test_hundreds_of_simultaneous_calls_are_all_answered(tmp_path):
+    # With --jobs in the dozens every cell and role may ask the fork server at the same
+    # moment; a short listen queue refused the overflow at once (EAGAIN) and the cells
+    # became ERROR.
+    from concurrent.futures import ThreadPoolExecutor
+
+    fork_server = ForkServer(impls=[], wait=True, log_dir=tmp_path)
+    try:
+        client = fork_server.wait_ready()
+        # each fork keeps the server busy for a moment, so the calls queue up
+        with ThreadPoolExecutor(max_workers=200) as pool:
+            forked = list(pool.map(lambda i: client.fork("cell", ["--bad-argument"], tmp_path / f"{i}.log"),
+                                   range(200)))
+        assert all(p.wait(timeout=30) == 2 for p in forked)  # each ran (and refused the argument)
+    finally:
+        fork_server.close()
+
+
+def test_a_killed_runs_fork_server_folder_is_removed_at_the_next_start(tmp_path):
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from harness.drive.forkserver_client import DIR_PREFIX, OWNER_FILE, remove_stale_dirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs
+    stale = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+    (stale / OWNER_FILE).write_text(str(dead.pid))
+    (stale / "fork_server.sock").write_text("")
+    alive = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+    (alive / OWNER_FILE).write_text(str(os.getpid()))
+    foreign = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))  # no owner file: not ours to judge
+    try:
+        assert stale in remove_stale_dirs()
+        assert not stale.exists() and alive.is_dir() and foreign.is_dir()
+    finally:
+        for folder in (alive, foreign):
+            (folder / OWNER_FILE).unlink(missing_ok=True)
+            folder.rmdir()

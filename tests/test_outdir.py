@@ -1,0 +1,153 @@
+"""Output folders are safe (harness.report.outdir): a run writes a fresh run folder and moves
+`latest` only when done; nothing pdconform did not write is deleted or followed; the checkout
+is refused; a second run into the same folder is refused; inputs that are not regular files
+are refused; a full disk is a one-line error that leaves no half-written file."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import ROOT
+from harness.report.outdir import KEEP_RUNS, OutDirError, check_out, prune, take_lock
+
+
+def pdconform(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+NOOP = ["run", "--impl", "selftest", "--scenario", "selftest-noop"]
+
+
+def test_a_foreign_folder_keeps_everything_and_gets_a_run_folder(tmp_path):
+    out = tmp_path / "mine"
+    (out / "cells" / "precious").mkdir(parents=True)
+    (out / "cells" / "precious" / "notes.txt").write_text("mine")
+    for name in ("results.json", "summary.md", "index.html", "junit.xml"):
+        (out / name).write_text("mine")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    (out / "reference-for-diff").symlink_to(victim)
+    ran = pdconform(*NOOP, "--out", str(out))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert (out / "cells" / "precious" / "notes.txt").read_text() == "mine"
+    assert all((out / name).read_text() == "mine" for name in ("results.json", "summary.md", "index.html"))
+    assert (victim / "keep.txt").read_text() == "mine" and (out / "reference-for-diff").is_symlink()
+    run = (out / "latest").resolve()
+    assert run.parent == out / "runs" and (run / ".pdconform-run").is_file() and (run / "results.json").is_file()
+
+
+def test_a_refused_run_leaves_latest_and_earlier_runs_as_they_were(tmp_path):
+    out = tmp_path / "out"
+    assert pdconform(*NOOP, "--out", str(out)).returncode == 0
+    before = os.readlink(out / "latest")
+    results = (out / "latest" / "results.json").read_text()
+    bad = pdconform(*NOOP, "--out", str(out), "--sglang-src", str(tmp_path / "no-such-tree"))
+    assert bad.returncode == 2 and "not a directory" in bad.stderr
+    assert os.readlink(out / "latest") == before and (out / "latest" / "results.json").read_text() == results
+    assert len(list((out / "runs").iterdir())) == 1  # no run folder was even made
+
+
+@pytest.mark.parametrize("where", ["", "harness", "docs", "tests/cellruns.py"])
+def test_the_checkout_is_refused_as_out(where):
+    with pytest.raises(OutDirError, match="inside the pdconform checkout|is a file"):
+        check_out(ROOT / where if where else ROOT)
+    assert check_out(ROOT / "reports" / "out") == ROOT / "reports" / "out"  # reports/ is where runs go
+
+
+def test_out_entries_that_are_not_pdconforms_are_refused(tmp_path):
+    (tmp_path / "a" / "runs").parent.mkdir()
+    (tmp_path / "a" / "runs").write_text("x")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "latest").mkdir()
+    (tmp_path / "b" / "latest" / "results.json").write_text("{}")
+    for folder, message in (("a", "runs there is not pdconform's"), ("b", "an older pdconform")):
+        out = pdconform(*NOOP, "--out", str(tmp_path / folder))
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_a_second_run_into_the_same_folder_is_refused(tmp_path):
+    (tmp_path / "out").mkdir()
+    fd = take_lock(tmp_path / "out", "writing into")  # a run in progress
+    try:
+        out = pdconform(*NOOP, "--out", str(tmp_path / "out"))
+        assert out.returncode == 2 and f"another pdconform run (pid {os.getpid()}) is writing into" in out.stderr
+    finally:
+        os.close(fd)
+    assert pdconform(*NOOP, "--out", str(tmp_path / "out")).returncode == 0  # free again
+
+
+def test_only_marked_run_folders_are_pruned(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i in range(KEEP_RUNS + 3):
+        (runs / f"2026120{i:02d}").mkdir()
+        (runs / f"2026120{i:02d}" / ".pdconform-run").write_text("{}")
+    (runs / "000-not-ours").mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / ".pdconform-run").write_text("{}")
+    (runs / "000-link").symlink_to(victim)
+    removed = prune(tmp_path, KEEP_RUNS)
+    assert [p.name for p in removed] == ["202612000", "202612001", "202612002"]
+    assert (runs / "000-not-ours").is_dir() and victim.is_dir() and (runs / "000-link").is_symlink()
+    assert len([p for p in runs.iterdir() if (p / ".pdconform-run").is_file() and not p.is_symlink()]) == KEEP_RUNS
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_inputs_that_are_not_regular_files_are_refused_at_once(tmp_path, kind):
+    path = tmp_path / "input"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    started = time.monotonic()
+    for args in (NOOP + ["--out", str(tmp_path / "out"), "--expectations", str(path)],
+                 ["diff", str(path), str(path)]):
+        out = pdconform(*args, timeout=30)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert time.monotonic() - started < 25  # nothing waited on the FIFO
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root only): room for a noop run's start, not for many of them."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_half_written_report(small_disk):
+    out = small_disk / "out"
+    assert pdconform(*NOOP, "--out", str(out)).returncode == 0
+    latest = os.readlink(out / "latest")
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f:  # leave a few KiB: the next run's histories fit, its reports do not
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    ran = pdconform(*NOOP, "--out", str(out))
+    assert ran.returncode == 2 and "No space left on device" in ran.stderr and "Traceback" not in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+    assert os.readlink(out / "latest") == latest  # the previous run is still the latest
+    for run in (out / "runs").iterdir():
+        for name in ("results.json", "summary.md", "index.html", "junit.xml"):
+            if (run / name).exists():
+                assert (run / name).stat().st_size > 0 and json.loads((run / "results.json").read_text())
+        assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]  # no temporary file left
