@@ -7,7 +7,7 @@ EXPECTATIONS ?= $(wildcard expectations/sglang-$(SGLANG_VERSION).toml)
 # Cells at once: cells mostly wait on sglang's timers, so 6 per core (docs/performance.md).
 JOBS ?= $(shell echo $$(( 6 * $$(nproc) )))
 
-.PHONY: setup matrix test doctor bench nightly clean
+.PHONY: setup matrix test doctor bench soak nightly clean
 
 setup:
 	@SGLANG_VERSION=$(SGLANG_VERSION) VENV=$(VENV) scripts/setup.sh
@@ -21,6 +21,12 @@ test: setup
 # Benchmarks and long property runs: not part of `make test`.
 bench: setup
 	$(PDCONFORM) bench --jobs $(JOBS)
+
+# Verdict stability: the full matrix SOAK_RUNS times at make matrix's --jobs (docs/reliability.md);
+# twice the load: make soak SOAK_RUNS=10 JOBS=$$((12 * $$(nproc))).
+SOAK_RUNS ?= 50
+soak: setup
+	$(PDCONFORM) soak --runs $(SOAK_RUNS) --jobs $(JOBS)
 
 nightly: setup
 	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q

@@ -60,7 +60,11 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
     #: the manager methods that start the prefill's and the decode's control thread
     prefill_control_method: ClassVar[str]
     decode_control_method: ClassVar[str]
-    host: ClassVar[str] = role_context.LOOPBACK
+
+    @property
+    def host(self) -> str:
+        """The address the bootstrap server listens on (harness.target.role_context.bind_address)."""
+        return role_context.bind_address()
     WORKER_POINT = "worker-take-chunk"
 
     @classmethod

@@ -187,12 +187,34 @@ class CommonHooks:
         if self._fault_counter is not None:  # a new plan counts afresh; the old one may still log
             self._past_counters.append(self._fault_counter)  # (a delayed call finishing under it)
         self._fault_counter = counter
-        self.wrap_engine(counter)
+        self.wrap_engine(counter)  # also for a plan without engine faults: it replaces the last one's
+        if counter.plan.aux_delay_s and not getattr(self, "_aux_delay_installed", False):
+            self.delay_aux()
+            self._aux_delay_installed = True  # once: it reads the plan in force at each send
         return counter.plan.to_dict()
 
     def wrap_engine(self, counter: EngineFaultCounter) -> None:
         """Put a fault-injecting wrapper around the manager's engine (per backend)."""
         raise Unsupported(f"{self.impl} has no engine fault wrapper")
+
+    def delay_aux(self) -> None:
+        """Make each room's aux data arrive ``aux_delay_s`` late (the plan in force when it is
+        sent): the manager's ``send_aux`` (mooncake/conn.py, nixl/conn.py: an engine write of
+        the aux slot, or a control message on the connection that then carries the room's
+        status) starts that much later on the thread that calls it, so what that thread
+        sends after it waits too, as behind a slow write or a held TCP segment.  A backend
+        that sends aux on a connection of its own overrides this (Mori)."""
+        manager = self.manager
+        send_aux = manager.send_aux
+
+        def delayed_send_aux(*args, **kwargs):
+            counter = self._fault_counter
+            if counter is not None and counter.plan.aux_delay_s:
+                counter.note_aux_delay(f"{type(manager).__name__}.send_aux")
+                time.sleep(counter.plan.aux_delay_s)
+            return send_aux(*args, **kwargs)
+
+        manager.send_aux = delayed_send_aux
 
     def fault_log(self) -> list[dict]:
         counters = self._past_counters + ([self._fault_counter] if self._fault_counter else [])

@@ -94,7 +94,8 @@ def diagnose(impls: list) -> dict:
         "sglang": {"version": info.version, "path": info.path},
         "libibverbs": _libibverbs_present(),
         "network": {"isolated": why_not is None,
-                    "detail": "each cell gets a private loopback-only network namespace" if why_not is None
+                    "detail": "each cell gets a private loopback-only network namespace (not with run --bind ADDR)"
+                    if why_not is None
                     else why_not},
         "engines": engines,
     }

@@ -29,6 +29,7 @@ from harness.judge.results import RunResult, cell_dir, dump_cell, dump_run, load
 from harness.report.files import write_reports
 from harness.report.outdir import OutDirError, RunFolder, run_folder_of, take_lock
 from harness.spec.scenario import Scenario, all_scenarios
+from harness.target.role_context import BIND_ENV, LOOPBACK
 from harness.target.sglang import SglangTarget
 
 
@@ -42,7 +43,8 @@ class RunConfig:
     ``full_waits``, ``engine_settings`` (name -> value, harness.implementations.EngineSetting;
     an unnamed setting keeps its default), ``expectations`` (None: every cell expected to
     PASS), ``duration_hint`` (harness.drive.scheduler.Schedule), ``reports`` (False: only
-    results.json and the cells' cell.json, as bench wants)."""
+    results.json and the cells' cell.json, as bench wants), ``bind`` (the IPv4 address roles
+    listen on; None: loopback, :func:`cell_network`)."""
 
     impls: list[str]
     scenarios: list[Scenario]
@@ -56,6 +58,7 @@ class RunConfig:
     expectations: Expectations | None = None
     duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
     reports: bool = True
+    bind: str | None = None
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
@@ -77,18 +80,35 @@ def run(config: RunConfig, callbacks: Callbacks | None = None) -> RunResult:
     return result
 
 
+def cell_network(bind: str | None) -> tuple[str, dict[str, str]]:
+    """What the cells' network is, in words, and the environment that makes it so.
+
+    Default (``bind`` None or a loopback address): each cell gets a private network namespace
+    with only ``lo`` when this machine allows one (harness.drive.contain), so nothing outside
+    the cell reaches a role, whatever address it binds; else the host's network, said why.
+    A non-loopback ``bind`` (``run --bind``, for roles on several hosts) must be reachable:
+    no namespace, and every role listens on and advertises that address."""
+    import ipaddress
+
+    env = {BIND_ENV: bind or LOOPBACK}  # explicit: a PDCONFORM_BIND in the caller's environment does not leak in
+    if bind and not ipaddress.ip_address(bind).is_loopback:
+        return f"the host's network: roles listen on {bind} (--bind), reachable from other hosts", env
+    why_not = isolation_available()
+    if why_not is None:
+        return "a private loopback-only network namespace per cell", {**env, NETNS_ENV: "1"}
+    return why_not, env
+
+
 def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None) -> RunResult:
     """Execute, judge and write one run into ``folder`` (made by the caller, e.g. bench's
     ``run-N``); its result tree."""
     settings = config.settings()
-    why_not = isolation_available()
-    isolate = {NETNS_ENV: "1"} if why_not is None else {}
+    network, network_env = cell_network(config.bind)
     target = config.target
     target = SglangTarget(python=target.python, info=target.info,
-                          env={**target.env, **settings_env(settings), **isolate})
+                          env={**target.env, **settings_env(settings), **network_env})
     meta = RunResult(sglang=target.info, seed=config.seed, engine_settings=settings, full_waits=config.full_waits,
-                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     network="a private loopback-only network namespace per cell" if why_not is None else why_not)
+                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), network=network)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)

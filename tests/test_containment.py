@@ -88,6 +88,52 @@ def test_no_role_listener_is_reachable_from_outside_the_cell(tmp_path):
                 assert s.connect_ex((host, port)) != 0, f"{host}:{port} answered from outside the cell"
 
 
+@pytest.mark.skipif(not _host_addresses(), reason="this machine has no non-loopback IPv4 address")
+def test_bind_puts_every_reference_listener_on_that_address(tmp_path):
+    """``run --bind ADDR`` (roles on several hosts): no private namespace, and every listener of
+    the reference's roles (role host, bootstrap server, control sockets) is on ADDR, which the
+    roles also advertise; the sampler would see one left on loopback."""
+    addr = _host_addresses()[0]
+    import threading
+
+    sampled: dict[int, set] = {}
+    done = threading.Event()
+
+    def sample():  # every 20 ms while the cell runs: each role is seen while it is up
+        while not done.wait(0.02):
+            for proc in harness_processes(tmp_path):
+                sampled.setdefault(proc.pid, set()).update(_listeners(proc.pid))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        run = run_cells(["reference"], [get_scenario("happy-path")], tmp_path, bind=addr)
+    finally:
+        done.set()
+        sampler.join()
+    assert run.cells[0].verdict == "PASS", run.cells[0].reason
+    assert f"roles listen on {addr} (--bind)" in run.network
+    listeners = [entry for found in sampled.values() for entry in found]
+    assert len(listeners) >= 4, sampled  # two role hosts, a bootstrap server, control sockets
+    assert {a for a, _ in listeners} == {addr}, listeners
+    history = (tmp_path / "cells" / "happy-path--reference" / "history.jsonl").read_text()
+    assert f'"bootstrap_addr": "{addr}:' in history
+
+
+@pytest.mark.parametrize("addr", ["::1", "not-an-address", "192.0.2.254"])
+def test_bind_refuses_what_this_machine_cannot_listen_on(tmp_path, addr):
+    import subprocess
+    import sys
+
+    if addr == "192.0.2.254" and addr in _host_addresses():
+        pytest.skip("that address is this machine's")
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "reference", "--scenario",
+                          "happy-path", "--out", str(tmp_path / "out"), "--bind", addr],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--bind" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()  # checked before anything was written
+
+
 @pytest.mark.parametrize("fork", [True, False])
 def test_a_process_started_in_a_new_session_is_reported_and_ended(tmp_path, fork):
     run = run_cells(["selftest"], [get_scenario("selftest-escapee")], tmp_path, fork=fork)

@@ -64,13 +64,26 @@ def test_reference_passes_the_seed_scenarios(scenario, tmp_path, fork_server):
 
 FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "abort-mid-transfer",
                    "abort-ack-after-drain", "clear-then-abort", "prefill-restart-new-ports", "room-reuse",
-                   "failure-fan-out", "multi-chunk-long-prompt", "transfer-never-completes", "no-residue"]
+                   "failure-fan-out", "multi-chunk-long-prompt", "transfer-never-completes", "slow-aux",
+                   "no-residue"]
 
 
 @pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
 def test_reference_passes_the_field_scenarios(scenario, tmp_path, fork_server):
-    """The twelve field scenarios: the oracle PASSes each (timeouts, ABORTs, restarts, residue)."""
+    """The field scenarios: the oracle PASSes each (timeouts, ABORTs, restarts, residue)."""
     cell = run_one("reference", scenario, tmp_path, seed=0, fork_server=fork_server)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert all(check["ok"] for check in cell.checks), cell.checks
+    assert not _leftovers(tmp_path)
+
+
+def test_slow_aux_catches_mori_reporting_success_before_its_aux_lands(tmp_path, fork_server):
+    """B12 (docs/sglang-bugs.md): Mori's decode polls Success while the held AUX_DATA is still
+    on its own connection, so the verification at Success finds the old aux slot; the one a
+    second later finds every byte (the bytes are not lost, only late)."""
+    cell = run_one("mori", "slow-aux", tmp_path, seed=0, fork_server=fork_server)
+    assert cell.verdict == "FAIL", cell.reason
+    failed = {check["name"] for check in cell.checks if not check["ok"]}
+    assert failed == {"bytes-at-success"}, cell.checks
+    assert "aux buffer 0" in cell.reason and "R-XFER-2" in cell.reason
     assert not _leftovers(tmp_path)

@@ -1,10 +1,11 @@
 """Unit tests of harness.role.faults: points and the engine fault counter, without roles."""
 
 import threading
+import time
 
 import pytest
 
-from harness.role.faults import FAIL, NEVER, EngineFaultCounter, EngineFaultPlan, PointError, Points
+from harness.role.faults import FAIL, NEVER, EngineFaultCounter, EngineFaultPlan, HeldConnection, PointError, Points
 
 
 def test_pause_point_holds_the_thread_until_released():
@@ -56,7 +57,40 @@ def test_counter_never_complete_and_group():
     assert (first, second) == (NEVER, FAIL)
 
 
-@pytest.mark.parametrize("fields", [{"fail_nth": 0}, {"fail_group": True}, {"delay_s": -1}, {"delay_s": float("nan")}])
+@pytest.mark.parametrize("fields", [{"fail_nth": 0}, {"fail_group": True}, {"delay_s": -1}, {"delay_s": float("nan")},
+                                    {"aux_delay_s": -0.5}, {"aux_delay_s": True}])
 def test_plan_rejects_bad_values(fields):
     with pytest.raises(ValueError):
         EngineFaultPlan(**fields)
+
+
+class _Wire:
+    """A socket stand-in that records when each message left."""
+
+    def __init__(self):
+        self.sent: list[tuple[float, list]] = []
+        self.lock = threading.Lock()
+
+    def send_multipart(self, parts):
+        with self.lock:
+            self.sent.append((time.monotonic(), list(parts)))
+
+
+def test_a_held_message_delays_what_follows_it_on_its_connection_only():
+    """The held AUX_DATA leaves after its hold, the STATUS sent behind it on the same
+    connection leaves after it (in order), and another connection is not held at all."""
+    held_wire, other_wire = _Wire(), _Wire()
+    hold = lambda parts: 0.3 if parts[0] == b"AUX_DATA" else 0.0  # noqa: E731
+    conn, other = HeldConnection(held_wire, hold), HeldConnection(other_wire, hold)
+    start = time.monotonic()
+    conn.send_multipart([b"AUX_DATA", b"7"])
+    conn.send_multipart([b"STATUS", b"7"])
+    other.send_multipart([b"STATUS", b"8"])
+    assert [p for _, p in other_wire.sent] == [[b"STATUS", b"8"]] and held_wire.sent == []
+    deadline = time.monotonic() + 5
+    while len(held_wire.sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [p[0] for _, p in held_wire.sent] == [b"AUX_DATA", b"STATUS"]
+    assert held_wire.sent[0][0] - start >= 0.3
+    conn.send_multipart([b"STATUS", b"9"])  # the hold is over: straight through
+    assert held_wire.sent[-1][1] == [b"STATUS", b"9"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
+import threading
 from pathlib import Path
 
 from backends.sglang_common import SglangCommonRole
 from harness.role.adapter import Unsupported
-from harness.role.faults import EngineFaultPlan
+from harness.role.faults import EngineFaultCounter, EngineFaultPlan, HeldConnection
 
 STANDIN_PATH = Path(__file__).resolve().parent / "standin"
 
@@ -81,20 +82,62 @@ class MoriRole(SglangCommonRole):
         return [(s_k[i], d_k[i]) for i in range(layers)] + [(s_v[i], d_v[i]) for i in range(layers)]
 
     def set_engine_faults(self, **plan) -> dict:
-        """The stand-in engine's own fault knobs (``mori.io.set_standin_faults``); the
-        real amd-mori has none, so on ROCm this is Unsupported."""
+        """Engine faults through the stand-in engine's own knobs (``mori.io.set_standin_faults``;
+        the real amd-mori has none, so on ROCm they are Unsupported); ``aux_delay_s`` on
+        sglang's own aux path (:meth:`delay_aux`), on either engine."""
         import mori.io
 
-        if not hasattr(mori.io, "set_standin_faults"):
-            raise Unsupported("real amd-mori runs here and has no fault injection")
         checked = EngineFaultPlan(**plan)
-        self._standin_past_faults += list(mori.io.standin_fault_log())  # the stand-in's log restarts with each plan
-        mori.io.set_standin_faults(fail_nth_transfer=checked.fail_nth, delay_s=float(checked.delay_s),
-                                   never_complete=checked.never_complete, fail_group=checked.fail_group)
+        if hasattr(mori.io, "set_standin_faults"):
+            self._standin_past_faults += list(mori.io.standin_fault_log())  # its log restarts with each plan
+            mori.io.set_standin_faults(fail_nth_transfer=checked.fail_nth, delay_s=float(checked.delay_s),
+                                       never_complete=checked.never_complete, fail_group=checked.fail_group)
+        elif checked.engine_faults:
+            raise Unsupported("real amd-mori runs here and has no fault injection")
+        if self._fault_counter is not None:
+            self._past_counters.append(self._fault_counter)
+        self._fault_counter = EngineFaultCounter(checked)
+        if checked.aux_delay_s and not getattr(self, "_aux_delay_installed", False):
+            self.delay_aux()
+            self._aux_delay_installed = True
         return checked.to_dict()
+
+    def delay_aux(self) -> None:
+        """Mori's default aux path (``SGLANG_MORI_SEND_AUX_RDMA`` off, mori/conn.py
+        ``send_aux_tcp``) sends each aux buffer as an ``AUX_DATA`` control message on the
+        sending thread's own PUSH socket (``_connect_threadsafe``): every socket that call
+        hands out becomes a :class:`HeldConnection` that holds ``AUX_DATA`` messages
+        ``aux_delay_s`` seconds, and whatever that socket sends after them.  With aux over
+        RDMA the aux is an engine write the worker waits for: Common's way (it starts late)."""
+        manager = self.manager
+        if getattr(manager, "_send_aux_rdma", False):
+            super().delay_aux()
+            return
+        connect = manager._connect_threadsafe
+        header = getattr(type(manager), "AUX_DATA_HEADER", b"AUX_DATA")
+        held: dict[int, HeldConnection] = {}
+        lock = threading.Lock()
+
+        def hold_for(parts) -> float:
+            counter = self._fault_counter
+            if counter is None or not counter.plan.aux_delay_s or not parts or bytes(parts[0]) != header:
+                return 0.0
+            room = bytes(parts[1]).decode("ascii", "replace") if len(parts) > 1 else "?"
+            counter.note_aux_delay(f"AUX_DATA of room {room} held on its connection")
+            return counter.plan.aux_delay_s
+
+        def connect_held(endpoint: str, is_ipv6: bool = False):
+            sock = connect(endpoint, is_ipv6=is_ipv6)
+            with lock:
+                conn = held.get(id(sock))
+                if conn is None or conn.socket is not sock:
+                    conn = held[id(sock)] = HeldConnection(sock, hold_for)
+            return conn
+
+        manager._connect_threadsafe = connect_held
 
     def fault_log(self) -> list[dict]:
         import mori.io
 
         now = list(mori.io.standin_fault_log()) if hasattr(mori.io, "standin_fault_log") else []
-        return self._standin_past_faults + now
+        return self._standin_past_faults + now + super().fault_log()

@@ -32,7 +32,6 @@ from backends.reference import prefill_core as pc
 from backends.reference.shared_events import Clear
 from backends.reference.wire import (  # noqa: F401
     HEALTH_TIMEOUT_S,
-    HOST,
     ControlSide,
     MalformedFrame,
     csv,
@@ -49,6 +48,7 @@ from harness.role.pools import pattern_pools
 from harness.role.recorder import RoleRecorder
 from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
 from harness.spec.protocol import KVPoll, Layout
+from harness.target.role_context import bind_address
 
 log = logging.getLogger("pdconform.reference")
 
@@ -148,7 +148,7 @@ class ReferenceRole(RoleAdapter):
             def log_message(self, *args):
                 pass
 
-        self.http = ThreadingHTTPServer((HOST, bootstrap_port), Handler)
+        self.http = ThreadingHTTPServer((bind_address(), bootstrap_port), Handler)
         http_thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
         http_thread.start()
         worker = threading.Thread(target=self._transfer_worker, name="reference-prefill-transfer", daemon=True)
@@ -156,7 +156,7 @@ class ReferenceRole(RoleAdapter):
         self.side.thread.start()
         self.points.hit("prefill-control-started", endpoint=self.side.endpoint)
         self.threads = [self.side.thread, http_thread, worker]
-        return {"mode": "prefill", "bootstrap_addr": f"{HOST}:{bootstrap_port}", "engine": self.engine(),
+        return {"mode": "prefill", "bootstrap_addr": f"{bind_address()}:{bootstrap_port}", "engine": self.engine(),
                 "rank_port": self.side.port, "deferred_release": self.deferred_release,
                 "bootstrap_timeout_s": self.bootstrap_timeout_s}
 
@@ -192,7 +192,8 @@ class ReferenceRole(RoleAdapter):
     def set_engine_faults(self, **plan) -> dict:
         """Faults on the reference's writes (each KV or aux WRITE is one transfer and
         one group): a failed write is not sent and completes with ok=0; a delayed one
-        is sent ``delay_s`` later; one that never completes is never sent."""
+        is sent ``delay_s`` later (an aux WRITE ``aux_delay_s`` more); one that never
+        completes is never sent."""
         counter = EngineFaultCounter(EngineFaultPlan(**plan))
         if self.fault_counter is not None:  # a new plan counts afresh; the old one's log is kept
             self.past_counters.append(self.fault_counter)
@@ -225,8 +226,10 @@ class ReferenceRole(RoleAdapter):
         if verdict == FAIL:
             done = pc.WriteDone(w.room, w.write_id, False, f"engine fault injected on transfer {nth}")
             self.side.submit(lambda: self._prefill_event(done))
-        elif verdict is None and counter.plan.delay_s:
-            threading.Timer(counter.plan.delay_s, lambda: self.side.submit(lambda: self._send_write(w))).start()
+        elif verdict is None and (delay := counter.plan.delay_s + (counter.plan.aux_delay_s if w.aux else 0.0)):
+            if w.aux and counter.plan.aux_delay_s:
+                counter.note_aux_delay(what)
+            threading.Timer(delay, lambda: self.side.submit(lambda: self._send_write(w))).start()
         elif verdict is None:
             self._send_write(w)
 

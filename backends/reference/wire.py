@@ -26,6 +26,8 @@ import time
 
 import zmq
 
+from harness.target.role_context import bind_address
+
 log = logging.getLogger("pdconform.reference")
 
 
@@ -49,7 +51,6 @@ def env_flag(name: str, default: bool) -> bool:
     return default if raw is None or raw == "" else raw.strip().lower() in ("1", "true", "yes", "on")
 
 
-HOST = "127.0.0.1"
 TICK_S = 0.05
 HEALTH_TIMEOUT_S = 1.0
 
@@ -96,8 +97,9 @@ class ControlSide:
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
-        self.port = self.pull.bind_to_random_port(f"tcp://{HOST}")
-        self.endpoint = f"tcp://{HOST}:{self.port}"
+        host = bind_address()  # loopback unless ``run --bind``
+        self.port = self.pull.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{self.port}"
         self.push: dict[str, zmq.Socket] = {}
         self.inbox: queue.Queue = queue.Queue()
         # a byte on this pipe wakes the loop for inbox work (instead of waiting out TICK_S)

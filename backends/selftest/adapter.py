@@ -21,6 +21,7 @@ import time
 from harness.role.adapter import RoleAdapter
 from harness.role.recorder import RoleRecorder
 from harness.spec.protocol import KVPoll
+from harness.target.role_context import bind_address
 
 HANG_ROOM = 1001
 DIE_ROOM = 1002
@@ -43,7 +44,7 @@ class SelftestRole(RoleAdapter):
         return "reference"
 
     def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
-        return {"mode": "prefill", "bootstrap_addr": f"127.0.0.1:{bootstrap_port}", "engine": self.engine()}
+        return {"mode": "prefill", "bootstrap_addr": f"{bind_address()}:{bootstrap_port}", "engine": self.engine()}
 
     def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
         return {"mode": "decode", "engine": self.engine()}

@@ -125,6 +125,10 @@ ENGINE_SETTING_OPTION = typer.Option(
 FULL_WAITS_OPTION = typer.Option(
     False, "--full-waits", help="Let every wait run to its bound even after a status that must come never came "
     "(default: fail fast, later waits of that cell are cut to 1 s).")
+BIND_OPTION = typer.Option(
+    None, "--bind", metavar="ADDR", help="IPv4 address every role listens on and advertises (default: 127.0.0.1, "
+    "each cell in a private loopback-only network when root). A non-loopback ADDR is reachable from other hosts: "
+    "for roles on several hosts; give it only on a network you trust.")
 EXPECTATIONS_OPTION = typer.Option(None, "--expectations", help="TOML file of expected verdicts (see expectations/); "
                                    "exit 1 on a regression or a fix.")
 
@@ -142,6 +146,18 @@ def _settings(pairs: Optional[List[str]]) -> dict[str, int]:
             raise _usage_error(f"--engine-setting {pair}: the value must be a whole number >= 0")
         settings[name.strip()] = int(value)
     return settings
+
+
+def _bind(addr: Optional[str]) -> Optional[str]:
+    """``--bind ADDR`` checked (an IPv4 address this machine can listen on); exit 2 otherwise."""
+    if addr is None:
+        return None
+    from harness.drive.ports import check_bind_address
+
+    try:
+        return check_bind_address(addr)
+    except ValueError as exc:
+        raise _usage_error(str(exc))
 
 
 def main() -> None:

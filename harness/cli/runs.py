@@ -10,12 +10,14 @@ from rich.markup import escape
 from rich.text import Text
 
 from harness.cli import (
+    BIND_OPTION,
     DEFAULT_OUT,
     ENGINE_SETTING_OPTION,
     EXPECTATIONS_OPTION,
     FULL_WAITS_OPTION,
     SGLANG_SRC_OPTION,
     SGLANG_VERSION_OPTION,
+    _bind,
     _expectations,
     _out_dir,
     _registry,
@@ -111,6 +113,7 @@ def run(
                               "sglang once (default), or start a fresh interpreter for each."),
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     full_waits: bool = FULL_WAITS_OPTION,
+    bind: Optional[str] = BIND_OPTION,
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
@@ -122,6 +125,7 @@ def run(
 
     impls, scenarios = _select(impl, scenario)
     loaded = _expectations(expectations)
+    bind = _bind(bind)
     out = _out_dir(out)
     hint = duration_hint(out / LATEST / "results.json", scenarios, impls, seed, loaded)
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
@@ -130,7 +134,8 @@ def run(
                   f"this run uses {escape(str(target.info.version))}")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
-                       engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint)
+                       engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
+                       bind=bind)
     # Progress only on a terminal: CI logs get the matrix and nothing else.
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
@@ -156,6 +161,7 @@ def repro(
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     full_waits: bool = FULL_WAITS_OPTION,
+    bind: Optional[str] = BIND_OPTION,
 ) -> None:
     """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
 
@@ -171,6 +177,7 @@ def repro(
         raise _usage_error(f"unknown scenario {scenario} (see `pdconform list`)")
     impls, scenarios = _select([impl], [scenario])
     sc = scenarios[0]
+    bind = _bind(bind)
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)
     console.print(f"[bold]{escape(sc.id)}[/] x [bold]{escape(impl)}[/], seed {seed}, sglang "
@@ -182,7 +189,7 @@ def repro(
         console.print(f"  {i:>2}. {step!r}", markup=False, highlight=False)
     console.print("[bold]history[/] (t in s since the cell started)")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, full_waits=full_waits,
-                       engine_settings=_settings(engine_setting))
+                       engine_settings=_settings(engine_setting), bind=bind)
     result = _run_session(config, Callbacks(
         on_event=lambda event: console.print("  " + event_line(event), markup=False, highlight=False)))
     cell = result.cells[0]

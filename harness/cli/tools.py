@@ -1,4 +1,4 @@
-"""The commands about the machine and the harness itself: ``doctor``, ``list``, ``bench``, ``simulate``."""
+"""The commands about the machine and the harness itself: ``doctor``, ``list``, ``bench``, ``simulate``, ``soak``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from rich.markup import escape
 
 from harness.cli import (
     ENGINE_SETTING_OPTION,
+    SGLANG_SRC_OPTION,
+    SGLANG_VERSION_OPTION,
     _out_dir,
     _registry,
     _select,
@@ -169,3 +171,63 @@ def _print_first_failure(failures: list, planted_bug: Optional[str]) -> None:
                   + (f" --planted-bug {planted_bug}" if planted_bug else ""), highlight=False)
     console.print(f"failing seeds: {', '.join(str(f.seed) for f in failures[:20])}"
                   + (" ..." if len(failures) > 20 else ""), highlight=False)
+
+
+@app.command()
+def soak(
+    runs: int = typer.Option(10, "--runs", min=2, max=1000, help="How many times to run the matrix."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: cores)."),
+    impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementation (repeatable; default all)."),
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable; default all)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of every run (the same in each: only chance differs)."),
+    sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
+    sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
+    out: Path = typer.Option(Path("reports/out/soak"), "--out", help="Folder for the soaks: each writes "
+                             "OUT/runs/<time>/ with run-1 ... run-N, soak.json and soak.md."),
+) -> None:
+    """Run the same matrix --runs times and list every cell whose verdict or reason (numbers
+    masked) changed between runs, with the load average each run saw.
+
+    Exit 0 when every cell came out the same every time, 1 when one flipped, 2 on bad usage.
+    """
+    import os
+    from collections import Counter
+
+    from harness.drive.runner import default_jobs
+    from harness.report.outdir import OutDirError, RunFolder
+    from harness.session import RunConfig
+    from harness.report.safe import terminal
+    from harness.soak import flips, write_soak
+    from harness.soak import soak as soak_runs
+
+    jobs = jobs or default_jobs()
+    impls, scenarios = _select(impl, scenario)
+    out = _out_dir(out)
+    target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
+    config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, jobs=jobs,
+                       engine_settings=_settings(engine_setting), reports=False)
+    _stop_on_signals()
+
+    def on_run(run) -> None:
+        counts = Counter(verdict for verdict, _ in run.cells.values())
+        err.print(f"run {run.index}/{runs}: {run.duration_s:.0f} s, load {run.load_mean:.1f} "
+                  f"(peak {run.load_max:.1f}), " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())),
+                  highlight=False, markup=False)
+
+    run_folder = RunFolder(out)
+    try:
+        with run_folder as folder:
+            done = soak_runs(config, runs, folder, on_run)
+            _, md_path = write_soak(folder, done, jobs, os.cpu_count() or 1)
+            run_folder.finish()
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]: the running cells were stopped; the finished runs are in the folder")
+        raise typer.Exit(code=130)
+    except OutDirError as exc:
+        raise _usage_error(str(exc))
+    except OSError as exc:
+        raise _usage_error(f"cannot write the soak into {out}: {exc.strerror or exc}")
+    console.print(terminal(md_path.read_text()), markup=False, highlight=False)
+    console.print(f"soak.json, soak.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
+    raise typer.Exit(code=1 if flips(done) else 0)

@@ -30,6 +30,7 @@ import zmq
 from harness.drive.contain import become_subreaper, children, describe, kill_descendants
 from harness.role.adapter import CONTRACT, SHUTDOWN, RoleAdapter, Unsupported
 from harness.role.recorder import RoleRecorder
+from harness.target.role_context import bind_address
 
 # Ops a driver may call: exactly the RoleAdapter contract.
 ALLOWED_OPS = frozenset(CONTRACT)
@@ -91,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", required=True, choices=["prefill", "decode"])
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default=None, help="address to listen on (default: the run's, bind_address())")
     args = parser.parse_args(argv)
+    args.host = args.host or bind_address()
 
     _watch_parent(args.parent_pid)
     become_subreaper()  # a process the implementation starts in a new session stays ours, and is ended

@@ -27,6 +27,7 @@ from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkedProcess, Fork
 from harness.drive.ports import free_port_block
 from harness.spec.history import Event, Op, append_event
 from harness.spec.scenario import Scenario
+from harness.target.role_context import BIND_ENV
 from harness.target.sglang import SglangTarget, installed_target
 
 LOG_TAIL_LINES = 15  # of cell.log, quoted when a cell process ends before its history does
@@ -149,7 +150,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     ``target``: the sglang to run against (harness.target.sglang; default the installed one).
     ``on_event``: called with each history event (harness.spec.history) as the cell records it.
     ``fork_server``: fork the cell (and its roles) from this fork server instead of starting
-    fresh interpreters.  ``base_port``: first of the cell's loopback ports (default: a
+    fresh interpreters.  ``base_port``: first of the cell's ports (default: a
     free block picked now).  ``full_waits``: see harness.drive.cell.run_cell.
     """
     target = target or installed_target()
@@ -158,7 +159,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     workdir.mkdir(parents=True)
     deadline = timeout_s if timeout_s is not None else scenario.timeout_s
     args = ["--impl", impl, "--scenario", scenario.id, "--seed", str(seed), "--workdir", str(workdir),
-            "--base-port", str(base_port if base_port is not None else free_port_block())]
+            "--base-port", str(base_port if base_port is not None else free_port_block(host=target.env.get(BIND_ENV)))]
     if full_waits:
         args.append("--full-waits")
     cmd = [target.python, "-m", "harness.drive.cell", *args]

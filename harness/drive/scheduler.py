@@ -28,6 +28,7 @@ from harness.judge.verdict import Verdict
 from harness.spec.protocol import REFERENCE
 from harness.spec.scenario import Scenario
 from harness.spec.steps import STEP_TIMEOUT_S
+from harness.target.role_context import BIND_ENV
 from harness.target.sglang import SglangTarget
 
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted run keeps killing cells its workers start
@@ -132,7 +133,7 @@ class _Run:
         self.tasks, self.schedule, self.out_dir, self.cb = tasks, schedule, out_dir, callbacks
         self.reported = sum(t.reported for t in tasks)
         self.fork_servers: dict[str, ForkServer] = {}
-        self.ports = PortBlocks()
+        self.ports = PortBlocks(schedule.target.env.get(BIND_ENV))
         self.lock = threading.Lock()
         self.started = self.done = 0
         self.noted: set[str] = set()

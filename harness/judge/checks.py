@@ -107,14 +107,17 @@ def stays_terminal(room: int, roles: tuple[str, ...]) -> Checker:
     return fn
 
 
-def pools_exact(decode: str = "decode") -> Checker:
-    """The last pool verification on ``decode`` found every byte where it belongs."""
+def pools_exact(decode: str = "decode", which: int = -1) -> Checker:
+    """The ``which``-th pool verification on ``decode`` (0 the first; default -1, the last)
+    found every byte where it belongs."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         checks = list(completions(events, op=Op.VERIFY, role=decode))
         if not checks:
             return False, "pools were never verified"
-        last = checks[-1]
+        if not -len(checks) <= which < len(checks):
+            return False, f"pools were verified {len(checks)} time(s), not {which + 1 if which >= 0 else -which}"
+        last = checks[which]
         if last["type"] == Event.FAIL:
             return None, f"verification could not run: {last.get('error')}"
         report = last["value"]

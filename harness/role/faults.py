@@ -138,7 +138,12 @@ class EngineFaultPlan:
     * ``delay_s``: seconds every transfer waits before it runs;
     * ``never_complete``: transfers are accepted and never complete (no bytes, no
       completion; a synchronous call blocks for :data:`NEVER_BLOCK_S`);
-    * ``fail_group``: every transfer of the n-th group (one batch call) fails.
+    * ``fail_group``: every transfer of the n-th group (one batch call) fails;
+    * ``aux_delay_s``: each room's aux data reaches the decode that many seconds late, on
+      whatever path the backend sends it: a write on the engine takes that much longer; a
+      control message carrying it is held that long on its connection, and what is sent
+      after it on the same connection waits behind it (a TCP stream delivers in order),
+      while other connections go on.  Not counted as a transfer.
 
     ValueError for counts below 1 or a delay that is negative or not finite.
     """
@@ -147,14 +152,22 @@ class EngineFaultPlan:
     delay_s: float = 0.0
     never_complete: bool = False
     fail_group: int | None = None
+    aux_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("fail_nth", "fail_group"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
-        if not (isinstance(self.delay_s, (int, float)) and math.isfinite(self.delay_s) and self.delay_s >= 0):
-            raise ValueError(f"delay_s must be a finite number >= 0, got {self.delay_s!r}")
+        for name in ("delay_s", "aux_delay_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def engine_faults(self) -> bool:
+        """Whether the plan changes the engine's transfers (anything but ``aux_delay_s``)."""
+        return bool(self.fail_nth or self.delay_s or self.never_complete or self.fail_group)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -204,6 +217,10 @@ class EngineFaultCounter:
             return NEVER
         return None
 
+    def note_aux_delay(self, what: str) -> None:
+        """Log that ``what`` (an aux write or message) is held ``plan.aux_delay_s`` seconds."""
+        self._note(0, "aux-delay", what, delay_s=self.plan.aux_delay_s)
+
     def _note(self, nth: int, fault: str, what: str, **extra) -> None:
         with self._lock:
             self.log.append({"transfer": nth, "fault": fault, "what": what, "t": time.time(),
@@ -212,3 +229,45 @@ class EngineFaultCounter:
     def snapshot(self) -> list[dict]:
         with self._lock:
             return list(self.log)
+
+
+class HeldConnection:
+    """One connection's sending side (a ZMQ PUSH socket, or anything with ``send_multipart``)
+    on which a message can be held in flight, as a TCP stream holds a delayed segment: once
+    ``hold_for(parts)`` (seconds) says to hold a message, it and every message sent after it on
+    this connection are sent, in order, when the hold ends; other connections go on.
+
+    Sends are serialised under a lock, so the release (on a timer thread) never uses the
+    socket at the same time as its owner (ZMQ sockets may change threads across a lock)."""
+
+    def __init__(self, sock, hold_for):
+        self.socket = sock
+        self._hold_for = hold_for
+        self._lock = threading.Lock()
+        self._held: list[tuple[list, tuple, dict]] = []
+
+    def send_multipart(self, parts, *args, **kwargs):
+        with self._lock:
+            if self._held:  # behind a held message: wait for it
+                self._held.append((list(parts), args, kwargs))
+                return None
+            delay = self._hold_for(parts)
+            if not delay:
+                return self.socket.send_multipart(parts, *args, **kwargs)
+            self._held.append((list(parts), args, kwargs))
+        timer = threading.Timer(delay, self._release)
+        timer.daemon = True
+        timer.start()
+        return None
+
+    def _release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+            for parts, args, kwargs in held:
+                try:
+                    self.socket.send_multipart(parts, *args, **kwargs)
+                except Exception:  # noqa: BLE001 - a peer gone meanwhile: the message is lost, as on the wire
+                    pass
+
+    def __getattr__(self, name):
+        return getattr(self.socket, name)

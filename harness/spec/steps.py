@@ -51,13 +51,16 @@ class ReleasePoint:
 class EngineFaults:
     """Nemesis: from now on ``role``'s transfer engine fails its ``fail_nth`` transfer,
     delays each by ``delay_s`` seconds, never completes any (``never_complete``), or
-    fails every transfer of its ``fail_group``-th batch (:class:`harness.role.faults.EngineFaultPlan`)."""
+    fails every transfer of its ``fail_group``-th batch; and each room's aux data
+    reaches the decode ``aux_delay_s`` seconds late, on whatever path the backend
+    sends it (:class:`harness.role.faults.EngineFaultPlan`)."""
 
     role: str
     fail_nth: int | None = None
     delay_s: float = 0.0
     never_complete: bool = False
     fail_group: int | None = None
+    aux_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -210,9 +213,19 @@ class SendChunk:
     prefill: str = "prefill"
 
 
+VERIFY_RETRY_S = 0.05  # between two checks of a VerifyPools that is still settling
+
+
 @dataclass(frozen=True)
 class VerifyPools:
-    """Decode: check every byte of its pools against (src, dst) page and aux-slot pairs."""
+    """Decode: check every byte of its pools against (src, dst) page and aux-slot pairs.
+
+    ``settle_s``: while bytes are still wrong, check again every VERIFY_RETRY_S seconds
+    for up to that long (the last check is judged).  A verification that stands for
+    R-LAYOUT-1 (where the bytes land) settles, so bytes that land late but right do not
+    fail it; whether they had landed by the Success poll is R-XFER-2's own check, with
+    ``settle_s=0`` (scenario slow-aux makes that race certain instead of left to load).
+    A wrong byte stays wrong: the bound only delays a FAIL."""
 
     kv_moves: tuple[tuple[int, int], ...]
     aux_moves: tuple[tuple[int, int], ...]
@@ -220,6 +233,7 @@ class VerifyPools:
     unchecked_kv: tuple[int, ...] = ()  # destination pages a cut-short transfer may have written
     unchecked_aux: tuple[int, ...] = ()
     sent_layers: tuple[int, ...] | None = None  # layers the prefill sends (None: every layer)
+    settle_s: float = 2.0
 
 
 @dataclass(frozen=True)

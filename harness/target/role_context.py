@@ -27,11 +27,18 @@ from typing import Any, Callable
 from harness.target.version import release_of, sglang_version
 
 LOOPBACK = "127.0.0.1"
+BIND_ENV = "PDCONFORM_BIND"  # the address every role listens on (``run --bind``); unset: LOOPBACK
+
+
+def bind_address() -> str:
+    """The IPv4 address this run's roles listen on and advertise: ``$PDCONFORM_BIND`` (set by
+    ``run --bind``, harness.session) or :data:`LOOPBACK`."""
+    return os.environ.get(BIND_ENV) or LOOPBACK
+
 
 # Environment that every role process needs before sglang or an engine is imported (an
 # implementation's own engine settings are its Implementation.role_env, harness.implementations).
 ROLE_ENV = {
-    "SGLANG_HOST_IP": LOOPBACK,  # otherwise the managers pick the NIC's address
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
@@ -115,7 +122,7 @@ def _server_args(settings: RoleSettings):
     return ServerArgs(
         model_path="dummy",
         device="cpu",
-        host=LOOPBACK,
+        host=bind_address(),
         disaggregation_mode=settings.mode,
         disaggregation_transfer_backend=settings.backend,
         disaggregation_bootstrap_port=settings.bootstrap_port,
@@ -215,9 +222,11 @@ def strategy_for(version: str) -> ContextStrategy:
 
 
 def apply_role_env() -> None:
-    """Set the loopback/engine environment (see ``ROLE_ENV``) unless already set."""
+    """Set ``ROLE_ENV`` unless already set, and ``SGLANG_HOST_IP`` to :func:`bind_address`
+    (otherwise sglang's managers advertise the NIC's address)."""
     for key, value in ROLE_ENV.items():
         os.environ.setdefault(key, value)
+    os.environ.setdefault("SGLANG_HOST_IP", bind_address())
 
 
 def prepare_role(settings: RoleSettings):

@@ -12,6 +12,7 @@ from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
 from harness.spec.history import Event, Op
 from harness.spec.protocol import KVPoll, kvpoll_name
+from harness.target.role_context import bind_address
 
 if TYPE_CHECKING:
     from harness.drive.cell import CellDriver
@@ -81,7 +82,7 @@ def _prefill_started(d: "CellDriver", name: str, layout: dict, port: int, facts:
 
 def _note_control_endpoint(d: "CellDriver", name: str, facts: dict) -> None:
     if facts.get("rank_port"):
-        d.control_endpoint[name] = f"tcp://127.0.0.1:{facts['rank_port']}"
+        d.control_endpoint[name] = f"tcp://{bind_address()}:{facts['rank_port']}"
 
 
 def open_room(d: "CellDriver", step: s.OpenRoom) -> None:
@@ -140,10 +141,31 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
 
 
 def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
-    d.call(step.decode, "verify", kv_moves=[list(m) for m in step.kv_moves],
-           aux_moves=[list(m) for m in step.aux_moves], unchecked_kv=list(step.unchecked_kv),
-           unchecked_aux=list(step.unchecked_aux),
-           sent_layers=None if step.sent_layers is None else list(step.sent_layers))
+    """Check the decode's pools, again every VERIFY_RETRY_S while they are wrong, for at most
+    ``step.settle_s`` seconds; one completion, the last report, with ``checks`` (how many were
+    made) and ``settled_s`` (seconds from the first to the last)."""
+    kwargs = dict(kv_moves=[list(m) for m in step.kv_moves], aux_moves=[list(m) for m in step.aux_moves],
+                  unchecked_kv=list(step.unchecked_kv), unchecked_aux=list(step.unchecked_aux),
+                  sent_layers=None if step.sent_layers is None else list(step.sent_layers))
+    args = {**kwargs, "settle_s": step.settle_s}
+    d.record(Event.INVOKE, Op.VERIFY, step.decode, args=args)
+    start = time.monotonic()
+    checks = 0
+    while True:
+        checks += 1
+        try:
+            report = d.clients[step.decode].call("verify", CALL_TIMEOUT_S, **kwargs)
+        except RoleError as exc:
+            d.record(Event.FAIL, Op.VERIFY, step.decode, args=args, error=str(exc), unsupported=exc.unsupported,
+                     remote_traceback=exc.remote_traceback)
+            if exc.unsupported:
+                raise CellAborted(f"{step.decode}.verify: {exc.remote_message or exc}", unsupported=True) from exc
+            return
+        if report.get("ok") or time.monotonic() - start + s.VERIFY_RETRY_S > step.settle_s:
+            break
+        time.sleep(s.VERIFY_RETRY_S)
+    value = {**report, "checks": checks, "settled_s": round(time.monotonic() - start, 3)}
+    d.record(Event.OK, Op.VERIFY, step.decode, args=args, value=value)
 
 
 def clear(d: "CellDriver", step: s.Clear) -> None:
