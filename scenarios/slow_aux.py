@@ -13,59 +13,41 @@ PASS iff both sides reach Success and both verifications find every byte in plac
 
 from __future__ import annotations
 
-import random
+from dataclasses import replace
 
 from harness.judge import checks as c
-from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import (AwaitStatus, EngineFaults, InitSender, OpenRoom, RequestKV, SendChunk, Sleep,
-                                StartRoles, VerifyPools)
-from scenarios import _flows as flows
+from harness.spec.steps import AwaitStatus, EngineFaults, Sleep, StartRoles
+from scenarios._flows import DONE, LAYOUT, RoomAllocator, open_and_request, pair_healthy, room_succeeds, send_all, verify
 
-LAYOUT = flows.LAYOUT
-NUM_PAGES = 4
 AUX_DELAY_S = 1.0  # far above the few milliseconds between a Success poll and the verification
 
 
-def _plan(seed: int):
-    """Room id, scattered source/destination pages and aux slots."""
-    rng = random.Random(seed)
-    room = rng.randrange(1, 2**62)
-    src = sorted(rng.sample(range(LAYOUT.num_pages), NUM_PAGES))
-    dst = rng.sample(range(LAYOUT.num_pages), NUM_PAGES)
-    return room, src, dst, rng.randrange(LAYOUT.aux_slots), rng.randrange(LAYOUT.aux_slots)
+def _room(seed: int):
+    return RoomAllocator(seed).room(4, chunks=1)
 
 
 def steps(seed: int):
-    room, src, dst, aux_src, aux_dst = _plan(seed)
-    at_success = VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),), settle_s=0.0)
-    settled = VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),))
+    room = _room(seed)
     return [
         StartRoles(layout=LAYOUT),
         EngineFaults("prefill", aux_delay_s=AUX_DELAY_S),
-        OpenRoom(room),
-        RequestKV(room, tuple(dst), aux_dst),
-        AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),
-        InitSender(room, NUM_PAGES, aux_src),
-        SendChunk(room, tuple(src)),
-        AwaitStatus(room, "decode", (KVPoll.Success, KVPoll.Failed), label="decode-done"),
-        at_success,  # what the decode scheduler reads at that poll: no second look
-        AwaitStatus(room, "prefill", (KVPoll.Success, KVPoll.Failed)),
+        *open_and_request(room),
+        *send_all(room),
+        AwaitStatus(room.room, "decode", DONE),
+        replace(verify([room]), settle_s=0.0),  # what the decode scheduler reads at that poll: no second look
+        AwaitStatus(room.room, "prefill", DONE),
         Sleep(AUX_DELAY_S + 0.5),
-        settled,  # the aux has landed by now, wherever it went
+        verify([room]),  # the aux has landed by now, wherever it went
     ]
 
 
 def checks(seed: int):
-    room = _plan(seed)[0]
     return [
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
-        c.Check("prefill-success", "R-XFER-1", c.reached_status(room, "prefill", KVPoll.Success)),
-        c.Check("decode-success", "R-XFER-1", c.reached_status(room, "decode", KVPoll.Success)),
+        *room_succeeds(_room(seed), "R-XFER-1", "room"),
         c.Check("bytes-at-success", "R-XFER-2", c.pools_exact(which=0)),
-        c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
-        c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads()),
-        c.Check("loops-alive", "R-LIVE-2", c.loops_alive()),
+        *pair_healthy(),
     ]
 
 

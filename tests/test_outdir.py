@@ -151,3 +151,32 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_report(small_disk):
             if (run / name).exists():
                 assert (run / name).stat().st_size > 0 and json.loads((run / "results.json").read_text())
         assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]  # no temporary file left
+
+
+def test_an_interrupt_while_the_reports_are_written_leaves_the_previous_run_latest(tmp_path, monkeypatch):
+    """SIGINT (KeyboardInterrupt) after results.json and before the other reports: ``latest``
+    still points at the previous run, and no temporary file is left in the new one."""
+    from harness import session
+    from harness.report.files import write_reports
+    from harness.spec.scenario import get_scenario
+    from harness.target.sglang import installed_target
+
+    monkeypatch.setenv("PDCONFORM_TEST_SCENARIOS", "1")
+    config = session.RunConfig(impls=["selftest"], scenarios=[get_scenario("selftest-noop")], out_dir=tmp_path,
+                               target=installed_target())
+    session.run(config)
+    before = os.readlink(tmp_path / "latest")
+
+    def interrupted(result, out_dir, histories):
+        write_reports(result, out_dir, histories)  # junit.xml, summary.md, index.html, then the signal
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "write_reports", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        session.run(config)
+    assert os.readlink(tmp_path / "latest") == before
+    runs = [p for p in (tmp_path / "runs").iterdir()]
+    assert len(runs) == 2
+    for run in runs:
+        assert not [p.name for p in run.rglob("*") if ".tmp" in p.name], run
+    assert json.loads((tmp_path / "latest" / "results.json").read_text())["cells"]

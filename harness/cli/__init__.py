@@ -13,6 +13,7 @@ usage, 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -146,6 +147,28 @@ def _settings(pairs: Optional[List[str]]) -> dict[str, int]:
             raise _usage_error(f"--engine-setting {pair}: the value must be a whole number >= 0")
         settings[name.strip()] = int(value)
     return settings
+
+
+@contextlib.contextmanager
+def _run_folder(out: Path, what: str, interrupted: str = ""):
+    """A fresh run folder under ``out`` (harness.report.outdir.RunFolder) for the body to
+    write into, made ``latest`` when the body has finished; an interrupt exits 130 (saying
+    ``interrupted``), another run holding ``out`` or a write error exits 2 (naming ``what``)."""
+    from harness.report.outdir import OutDirError, RunFolder
+
+    _stop_on_signals()
+    run_folder = RunFolder(out)
+    try:
+        with run_folder as folder:
+            yield folder
+            run_folder.finish()
+    except KeyboardInterrupt:
+        err.print(f"[bold red]interrupted[/]{escape(interrupted)}")
+        raise typer.Exit(code=130)
+    except OutDirError as exc:
+        raise _usage_error(str(exc))
+    except OSError as exc:
+        raise _usage_error(f"cannot write the {what} into {out}: {exc.strerror or exc}")
 
 
 def _bind(addr: Optional[str]) -> Optional[str]:

@@ -14,10 +14,10 @@ from harness.cli import (
     SGLANG_SRC_OPTION,
     SGLANG_VERSION_OPTION,
     _out_dir,
+    _run_folder,
     _registry,
     _select,
     _settings,
-    _stop_on_signals,
     _target,
     _usage_error,
     app,
@@ -83,7 +83,6 @@ def bench(
     (median and spread of --repeat samples), against the project's goals; write bench.json."""
     from harness.bench.suite import BenchUsageError, figures_table, plan_bench, run_bench, write_bench_json
     from harness.drive.runner import default_jobs
-    from harness.report.outdir import OutDirError, RunFolder
 
     jobs = jobs or default_jobs()
     impls, scenarios = _select(impl, scenario)
@@ -93,23 +92,12 @@ def bench(
                           _settings(engine_setting), target=lambda: _target(None, None))
     except BenchUsageError as exc:
         raise _usage_error(str(exc))
-    _stop_on_signals()
-    run_folder = RunFolder(out)
-    try:
-        with run_folder as folder:
-            plan.out_dir = folder
-            if plan.matrix is not None:
-                plan.matrix.out_dir = folder
-            figures = run_bench(plan, on_progress=lambda m: err.print(f"[dim]{escape(m)}[/]"))
-            path = write_bench_json(folder, figures, jobs, repeat)
-            run_folder.finish()
-    except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]")
-        raise typer.Exit(code=130)
-    except OutDirError as exc:
-        raise _usage_error(str(exc))
-    except OSError as exc:
-        raise _usage_error(f"cannot write the bench into {out}: {exc.strerror or exc}")
+    with _run_folder(out, "bench") as folder:
+        plan.out_dir = folder
+        if plan.matrix is not None:
+            plan.matrix.out_dir = folder
+        figures = run_bench(plan, on_progress=lambda m: err.print(f"[dim]{escape(m)}[/]"))
+        path = write_bench_json(folder, figures, jobs, repeat)
     console.print(figures_table(figures, jobs, repeat))
     console.print(f"bench.json: {path}  (latest: {out / 'latest'})", highlight=False)
 
@@ -195,7 +183,6 @@ def soak(
     from collections import Counter
 
     from harness.drive.runner import default_jobs
-    from harness.report.outdir import OutDirError, RunFolder
     from harness.session import RunConfig
     from harness.report.safe import terminal
     from harness.soak import flips, write_soak
@@ -207,7 +194,6 @@ def soak(
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, jobs=jobs,
                        engine_settings=_settings(engine_setting), reports=False)
-    _stop_on_signals()
 
     def on_run(run) -> None:
         counts = Counter(verdict for verdict, _ in run.cells.values())
@@ -215,19 +201,9 @@ def soak(
                   f"(peak {run.load_max:.1f}), " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())),
                   highlight=False, markup=False)
 
-    run_folder = RunFolder(out)
-    try:
-        with run_folder as folder:
-            done = soak_runs(config, runs, folder, on_run)
-            _, md_path = write_soak(folder, done, jobs, os.cpu_count() or 1)
-            run_folder.finish()
-    except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]: the running cells were stopped; the finished runs are in the folder")
-        raise typer.Exit(code=130)
-    except OutDirError as exc:
-        raise _usage_error(str(exc))
-    except OSError as exc:
-        raise _usage_error(f"cannot write the soak into {out}: {exc.strerror or exc}")
+    with _run_folder(out, "soak", ": the running cells were stopped; the finished runs are in the folder") as folder:
+        done = soak_runs(config, runs, folder, on_run)
+        _, md_path = write_soak(folder, done, jobs, os.cpu_count() or 1)
     console.print(terminal(md_path.read_text()), markup=False, highlight=False)
     console.print(f"soak.json, soak.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
     raise typer.Exit(code=1 if flips(done) else 0)
