@@ -21,7 +21,7 @@ from typing import Callable
 
 from harness.drive.contain import NETNS_ENV, isolation_available
 from harness.drive.runner import CellRun
-from harness.drive.scheduler import Callbacks, Schedule, run_matrix
+from harness.drive.scheduler import Callbacks, Schedule, expected_durations, run_matrix
 from harness.implementations import engine_settings, settings_env
 from harness.judge.expectations import Expectations
 from harness.judge.judge import judge_run
@@ -134,6 +134,17 @@ def shipped_expectations(version: str | None) -> Path | None:
 
     path = ROOT / "expectations" / f"sglang-{version}.toml"
     return path if version and path.is_file() else None
+
+
+def clean_clone_order(version: str | None, scenarios: list[Scenario], impls: list[str],
+                      seed: int = 0) -> dict[tuple[str, str], float]:
+    """The cell order a clean clone's first run uses (harness.drive.scheduler.Schedule's
+    ``duration_hint``): from the expectations shipped for sglang ``version``, the cells
+    expected to fail first; {} when none are shipped."""
+    shipped = shipped_expectations(version)
+    if shipped is None:
+        return {}
+    return expected_durations(scenarios, impls, seed, read_expectations(shipped).verdict_for)
 
 
 def cells_of(cells: list[CellRun]) -> list[tuple[str, str]]:

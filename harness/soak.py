@@ -119,8 +119,12 @@ class _LoadSampler:
 
 def soak(config, runs: int, folder: Path, on_run: Callable[[SoakRun], None] | None = None) -> list[SoakRun]:
     """Run ``config`` (a harness.session.RunConfig) ``runs`` times into ``folder/run-K/``;
-    the runs, each as it ends also given to ``on_run``.  KeyboardInterrupt and OSError as
+    the runs, each as it ends also given to ``on_run``.  Cells start longest first, as
+    ``pdconform run`` orders them after an earlier run: by the durations of the run
+    before (the first by ``config.duration_hint``).  KeyboardInterrupt and OSError as
     harness.session.run_into raises them."""
+    from dataclasses import replace
+
     from harness.session import run_into
 
     done: list[SoakRun] = []
@@ -137,6 +141,7 @@ def soak(config, runs: int, folder: Path, on_run: Callable[[SoakRun], None] | No
                       load_mean=round(sum(samples) / len(samples), 2), load_max=round(max(samples), 2),
                       cells={f"{c.scenario} x {c.impl}": [str(c.verdict), c.reason or ""] for c in result.cells})
         done.append(run)
+        config = replace(config, duration_hint={(c.scenario, c.impl): c.duration_s for c in result.cells})
         if on_run is not None:
             on_run(run)
     return done

@@ -2,8 +2,10 @@
 (each cell has a private loopback-only network when the runner may make one), and a
 process a backend starts in a session of its own is reported and ended with the cell."""
 
+import contextlib
 import os
 import socket
+import threading
 import time
 
 import psutil
@@ -11,7 +13,6 @@ import pytest
 
 from cellruns import run_cells
 from harness.drive.contain import isolation_available
-from harness.drive.scheduler import Callbacks
 from harness.spec.scenario import get_scenario
 from procs import harness_processes
 
@@ -49,6 +50,31 @@ def _listeners(pid: int) -> list[tuple[str, int]]:
     return found
 
 
+@contextlib.contextmanager
+def sampling(workdir):
+    """Sample the listeners of every harness process of ``workdir`` every 20 ms while in the
+    ``with`` (each role is seen while it is up): {(pid, its network namespace): {(addr, port)}}."""
+    sampled: dict[tuple[int, str], set] = {}
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.02):
+            for proc in harness_processes(workdir):
+                try:
+                    key = (proc.pid, os.readlink(f"/proc/{proc.pid}/ns/net"))
+                except OSError:
+                    continue
+                sampled.setdefault(key, set()).update(_listeners(proc.pid))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield sampled
+    finally:
+        done.set()
+        sampler.join()
+
+
 def _host_addresses() -> list[str]:
     """This machine's own non-loopback IPv4 addresses (what a neighbour would connect to)."""
     return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
@@ -59,21 +85,12 @@ def _host_addresses() -> list[str]:
 def test_no_role_listener_is_reachable_from_outside_the_cell(tmp_path):
     """Mooncake's engine listens on 0.0.0.0 and [::]: the sampler sees those listeners during a
     happy-path cell, in the cell's own namespace, and none answers on the host's addresses."""
-    sampled: dict[int, tuple[str, list]] = {}
     host_net = os.readlink("/proc/self/ns/net")
-
-    def sample(event):
-        if event.get("op") == "start_decode" and event.get("type") == "ok":
-            for proc in harness_processes(tmp_path):
-                try:
-                    sampled[proc.pid] = (os.readlink(f"/proc/{proc.pid}/ns/net"), _listeners(proc.pid))
-                except OSError:
-                    continue
-
-    run = run_cells(["mooncake"], [get_scenario("happy-path")], tmp_path, callbacks=Callbacks(on_event=sample))
+    with sampling(tmp_path) as sampled:
+        run = run_cells(["mooncake"], [get_scenario("happy-path")], tmp_path)
     assert run.cells[0].verdict == "PASS", run.cells[0].reason
     assert "private loopback-only network namespace" in run.network
-    wide = [(pid, addr, port, ns) for pid, (ns, found) in sampled.items() for addr, port in found
+    wide = [(pid, addr, port, ns) for (pid, ns), found in sampled.items() for addr, port in found
             if addr not in ("127.0.0.1", "::1")]
     assert wide, "Mooncake's 0.0.0.0 listeners were not sampled: the sampler saw nothing to judge"
     for pid, addr, port, ns in wide:
@@ -94,23 +111,8 @@ def test_bind_puts_every_reference_listener_on_that_address(tmp_path):
     the reference's roles (role host, bootstrap server, control sockets) is on ADDR, which the
     roles also advertise; the sampler would see one left on loopback."""
     addr = _host_addresses()[0]
-    import threading
-
-    sampled: dict[int, set] = {}
-    done = threading.Event()
-
-    def sample():  # every 20 ms while the cell runs: each role is seen while it is up
-        while not done.wait(0.02):
-            for proc in harness_processes(tmp_path):
-                sampled.setdefault(proc.pid, set()).update(_listeners(proc.pid))
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with sampling(tmp_path) as sampled:
         run = run_cells(["reference"], [get_scenario("happy-path")], tmp_path, bind=addr)
-    finally:
-        done.set()
-        sampler.join()
     assert run.cells[0].verdict == "PASS", run.cells[0].reason
     assert f"roles listen on {addr} (--bind)" in run.network
     listeners = [entry for found in sampled.values() for entry in found]

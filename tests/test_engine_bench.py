@@ -144,3 +144,25 @@ def test_compare_interleaves_in_flipped_pairs_and_computes_the_overhead(monkeypa
     assert result["paired_overhead_pct"] == pytest.approx(10.0)
     assert result["wrapper_cost"]["added_pct"] == pytest.approx(0.02)
     assert result["verified_runs"] == 8
+
+
+@pytest.mark.e2e
+def test_both_sides_of_a_bench_share_one_private_network():
+    """Mooncake listens on 0.0.0.0 whatever it is told: as for cells, the bench's two sides run
+    in one network namespace of their own (loopback only) when this machine allows it."""
+    import os
+
+    from harness.drive.contain import isolation_available
+
+    if isolation_available() is not None:
+        pytest.skip(isolation_available())
+    try:
+        session = _Session("mooncake", SMALL, 64 << 10, 30.0)
+    except EngineUnavailable as exc:
+        pytest.skip(str(exc))
+    with session:
+        spaces = {os.readlink(f"/proc/{child.proc.pid}/ns/net") for child in session.children}
+        assert len(spaces) == 1 and os.readlink("/proc/self/ns/net") not in spaces
+        devices = open(f"/proc/{session.dst.proc.pid}/net/dev").read().split("\n")[2:]
+        assert [line.split(":")[0].strip() for line in devices if line.strip()] == ["lo"]
+    assert not _bench_children()

@@ -44,6 +44,24 @@ def test_failed_within_counts_too_early_from_the_start_of_the_call():
     assert not ok and "after open_sender was called, before the 3.5 s deadline" in detail
 
 
+def test_a_failure_is_timed_when_the_role_saw_it_not_when_the_reply_arrived():
+    """waiting-timeout x nixl under load: the role saw Failed 3.0 s after request_kv, but the
+    completion (after the failure-reason call) was recorded 10.5 s after it; the role's own
+    read time is what the backend is judged by.  A read stamped too late still fails."""
+    h = History()
+    _event(h, "ok", "request_kv", "decode", 0.80, args={"room": 5})
+    late = _event(h, "ok", "await_status", "decode", 11.36, args={"room": 5},
+                  value={"status": KVPoll.Failed, "failure_reason": "timed out after 3.0s", "seen_wall": 1000.0})
+    late["wall"] = 1007.56  # recorded 7.56 s (wall clock) after the read
+    assert abs(c.seen_at(late) - 3.80) < 1e-6
+    assert c.failed_within(5, "decode", "request_kv", "decode", 3, 8)(h.events)[0]
+    late["value"]["seen_wall"] = 1007.0  # the read itself came 10.0 s after request_kv
+    ok, detail = c.failed_within(5, "decode", "request_kv", "decode", 3, 8)(h.events)
+    assert not ok and "allowed up to 8 s" in detail
+    del late["value"]["seen_wall"]  # an older history: the completion's own time
+    assert c.seen_at(late) == 11.36
+
+
 def test_failed_within_reason_optional_only_when_asked():
     events = _failed_history(1.0, None)
     assert not c.failed_within(5, "prefill", "open_sender", "prefill", 0, 2)(events)[0]

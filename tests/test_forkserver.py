@@ -88,3 +88,42 @@ def test_a_killed_runs_fork_server_folder_is_removed_at_the_next_start(tmp_path)
         for folder in (alive, foreign):
             (folder / OWNER_FILE).unlink(missing_ok=True)
             folder.rmdir()
+
+
+def test_a_client_that_gives_up_neither_ends_the_fork_server_nor_leaves_its_child_running(tmp_path):
+    # A client whose fork call timed out closed its socket before the reply: the fork server
+    # died of the broken pipe (every later cell of that run fell back to a fresh interpreter,
+    # and at load 15 most of them timed out). Now it ends the child nobody heard of and goes on.
+    import json
+    import os
+    import signal
+    import socket
+    import time
+
+    from harness.drive.contain import children
+
+    fork_server = ForkServer(impls=[], wait=True, log_dir=tmp_path)
+    try:
+        client = fork_server.wait_ready()
+        server = client.call({"op": "ping"})["pid"]
+        request = {"op": "fork", "kind": "role", "log": str(tmp_path / "role.log"), "env": {}, "pgid": None,
+                   "cwd": str(tmp_path), "netns": None,
+                   "argv": ["--impl", "selftest", "--role", "prefill", "--ready-file", str(tmp_path / "ready"),
+                            "--parent-pid", str(os.getpid())]}
+        os.kill(server, signal.SIGSTOP)  # the request is read only after its client has gone
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(client.path)
+                sock.sendall(json.dumps(request).encode() + b"\n")
+        finally:
+            os.kill(server, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "ended child" not in (tmp_path / "forkserver.log").read_text():
+            time.sleep(0.05)
+        while time.monotonic() < deadline and children(server):
+            time.sleep(0.05)
+        assert children(server) == []  # the unclaimed role was killed and reaped
+        assert client.call({"op": "ping"})["pid"] == server  # and the fork server still serves
+        assert client.fork("cell", ["--bad-argument"], tmp_path / "next.log").wait(timeout=30) == 2
+    finally:
+        fork_server.close()

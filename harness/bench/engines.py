@@ -72,6 +72,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from harness import ROOT
+from harness.drive.contain import isolation_available
 from harness.implementations import implementation, registered
 from harness.role.engine_bench import BenchSides
 
@@ -122,6 +123,18 @@ def sides(engine: str) -> BenchSides:
 
 
 
+def _enter_network(join: int | None) -> str:
+    """Move this child into a private loopback-only network namespace (``join`` None) or into
+    the one of process ``join`` (the other side's), as cells do (harness.drive.contain):
+    Mooncake's engine listens on 0.0.0.0 whatever it is told."""
+    from harness.drive.contain import enter_network_of, isolate_network
+
+    if join is None:
+        return isolate_network()
+    enter_network_of(join)
+    return f"the network namespace of pid {join}"
+
+
 def _child_main(engine: str, role: str, fd: int) -> None:
     """Serve one side over the connection on ``fd`` until ``stop`` or EOF; never returns
     (``os._exit``).  Requests are ``(command, kwargs)``; replies ``("ok", value)`` or
@@ -141,7 +154,9 @@ def _child_main(engine: str, role: str, fd: int) -> None:
                 code = 1  # the parent went away
                 break
             try:
-                if command == "init":
+                if command == "network":  # before the engine exists: its threads start in the namespace
+                    conn.send(("ok", _enter_network(kwargs.get("join"))))
+                elif command == "init":
                     try:
                         side = getattr(sides(engine), role)(**kwargs)
                     except ImportError as exc:
@@ -273,6 +288,9 @@ class _Session:
             self.children.append(self.dst)
             self.src = _Child(engine, "source")
             self.children.append(self.src)
+            if isolation_available() is None:  # both sides in one private loopback-only network
+                self.dst.call("network", STARTUP_TIMEOUT_S, join=None)
+                self.src.call("network", STARTUP_TIMEOUT_S, join=self.dst.proc.pid)
             for child in self.children:  # both import and register at the same time
                 child.send("init", total_bytes=total_bytes, block_bytes=block_bytes)
             peer = self.dst.reply("init", STARTUP_TIMEOUT_S)

@@ -57,8 +57,7 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
     clean clone's ``make matrix`` uses (the shipped expectations' failing cells first).
     BenchUsageError for an unknown part, nothing left to measure, or engine buffers beyond
     the free memory."""
-    from harness.drive.scheduler import duration_hint
-    from harness.session import RunConfig, read_expectations, shipped_expectations
+    from harness.session import RunConfig, clean_clone_order
 
     unknown = skip - set(PARTS)
     if unknown:
@@ -74,10 +73,9 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
                      engine_bytes=0 if "engines" in skip else engine_mib * 2**20)
     if "matrix" not in skip:
         sglang = target()
-        shipped = shipped_expectations(sglang.info.version)
-        hint = duration_hint(out / "no-earlier-run", scenarios, impls, 0, read_expectations(shipped) if shipped else None)
         plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
-                                engine_settings=engine_settings, duration_hint=hint)
+                                engine_settings=engine_settings,
+                                duration_hint=clean_clone_order(sglang.info.version, scenarios, impls))
     return plan
 
 

@@ -183,7 +183,7 @@ def soak(
     from collections import Counter
 
     from harness.drive.runner import default_jobs
-    from harness.session import RunConfig
+    from harness.session import RunConfig, clean_clone_order
     from harness.report.safe import terminal
     from harness.soak import flips, write_soak
     from harness.soak import soak as soak_runs
@@ -193,7 +193,8 @@ def soak(
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, jobs=jobs,
-                       engine_settings=_settings(engine_setting), reports=False)
+                       engine_settings=_settings(engine_setting), reports=False,
+                       duration_hint=clean_clone_order(target.info.version, scenarios, impls, seed))
 
     def on_run(run) -> None:
         counts = Counter(verdict for verdict, _ in run.cells.values())

@@ -133,15 +133,20 @@ class _Children:
         self.exited: dict[int, int] = {}  # pid -> returncode (negative: killed by that signal)
         self.group_of: dict[int, int] = {}  # pid -> its process group (a cell's pid for the cell and its roles)
         self.group_cpu: dict[int, float] = {}  # process group -> CPU seconds (user + system) of its reaped processes
+        self.ending: set[int] = set()  # adopted orphans sent SIGKILL, not reaped yet
 
     def reap(self) -> None:
-        while self.running:
+        """Collect every child that has ended (forked ones and adopted orphans), never waiting."""
+        while True:
             try:
                 pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            self.ending.discard(pid)
+            if pid not in self.running:
+                continue  # an adopted orphan, ended by end_adopted
             self.running.discard(pid)
             self.exited[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             group = self.group_of.pop(pid, pid)
@@ -155,15 +160,26 @@ class _Children:
             self.group_cpu.pop(pid, None)  # a reused pid: an older group's CPU is not this one's
 
     def end_adopted(self) -> None:
-        """Kill and reap every child this server did not fork: orphans re-parented to it (a
-        process a role started in a session of its own, left when the role ended)."""
-        for pid in [c for c in contain_children() if c not in self.running]:
+        """Kill every child this server did not fork (reap() collects them): orphans re-parented
+        to it (a process a role started in a session of its own, left when the role ended)."""
+        for pid in [c for c in contain_children() if c not in self.running and c not in self.ending]:
             print(f"fork server: ended a process a role left behind: {describe(pid)}", flush=True)
             try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)  # reaped by reap(), without waiting here: the server keeps answering
+                self.ending.add(pid)
+            except ProcessLookupError:
                 pass
+
+    def end_unclaimed(self, pid: int) -> None:
+        """Kill the process group of a child whose fork reply never reached its client."""
+        print(f"fork server: ended child {pid}: the client that asked for it had gone", flush=True)
+        try:
+            if self.group_of.get(pid, pid) == pid:  # a cell: its own group, with any role it started
+                os.killpg(pid, signal.SIGKILL)
+            else:  # a role: the rest of its cell goes on, and fails to reach it
+                os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def kill_all(self) -> None:
         for pid in list(self.running):
@@ -171,6 +187,12 @@ class _Children:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _drop(sock: socket.socket, clients: list[socket.socket], buffers: dict) -> None:
+    clients.remove(sock)
+    buffers.pop(sock, None)
+    sock.close()
 
 
 def _answer(request: dict, children: _Children, listener: socket.socket, clients: list[socket.socket]) -> dict:
@@ -183,6 +205,10 @@ def _answer(request: dict, children: _Children, listener: socket.socket, clients
         pid = os.fork()
         if pid == 0:
             _child(request, listener, clients)
+        try:  # the child does it too; here as well, so a kill of the group cannot come before the group
+            os.setpgid(pid, request.get("pgid") or pid)
+        except OSError:  # the child got there first (and may have exec'd into its main already)
+            pass
         children.add(pid, request.get("pgid") or pid)
         return {"ok": True, "pid": pid}
     if op == "status":
@@ -216,20 +242,28 @@ def serve(listener: socket.socket, parent_pid: int) -> None:
                 clients.append(conn)
                 buffers[conn] = b""
                 continue
-            data = sock.recv(65536)
+            try:
+                data = sock.recv(65536)
+            except OSError:  # reset by a client that gave up
+                data = b""
             if not data:
-                clients.remove(sock)
-                buffers.pop(sock, None)
-                sock.close()
+                _drop(sock, clients, buffers)
                 continue
             buffers[sock] += data
-            while b"\n" in buffers[sock]:
+            while sock in buffers and b"\n" in buffers[sock]:
                 line, buffers[sock] = buffers[sock].split(b"\n", 1)
+                request: dict = {}
                 try:
-                    reply = _answer(json.loads(line), children, listener, clients)
+                    request = json.loads(line)
+                    reply = _answer(request, children, listener, clients)
                 except Exception as exc:  # noqa: BLE001 - a bad request must not end the fork server
                     reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                sock.sendall(json.dumps(reply).encode() + b"\n")
+                try:
+                    sock.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError:  # the client gave up waiting (a call timeout): the fork server goes on
+                    if isinstance(request, dict) and request.get("op") == "fork" and reply.get("ok"):
+                        children.end_unclaimed(reply["pid"])  # nobody knows this child: it must not run unseen
+                    _drop(sock, clients, buffers)
     children.kill_all()  # the runner is gone: so are its cells
 
 

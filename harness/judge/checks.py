@@ -248,6 +248,18 @@ def status_at(label: str, expected: tuple[int, ...]) -> Checker:
     return fn
 
 
+def seen_at(poll: dict) -> float:
+    """When an ``await_status`` completion's status was seen, on the history's clock ``t``
+    (seconds): the role stamps the wall clock of the read that saw it (``seen_wall``), and the
+    completion carries the wall clock it was recorded at, so calls made after the read (the
+    failure reason) or a slow reply do not count as the backend's time.  A history without
+    the stamp: the completion's own ``t``."""
+    value = poll.get("value") or {}
+    if "seen_wall" in value and "wall" in poll:
+        return poll["t"] - max(0.0, poll["wall"] - value["seen_wall"])
+    return poll["t"]
+
+
 def _first_failed_after(events: list[dict], role: str, room: int, seq: int) -> tuple[dict | None, str]:
     """The first poll of ``role``'s ``room`` after event ``seq`` that saw Failed (None: none did),
     and the last status seen after it ("never polled" when no poll ran)."""
@@ -270,7 +282,7 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Chec
         failed, last = _first_failed_after(events, decode, room, kill["seq"])
         if failed is None:
             return False, f"{decode} room {room} did not become Failed after {dead} was killed (last: {last})"
-        latency = failed["t"] - kill["t"]
+        latency = seen_at(failed) - kill["t"]
         reason = failed["value"].get("failure_reason") or ""
         bound = (window or 0) + slack_s
         problems = []
@@ -317,11 +329,11 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
         failed, last = _first_failed_after(events, role, room, start["seq"])
         if failed is None:
             return False, f"{role} room {room} never became Failed (last: {last})"
-        latency = failed["t"] - start["t"]
+        latency = seen_at(failed) - start["t"]
         reason = failed["value"].get("failure_reason") or ""
         problems = []
-        if failed["t"] - called["t"] < low_s:
-            problems.append(f"Failed {failed['t'] - called['t']:.1f} s after {since_op} was called, "
+        if seen_at(failed) - called["t"] < low_s:
+            problems.append(f"Failed {seen_at(failed) - called['t']:.1f} s after {since_op} was called, "
                             f"before the {low_s:g} s deadline")
         elif latency > high_s:
             problems.append(f"Failed only {latency:.1f} s after {since_op} (allowed up to {high_s:g} s)")

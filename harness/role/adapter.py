@@ -136,7 +136,8 @@ class RoleAdapter(ABC):
 
         Runs inside the role, so a status is seen within ``interval_s`` without a round
         trip per read.  Returns ``{"status": int, "trail": [KVPoll names in the order
-        seen], "waited_s": float}``; what :meth:`poll` raises propagates."""
+        seen], "waited_s": float, "seen_wall": the wall clock (s) of the read that ended the
+        wait}``; what :meth:`poll` raises propagates."""
         start = time.monotonic()
         trail: list[str] = []
         while True:
@@ -145,7 +146,7 @@ class RoleAdapter(ABC):
                 trail.append(kvpoll_name(status))
             waited = time.monotonic() - start
             if status in statuses or waited > timeout_s:
-                return {"status": status, "trail": trail, "waited_s": round(waited, 3)}
+                return {"status": status, "trail": trail, "waited_s": round(waited, 3), "seen_wall": time.time()}
             time.sleep(interval_s)
 
     @abstractmethod

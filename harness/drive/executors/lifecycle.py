@@ -128,7 +128,9 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
         seen = client.call("await_status", bound + CALL_TIMEOUT_S, room=step.room,
                            statuses=[int(x) for x in step.statuses], timeout_s=bound)
         status = seen["status"]
+        asked = time.monotonic()
         reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status == KVPoll.Failed else None
+        reason_call_s = round(time.monotonic() - asked, 3)
     except RoleError as exc:
         d.record(Event.FAIL, Op.AWAIT_STATUS, step.role, args=args, error=str(exc))
         return
@@ -137,6 +139,10 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
         d.stalled_step = d.step_index
     value = {"status": status, "status_name": kvpoll_name(status), "reached": reached,
              "waited_s": seen["waited_s"], "trail": seen["trail"], "failure_reason": reason}
+    if "seen_wall" in seen:  # when the status was read, for timing checks (harness.judge.checks.seen_at)
+        value["seen_wall"] = seen["seen_wall"]
+    if reason is not None:
+        value["reason_call_s"] = reason_call_s
     d.record(Event.OK, Op.AWAIT_STATUS, step.role, args=args, value=value)
 
 
