@@ -7,7 +7,7 @@ EXPECTATIONS ?= $(wildcard expectations/sglang-$(SGLANG_VERSION).toml)
 # Cells at once: cells mostly wait on sglang's timers, so 6 per core (docs/performance.md).
 JOBS ?= $(shell echo $$(( 6 * $$(nproc) )))
 
-.PHONY: setup matrix test doctor bench soak nightly clean
+.PHONY: setup matrix test doctor bench soak mutants nightly clean
 
 setup:
 	@SGLANG_VERSION=$(SGLANG_VERSION) VENV=$(VENV) scripts/setup.sh
@@ -27,6 +27,10 @@ bench: setup
 SOAK_RUNS ?= 50
 soak: setup
 	$(PDCONFORM) soak --runs $(SOAK_RUNS) --jobs $(JOBS)
+
+# every planted-bug mutant of the reference against the scenarios (docs/mutants.md); not part of make test
+mutants: setup
+	$(PDCONFORM) mutants
 
 nightly: setup
 	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from backends.sglang_hooks import CommonHooks, room_residue, wait_for_tcp_port
+from backends.sglang_hooks import CommonHooks, wait_for_tcp_port
 from harness.role import pattern
 from harness.role.adapter import RoleAdapter, Unsupported
 from harness.role.faults import EngineFaultCounter
@@ -338,6 +338,9 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
     def abort(self, room: int) -> None:
         self._room_object(room).abort()
 
-    def observe(self) -> dict:
-        rooms = room_residue(self.manager, self.rooms_seen) if self.manager is not None else {}
+    def observe(self, rooms: list[int] = ()) -> dict:
+        from harness.role.residue import find_rooms
+
+        wanted = set(rooms) | set(self.rooms_seen)
+        rooms = find_rooms(self.manager, wanted) if self.manager is not None else {}
         return self.recorder.observation(self.role, self._threads, rooms)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 import socket
 import time
-from collections.abc import Mapping
-from typing import Any
 
 from harness.role.adapter import Unsupported
 from harness.role.faults import EngineFaultCounter, EngineFaultPlan
@@ -30,44 +28,6 @@ def wait_for_tcp_port(host: str, port: int, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s") from None
             time.sleep(0.05)
-
-
-def _keys_of(value: Any) -> list | None:
-    if isinstance(value, Mapping):
-        return list(value.keys())
-    if isinstance(value, (set, frozenset, list, tuple)):
-        return list(value)
-    return None
-
-
-def room_residue(obj: Any, rooms: list[int]) -> dict[int, list[str]]:
-    """Find the attributes of ``obj`` (a KV manager) that still hold state for ``rooms``.
-
-    Looks at every dict/set/list attribute and one level inside dict values
-    (``addr_to_rooms_tracker[addr] -> {rooms}``).  Returns room -> paths like
-    ``"request_status"`` or ``"addr_to_rooms_tracker['127.0.0.1:8998']"``.
-    """
-    found: dict[int, list[str]] = {}
-    wanted = set(rooms)
-    for _ in range(3):  # sglang threads may resize a dict while we read it
-        try:
-            found = {}
-            for attr, value in list(vars(obj).items()):
-                keys = _keys_of(value)
-                if keys is None:
-                    continue
-                for key in keys:
-                    if isinstance(key, int) and key in wanted:
-                        found.setdefault(key, []).append(attr)
-                if isinstance(value, Mapping):
-                    for key, inner in list(value.items()):
-                        inner_keys = _keys_of(inner)
-                        for room in wanted.intersection(k for k in inner_keys or [] if isinstance(k, int)):
-                            found.setdefault(room, []).append(f"{attr}[{key!r}]")
-            return found
-        except RuntimeError:
-            time.sleep(0.01)
-    return found
 
 
 class ReceiveTap:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import metadata
 from typing import Any
@@ -33,6 +33,10 @@ from harness.spec.scenario import TEST_SCENARIOS_ENV
 from harness.target.version import SglangRange, sglang_version
 
 ENTRY_POINT_GROUP = "pdconform.implementations"
+#: set to 1 (by ``pdconform mutants``, inherited by its cells and roles), the registry also
+#: holds each implementation's planted-bug mutants (its ``mutants`` tool) as ``mutant.<id>``
+MUTANTS_ENV = "PDCONFORM_MUTANTS"
+MUTANT_PREFIX = "mutant."
 
 
 class RegistryError(RuntimeError):
@@ -90,6 +94,7 @@ class Implementation:
     engine_settings: tuple[EngineSetting, ...] = ()
     tools: dict[str, str] = field(default_factory=dict)
     role_env: dict[str, str] = field(default_factory=dict)
+    planted: dict[str, str] | None = None  # a mutant's id, requirement, bug and like (see mutants_of)
 
     @property
     def imports_sglang(self) -> bool:
@@ -148,10 +153,29 @@ def registered() -> dict[str, Implementation]:
             raise RegistryError(f"two implementations are registered as {impl.name!r}: {where[impl.name]} and "
                                 f"{entry.value}")
         found[impl.name], where[impl.name] = impl, entry.value
+    if os.environ.get(MUTANTS_ENV) == "1":
+        for impl in list(found.values()):
+            found.update((m.name, m) for m in mutants_of(impl))
     if not found:
         raise RegistryError(f"no implementation is registered (entry point group {ENTRY_POINT_GROUP}): "
                             "run `make setup`, which installs pdconform and its entry points")
     return dict(sorted(found.items(), key=lambda kv: (kv[1].rank, kv[0])))
+
+
+def mutants_of(impl: Implementation) -> list[Implementation]:
+    """``impl`` with each planted bug of its ``mutants`` tool (a sequence of objects with
+    ``id``, ``requirement``, ``bug``, ``like``; e.g. backends.reference.mutants.MUTANTS), as
+    test-only implementations ``mutant.<id>`` whose roles run with ``PDCONFORM_MUTANT=<id>``
+    (the adapter applies it).  Empty when ``impl`` has none."""
+    if "mutants" not in impl.tools:
+        return []
+    out = []
+    for m in impl.hook("mutants"):
+        out.append(replace(impl, name=f"{MUTANT_PREFIX}{m.id}", description=f"{impl.name} with a planted bug: {m.bug}",
+                           rank=impl.rank + 1, test_only=True, tools={}, role_env={**impl.role_env,
+                                                                                    "PDCONFORM_MUTANT": m.id},
+                           planted={"id": m.id, "requirement": m.requirement, "bug": m.bug, "like": m.like}))
+    return out
 
 
 def available(include_test_only: bool | None = None) -> dict[str, Implementation]:
@@ -198,6 +222,6 @@ def load_role_adapter(name: str, *, role: str, recorder):
     return impl.hook("adapter")(role=role, recorder=recorder)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
-           "available", "engine_settings", "implementation", "load_role_adapter", "names", "registered",
+__all__ = ["ENTRY_POINT_GROUP", "MUTANTS_ENV", "MUTANT_PREFIX", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
+           "available", "engine_settings", "implementation", "load_role_adapter", "mutants_of", "names", "registered",
            "settings_env"]

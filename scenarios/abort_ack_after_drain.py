@@ -80,11 +80,11 @@ def steps(seed: int):
 
 
 def acks_safe(room: int, prefill: str = "prefill", decode: str = "decode", delay_s: float = DELAY_S):
-    """ABORT_ACKs for ``room`` reached ``decode`` for at most one room generation, and
-    none before every delayed write ``prefill``'s engine issued before it (any room)
-    could have completed.  A repeated ACK of the same generation is tolerated (the
-    decode records ACKs in a set: common/conn.py ``note_abort_ack``).  Needs the
-    engine's fault log: a cell without one cannot tell."""
+    """ABORT_ACKs for ``room`` reached ``decode`` at most once (R-ABORT-2: exactly once per
+    room generation; a second copy of the same generation FAILs too, whatever the decode
+    does with it), and none before every delayed write ``prefill``'s engine issued before
+    it (any room) could have completed.  Needs the engine's fault log: a cell without one
+    cannot tell."""
 
     def fn(events):
         faults = c.engine_faults(events, prefill)
@@ -95,6 +95,9 @@ def acks_safe(room: int, prefill: str = "prefill", decode: str = "decode", delay
         if len(generations) > 1:
             return False, (f"{decode} received ABORT_ACKs for room {room} naming {len(generations)} generations "
                            f"({', '.join(map(str, generations))}), expected one")
+        if len(acks) > 1:
+            return False, (f"{decode} received {len(acks)} ABORT_ACKs for room {room} generation "
+                           f"{generations[0]}, expected exactly one")
         if not acks:
             return True, f"no ABORT_ACK for room {room}, so none came early"
         ack_t = min(a["t"] for a in acks)
@@ -104,8 +107,7 @@ def acks_safe(room: int, prefill: str = "prefill", decode: str = "decode", delay
             f = early[0]
             return False, (f"ABORT_ACK arrived {f['t'] + f.get('delay_s', delay_s) - ack_t:.2f} s before transfer "
                            f"{f['transfer']} ({f['what']}) could complete: writes were still in flight")
-        repeats = f" ({len(acks)} copies of it)" if len(acks) > 1 else ""
-        return True, (f"one ABORT_ACK{repeats}, after all {len(issued)} delayed write(s) issued before it "
+        return True, (f"one ABORT_ACK, after all {len(issued)} delayed write(s) issued before it "
                       "could complete")
 
     return fn

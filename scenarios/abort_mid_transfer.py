@@ -41,6 +41,8 @@ def steps(seed: int):
                     timeout_s=2.0, must_come=False),
         Sleep(0.2),  # the first write is in the engine now
         Abort(room.room, "decode"),
+        # the decode's own abort is read at once, so a later flip of it shows (R-TERM-1)
+        AwaitStatus(room.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=PROMPT_S, must_come=False),
         AwaitStatus(room.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=PROMPT_S + 3, must_come=False),
         *[SendChunk(room.room, chunk) for chunk in rest],
         Sleep(DELAY_S * 3),  # whatever was in flight drains

@@ -5,7 +5,7 @@
 goes on.  (b) Room S reaches Success; a delayed chunk for S (other source pages)
 is queued afterwards.  Either way the chunk is dropped (R-STALE-1): nothing is
 written (the decode's pages for R stay untouched, S's still hold S's pages), no
-exception escapes or is logged at ERROR, no state is left for R, S stays Success
+exception escapes, is logged at ERROR or is caught and logged at any level, no state is left for R, S stays Success
 (R-TERM-1), and the worker lives on: a new room N completes.
 """
 
@@ -79,12 +79,12 @@ def _nothing_raised(role: str):
         observed, problems = c.observations(events)
         if role not in observed:
             return None, "; ".join(problems) or f"{role} was not observed"
-        value = observed[role]
-        errors = [f"{r['logger']}: {r['message'][:160]}" for r in value["log_records"]
-                  if r["level"] in ("ERROR", "CRITICAL")]
-        dead = [f"thread {d['thread']} died: {d['exception']}: {d['message'][:160]}" for d in value["dead_threads"]]
-        bad = dead + errors
-        return (not bad), ("; ".join(bad[:3]) if bad else f"{role} logged no error and lost no thread")
+        bad = c.raised_in(role, observed[role])
+        if bad:
+            return False, "; ".join(bad[:3])
+        if observed[role].get("log_records_dropped"):
+            return None, c.dropped_records(role, observed[role])
+        return True, f"{role} raised nothing: no thread died, no error and no caught exception was logged"
     return fn
 
 

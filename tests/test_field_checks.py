@@ -114,7 +114,28 @@ def test_acks_safe_catches_an_early_ack_and_two_generations():
     ok, detail = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 2)], [(100.0, 1.0)]))
     assert not ok and "2 generations" in detail
     ok, detail = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 1)], [(100.0, 1.0)]))
-    assert ok and "2 copies" in detail  # a repeated ACK of one generation is harmless by design
+    assert not ok and "2 ABORT_ACKs" in detail and "exactly one" in detail  # R-ABORT-2: exactly once
     assert acks_safe(3)(_ack_history([], [(100.0, 1.0)]))[0]  # none sent: none early
     assert acks_safe(3)(_ack_history([(102.0, 1)], []))[0] is None  # no fault log: cannot tell
     assert not ack_arrives(3)(_ack_history([], []))[0]
+
+
+def test_a_caught_exception_logged_at_warning_counts_as_raised():
+    """R-STALE-1: NIXL's worker catches a transport error and logs it at WARNING."""
+    from scenarios.stale_chunk_after_clear import _nothing_raised
+
+    plain = [{"level": "WARNING", "logger": "sglang.x", "message": "slow peer", "exception": ""}]
+    caught = [{"level": "WARNING", "logger": "sglang.x", "message": "transfer failed", "exception": "KeyError"}]
+    assert _nothing_raised("prefill")(_observed({}, logs=plain))[0]
+    ok, detail = _nothing_raised("prefill")(_observed({}, logs=caught))
+    assert not ok and "KeyError caught and logged" in detail
+
+
+def test_a_full_log_recorder_makes_log_checks_unable_to_tell():
+    from scenarios.stale_chunk_after_clear import _nothing_raised
+
+    events = _observed({})
+    events[-1]["value"]["log_records_dropped"] = 3
+    ok, detail = _nothing_raised("prefill")(events)
+    assert ok is None and "dropped 3 more" in detail
+    assert c.no_log_matching("prefill", r"malformed")(events)[0] is None

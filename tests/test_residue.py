@@ -1,21 +1,62 @@
-"""room_residue finds per-room state wherever a manager keeps it."""
+"""The deep residue walk (harness.role.residue.find_rooms) finds per-room state wherever a
+manager keeps it: each kind the old one-level scan missed is planted here."""
 
-from collections import defaultdict
+import threading
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
 
-from backends.sglang_hooks import room_residue
+import torch
+
+from harness.role.residue import find_rooms
+
+ROOM, OTHER, NEVER_OPENED = 7_301_000_000_001, 7_301_000_000_002, 7_301_000_000_003
 
 
-class FakeManager:
+@dataclass
+class Staging:
+    outstanding: dict = field(default_factory=dict)
+
+
+class Info:
+    __slots__ = ("room", "rank")
+
+    def __init__(self, room, rank):
+        self.room, self.rank = room, rank
+
+
+class Manager:
     def __init__(self):
-        self.request_status = {11: 4, 12: 0}
-        self.failure_records = {12: "boom"}
-        self.addr_to_rooms_tracker = defaultdict(set, {"127.0.0.1:9": {11, 99}})
-        self.rank_port = 11  # an int attribute equal to a room id is not state for it
-        self.pending = [12]
+        self.request_status = {ROOM: 4}  # int key, one level (the old scan saw this)
+        self.addr_to_rooms_tracker = defaultdict(set, {"10.0.0.1:9": {ROOM}})
+        self.staging = Staging({(OTHER, 0): 3})  # a sub-object with a tuple key
+        self.transfer_infos = {"peer": [Info(OTHER, 1)]}  # slots object inside a list inside a dict
+        self.failures = {f"room_{NEVER_OPENED}": "boom"}  # string key, a room this role never opened
+        self.queue = deque([{"nested": {"deeper": [ROOM]}}])
+        self.worker = threading.Thread(target=lambda: None)  # machinery is not walked
+        self.pool = torch.zeros(4)
+        self.clean = {1: 2}
 
 
-def test_residue_paths():
-    found = room_residue(FakeManager(), [11, 12, 13])
-    assert sorted(found[11]) == ["addr_to_rooms_tracker['127.0.0.1:9']", "request_status"]
-    assert sorted(found[12]) == ["failure_records", "pending", "request_status"]
-    assert 13 not in found
+def test_every_kind_of_residue_is_found():
+    found = find_rooms(Manager(), [ROOM, OTHER, NEVER_OPENED])
+    assert found[ROOM] == sorted(["request_status[7301000000001]", "addr_to_rooms_tracker['10.0.0.1:9']{}",
+                                  "queue[0]['nested']['deeper'][0]"])
+    assert found[OTHER] == ["staging.outstanding[(7301000000002, 0)]", "transfer_infos['peer'][0].room"]
+    assert found[NEVER_OPENED] == ["failures['room_7301000000003']"]
+
+
+def test_a_clean_manager_and_unrelated_numbers_are_not_residue():
+    class Clean:
+        def __init__(self):
+            self.request_status = {}
+            self.ports = {"p": 17301000000001}  # a longer number that contains the room's digits
+            self.name = f"x{ROOM}0"
+
+    assert find_rooms(Clean(), [ROOM]) == {}
+
+
+def test_ignored_attributes_and_cycles():
+    m = Manager()
+    m.me = m  # a cycle ends
+    found = find_rooms(m, [ROOM], ignore=("request_status", "addr_to_rooms_tracker", "queue"))
+    assert found == {}

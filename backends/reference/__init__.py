@@ -13,7 +13,7 @@ IMPLEMENTATION = Implementation(
     rank=0,
     preload=("torch", "zmq", "backends.reference.adapter"),
     probe="backends.reference:probe",
-    tools={"simulator": "backends.reference.simulator"},
+    tools={"simulator": "backends.reference.simulator", "mutants": "backends.reference.mutants:MUTANTS"},
 )
 
 

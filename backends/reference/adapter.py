@@ -72,6 +72,9 @@ class ReferenceRole(RoleAdapter):
     }
 
     def __init__(self, role: str, recorder: RoleRecorder):
+        from backends.reference import mutants  # a planted bug, when this role runs one (pdconform mutants)
+
+        mutants.apply_from_env()
         self.role = role
         self.recorder = recorder
         self.recorder.logger_prefixes = tuple(recorder.logger_prefixes) + ("pdconform.reference",)
@@ -389,7 +392,11 @@ class ReferenceRole(RoleAdapter):
 
     # ---- either side -----------------------------------------------------------
     def _sync(self, fn, timeout_s: float = 10.0):
-        """Run ``fn`` on the control thread and return its result (or raise its error)."""
+        """Run ``fn`` on the control thread and return its result (or raise its error); at
+        once on the calling thread when the control thread has died (nothing races it then,
+        and a dead loop must not make every poll wait ``timeout_s``)."""
+        if not self.side.thread.is_alive():
+            return fn()
         done = threading.Event()
         box: dict = {}
 
@@ -449,17 +456,29 @@ class ReferenceRole(RoleAdapter):
     def abort_acks(self) -> list[dict]:
         return self._sync(lambda: list(self.acks))
 
-    def observe(self) -> dict:
-        core = self.prefill or self.decode
-        residue = self._sync(core.residue) if core else {}
-        rooms: dict[int, list[str]] = {}
+    #: where the reference keeps per-room state: its core and its own maps (the rest of the
+    #: adapter is the harness's view: recorder, points, fault plans, ABORT_ACK log)
+    STATE = ("prefill", "decode", "status", "reasons", "plans", "peer")
+
+    def observe(self, rooms: list[int] = ()) -> dict:
+        """Threads, logs and per-room residue: a deep walk (harness.role.residue) of
+        :attr:`STATE` for every room of the cell; the bounded memory of ended generations
+        (pc.ENDED_GENERATION_MEMORY) is reported apart, as ``remembered``."""
+        import types
+
+        from harness.role.residue import find_rooms
+
+        wanted = set(rooms) | set(self.rooms_seen)
+        view = types.SimpleNamespace(**{name: getattr(self, name) for name in self.STATE})
+        found = self._sync(lambda: find_rooms(view, wanted)) if self.side else {}
+        held: dict[int, list[str]] = {}
         remembered: dict[int, list[str]] = {}
-        for attr, held in residue.items():
-            into = remembered if attr in pc.ENDED_GENERATION_MEMORY else rooms
-            for room in held:
-                if isinstance(room, int):
-                    into.setdefault(room, []).append(attr)
-        return self.recorder.observation(self.role, self.threads, rooms, remembered)
+        for room, paths in found.items():
+            for path in paths:
+                core, _, rest = path.partition(".")
+                ended = core in ("prefill", "decode") and rest.split("[")[0] in pc.ENDED_GENERATION_MEMORY
+                (remembered if ended else held).setdefault(room, []).append(path)
+        return self.recorder.observation(self.role, self.threads, held, remembered)
 
     def teardown(self) -> None:
         self.stopping.set()

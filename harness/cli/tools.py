@@ -208,3 +208,55 @@ def soak(
     console.print(terminal(md_path.read_text()), markup=False, highlight=False)
     console.print(f"soak.json, soak.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
     raise typer.Exit(code=1 if flips(done) else 0)
+
+
+@app.command()
+def mutants(
+    mutant: Optional[List[str]] = typer.Option(None, "--mutant", help="Mutant id (repeatable; default all)."),
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable; default all)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: 6 per core)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of every scenario."),
+    out: Path = typer.Option(Path("reports/out/mutants"), "--out", help="Folder for the runs: each writes "
+                             "OUT/runs/<time>/ with the cells, results.json, mutants.json and mutants.md."),
+) -> None:
+    """Run the scenarios against every planted-bug mutant of the reference and say which
+    check caught each (harness.mutants): a mutant is caught when a cell fails a check citing
+    the requirement the mutant breaks.
+
+    Exit 0 when every mutant was caught and the unmutated reference passed everywhere, 1
+    otherwise, 2 on bad usage.
+    """
+    import os
+    import time
+
+    from harness import implementations
+    from harness.mutants import outcomes, score_line, write_mutants
+    from harness.report.safe import terminal
+    from harness.session import RunConfig, run_into
+    from harness.spec.protocol import REFERENCE
+
+    os.environ[implementations.MUTANTS_ENV] = "1"  # the registry (here and in every cell) lists the mutants
+    implementations.registered.cache_clear()
+    registry = _registry()
+    planted = {name: impl.planted for name, impl in registry.registered().items() if impl.planted}
+    by_id = {bug["id"]: name for name, bug in planted.items()}
+    unknown = [m for m in (mutant or []) if m not in by_id]
+    if unknown:
+        raise _usage_error(f"unknown --mutant {', '.join(unknown)} (known: {', '.join(by_id)})")
+    if mutant:
+        planted = {by_id[m]: planted[by_id[m]] for m in dict.fromkeys(mutant)}
+    _, scenarios = _select([REFERENCE], scenario)
+    jobs = jobs or 6 * (os.cpu_count() or 1)  # reference cells mostly wait on timeouts
+    out = _out_dir(out)
+    target = _target(None, None)
+    config = RunConfig(impls=[REFERENCE, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
+                       jobs=jobs, reports=False)
+    begin = time.monotonic()
+    with _run_folder(out, "mutants", ": the running cells were stopped") as folder:
+        result = run_into(config, folder)
+        found, control = outcomes(result, planted)
+        _, md_path = write_mutants(folder, found, control, round(time.monotonic() - begin, 1), jobs)
+    console.print(terminal(md_path.read_text()), markup=False, highlight=False)
+    console.print(f"mutants.json, mutants.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
+    console.print(score_line(found), highlight=False)
+    raise typer.Exit(code=0 if all(m.caught for m in found) and not control else 1)

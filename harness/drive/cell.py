@@ -56,6 +56,7 @@ class CellDriver:
         self.prefill_setup: dict[str, tuple[dict, int]] = {}  # prefill -> (layout, bootstrap port)
         self.role_env: dict[str, dict[str, str]] = {}  # role -> the environment it was started with
         self.step_index: int | None = None
+        self.cell_rooms: list[int] = []  # every room the steps name (run sets it): residue is looked for in all
         self.full_waits = False  # True: no fail-fast cut of later waits (steps.STALL_CUT_S)
         self.stalled_step: int | None = None  # the first step whose must-come status never came
 
@@ -146,6 +147,7 @@ class CellDriver:
     # ---- steps --------------------------------------------------------------
     def run(self, steps: list[s.Step]) -> None:
         """Execute ``steps`` in order (harness.drive.executors); CellAborted ends the cell."""
+        self.cell_rooms = sorted({step.room for step in steps if isinstance(getattr(step, "room", None), int)})
         for index, step in enumerate(steps):
             self.step_index = index
             self.record(Event.INFO, Op.STEP, None, args={"step": type(step).__name__})
@@ -172,7 +174,7 @@ class CellDriver:
             self.record(Event.FAIL, op, name, args=args, error=f"{name} cannot be observed: {why}")
             return
         try:
-            value = client.call("observe", 10)
+            value = client.call("observe", 10, rooms=self.cell_rooms)
         except RoleError as exc:
             self.record(Event.FAIL, op, name, args=args, error=str(exc))
             return

@@ -348,6 +348,24 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
     return fn
 
 
+def dropped_records(role: str, observation: dict) -> str:
+    """Why a check that reads ``role``'s log records cannot tell: the recorder's cap was reached."""
+    return (f"{role}'s recorder kept {len(observation['log_records'])} log records and dropped "
+            f"{observation['log_records_dropped']} more: the dropped ones were not judged")
+
+
+def raised_in(role: str, observation: dict) -> list[str]:
+    """What ``role``'s observation says was raised: threads that died, records at ERROR or
+    worse, and records of any level that carry a caught exception (R-STALE-1 counts an
+    exception caught and logged inside a worker)."""
+    dead = [f"thread {d['thread']} died: {d['exception']}: {d['message'][:160]}"
+            for d in observation["dead_threads"]]
+    logged = [f"{r['level']} {r['logger']}: {r['message'][:160]}"
+              + (f" ({r['exception']} caught and logged)" if r.get("exception") else "")
+              for r in observation["log_records"] if r["level"] in ("ERROR", "CRITICAL") or r.get("exception")]
+    return dead + logged
+
+
 def no_log_matching(role: str, pattern: str) -> Checker:
     """No WARNING-or-worse record of ``role`` (last observation) matches regex ``pattern``
     (case-insensitive)."""
@@ -363,6 +381,8 @@ def no_log_matching(role: str, pattern: str) -> Checker:
                 if regex.search(r["message"])]
         if hits:
             return False, f"{role} logged {len(hits)} record(s) matching /{pattern}/: " + "; ".join(hits[:3])
+        if observed[role].get("log_records_dropped"):
+            return None, dropped_records(role, observed[role])
         return True, f"no {role} log record matches /{pattern}/"
 
     return fn

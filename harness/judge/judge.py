@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.judge import divergence
+from harness.judge import divergence, postconditions
 from harness.judge.checks import CheckResult
 from harness.judge.expectations import Expectation, Expectations
 from harness.judge.results import CellResult, RunResult, cell_dir
@@ -117,7 +117,7 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
     if early is not None:
         verdict, reason = Verdict.ERROR, early
     else:
-        checks = [check.run(history) for check in scenario.checks(seed)]
+        checks = [check.run(history) for check in postconditions.checks_of(scenario, seed)]
         verdict, reason = verdict_of(checks)
         if end.get("outcome") == "unsupported":
             verdict, reason = Verdict.UNSUPPORTED, end.get("reason", "")

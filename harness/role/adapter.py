@@ -39,8 +39,11 @@ class Observation:
     """What a role saw during the cell, as plain data.
 
     * ``loops``: the implementation's control/worker threads by name -> alive;
-    * ``log_records``: WARNING and above from the implementation's loggers
-      (``level``, ``logger``, ``message``);
+    * ``log_records``: WARNING and above from the implementation's loggers, and any
+      record that carries an exception, whatever its level (``level``, ``logger``,
+      ``message``, and ``exception``: the exception's type, "" for none);
+    * ``log_records_dropped``: records the recorder could not keep (its cap was
+      reached): a check that reads the logs cannot tell when it is not 0;
     * ``dead_threads``: threads that died with an exception (``thread``,
       ``exception``, ``message``, ``traceback``);
     * ``rooms``: per-room state left in the manager: room -> list of
@@ -53,6 +56,7 @@ class Observation:
     role: str
     loops: dict[str, bool] = field(default_factory=dict)
     log_records: list[dict[str, str]] = field(default_factory=list)
+    log_records_dropped: int = 0
     dead_threads: list[dict[str, str]] = field(default_factory=list)
     rooms: dict[int, list[str]] = field(default_factory=dict)
     remembered: dict[int, list[str]] = field(default_factory=dict)
@@ -162,8 +166,10 @@ class RoleAdapter(ABC):
         """Abort the room's sender/receiver."""
 
     @abstractmethod
-    def observe(self) -> dict:
-        """:class:`Observation` as a dict."""
+    def observe(self, rooms: list[int] = ()) -> dict:
+        """:class:`Observation` as a dict.  ``rooms``: every bootstrap room the cell uses (on
+        any role), so that residue is found for rooms this role never opened
+        (harness.role.residue.find_rooms)."""
 
     # ---- fault injection (harness.role.faults) --------------------------------
     #: interleaving points this adapter can reach: name -> the code it wraps
@@ -282,6 +288,7 @@ class OutOfRangeRole(RoleAdapter):
     def teardown(self) -> None:
         return None
 
-    def observe(self) -> dict:
-        return {"role": self.role, "loops": {}, "log_records": [], "dead_threads": [], "rooms": {},
+    def observe(self, rooms: list[int] = ()) -> dict:
+        return {"role": self.role, "loops": {}, "log_records": [], "log_records_dropped": 0, "dead_threads": [],
+                "rooms": {},
                 "remembered": {}}

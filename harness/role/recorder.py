@@ -1,4 +1,6 @@
-"""The recorder inside a role process: WARNING-and-worse log records and threads that died.
+"""The recorder inside a role process: WARNING-and-worse log records (and any record that
+carries an exception: R-STALE-1 counts an exception caught and logged inside a worker), and
+threads that died.
 
 Installed once per process by the role host (harness.drive.role_host); adapters read
 it in ``observe`` (harness.role.adapter.RoleAdapter.observe).
@@ -17,14 +19,16 @@ class RoleRecorder:
     """Collects log records and dead threads inside a role process.
 
     Installed once per process by the role host; adapters read it in ``observe``.
-    Bounded: keeps the first ``limit`` records of each kind.
+    Bounded: keeps the first ``limit`` records of each kind and counts the log records
+    it could not keep (``log_records_dropped``), so that a check can say it cannot tell.
     """
 
     def __init__(self, logger_prefixes: tuple[str, ...] = ("sglang", "mooncake", "nixl", "NIXL", "mori"),
-                 limit: int = 500):
+                 limit: int = 20000):
         self.logger_prefixes = logger_prefixes
         self.limit = limit
         self.log_records: list[dict[str, str]] = []
+        self.log_records_dropped = 0
         self.dead_threads: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._previous_hook = threading.excepthook
@@ -36,17 +40,21 @@ class RoleRecorder:
             def emit(self, record: logging.LogRecord) -> None:
                 if not record.name.startswith(recorder.logger_prefixes):
                     return
+                caught = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
+                if record.levelno < logging.WARNING and not caught:
+                    return
                 try:
                     message = record.getMessage()
                 except Exception as exc:  # a bad format string is still a record
                     message = f"{record.msg!r} (unformattable: {exc})"
                 with recorder._lock:
                     if len(recorder.log_records) < recorder.limit:
-                        recorder.log_records.append(
-                            {"level": record.levelname, "logger": record.name, "message": message}
-                        )
+                        recorder.log_records.append({"level": record.levelname, "logger": record.name,
+                                                     "message": message, "exception": caught})
+                    else:
+                        recorder.log_records_dropped += 1
 
-        handler = _Handler(level=logging.WARNING)
+        handler = _Handler(level=logging.NOTSET)  # records with an exception count at any level
         logging.getLogger().addHandler(handler)
         threading.excepthook = self._excepthook
         return self
@@ -70,6 +78,11 @@ class RoleRecorder:
         with self._lock:
             return list(self.log_records), list(self.dead_threads)
 
+    def dropped(self) -> int:
+        """Log records not kept since the cap was reached."""
+        with self._lock:
+            return self.log_records_dropped
+
     def observation(self, role: str, threads: list[threading.Thread],
                     rooms: dict[int, list[str]] | None = None,
                     remembered: dict[int, list[str]] | None = None) -> dict:
@@ -78,5 +91,6 @@ class RoleRecorder:
         ``remembered``."""
         logs, dead = self.snapshot()
         loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(threads)}
-        return Observation(role=role, loops=loops, log_records=logs, dead_threads=dead, rooms=rooms or {},
+        return Observation(role=role, loops=loops, log_records=logs, log_records_dropped=self.dropped(),
+                           dead_threads=dead, rooms=rooms or {},
                            remembered=remembered or {}).to_dict()

@@ -32,6 +32,8 @@ class Scenario:
     for a timeout, heartbeat window or engine delay it sets up itself (for example a
     3 s bootstrap timeout); with the sleeps it makes :meth:`inherent_wait_s`, which the
     runner subtracts from a cell's wall time to report the harness's overhead.
+    ``opt_out``: ``(name, reason)`` for each generic post-condition
+    (harness.judge.postconditions) the judge must not add to this scenario's checks.
     """
 
     id: str
@@ -43,6 +45,7 @@ class Scenario:
     test_only: bool = False
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    opt_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def requirements(self) -> tuple[str, ...]:

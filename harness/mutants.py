@@ -1,0 +1,106 @@
+"""``pdconform mutants``: the scenarios against planted bugs, and which check caught each.
+
+A check earns its place by catching a bug.  Each registered implementation may declare
+planted-bug mutants of itself (the reference does: backends/reference/mutants.py; the
+registry lists them as ``mutant.<id>`` when harness.implementations.MUTANTS_ENV is set).
+One run executes the chosen scenarios against the unmutated implementation (the control:
+every cell must come out as it always does, PASS) and against every mutant; then
+:func:`outcomes`, a pure function of that run's result tree, says for each mutant whether
+it was *caught*: a cell failed a check that cites the mutant's requirement (FAIL for a
+MUST requirement, WARN or FAIL for a SHOULD one).  A mutant that only fails checks of
+other requirements is not caught: the suite found something, but not the bug planted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.judge.results import CellResult, RunResult, write_atomic
+from harness.judge.verdict import Verdict
+from harness.report.safe import md, md_code
+
+
+@dataclass
+class MutantOutcome:
+    """What the suite did with one mutant: ``catching`` lists ``{"scenario", "check",
+    "detail"}`` for every failed check citing ``requirement``; ``other`` the cells that
+    failed for another requirement (``{"scenario", "verdict", "reason"}``)."""
+
+    id: str
+    impl: str
+    requirement: str
+    bug: str
+    like: str
+    caught: bool = False
+    catching: list[dict] = field(default_factory=list)
+    other: list[dict] = field(default_factory=list)
+
+
+def _catching(cell: CellResult, requirement: str) -> list[dict]:
+    if cell.verdict not in (Verdict.FAIL, Verdict.WARN):
+        return []
+    return [{"scenario": cell.scenario, "check": check["name"], "detail": check["detail"]}
+            for check in cell.checks if check["ok"] is False and check["requirement"] == requirement]
+
+
+def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOutcome], list[dict]]:
+    """Each mutant's outcome in ``result`` (``planted``: impl name -> its ``planted`` dict,
+    harness.implementations.Implementation), in ``planted``'s order, and the control's
+    problems: every cell of an unmutated implementation that is not PASS
+    (``{"scenario", "impl", "verdict", "reason"}``)."""
+    found = []
+    for impl, bug in planted.items():
+        out = MutantOutcome(id=bug["id"], impl=impl, requirement=bug["requirement"], bug=bug["bug"],
+                            like=bug["like"])
+        for cell in (c for c in result.cells if c.impl == impl):
+            hits = _catching(cell, out.requirement)
+            out.catching += hits
+            if not hits and cell.verdict != Verdict.PASS:
+                out.other.append({"scenario": cell.scenario, "verdict": str(cell.verdict), "reason": cell.reason})
+        out.caught = bool(out.catching)
+        found.append(out)
+    control = [{"scenario": c.scenario, "impl": c.impl, "verdict": str(c.verdict), "reason": c.reason}
+               for c in result.cells if c.impl not in planted and c.verdict != Verdict.PASS]
+    return found, control
+
+
+def score_line(found: list[MutantOutcome]) -> str:
+    """The last line of the report: ``N of M mutants caught``."""
+    return f"{sum(m.caught for m in found)} of {len(found)} mutants caught"
+
+
+def write_mutants(folder: Path, found: list[MutantOutcome], control: list[dict], duration_s: float,
+                  jobs: int) -> tuple[Path, Path]:
+    """mutants.json (one entry per mutant: id, requirement, caught, the catching cells) and
+    mutants.md (the catalogue as a table, strings escaped) into ``folder``, atomically."""
+    caught = sum(m.caught for m in found)
+    data = {"score": {"caught": caught, "total": len(found)}, "duration_s": duration_s, "jobs": jobs,
+            "control": control, "mutants": [asdict(m) for m in found]}
+    json_path = folder / "mutants.json"
+    write_atomic(json_path, (json.dumps(data, indent=1) + "\n").encode())
+    md_path = folder / "mutants.md"
+    write_atomic(md_path, mutants_markdown(found, control, duration_s, jobs).encode())
+    return json_path, md_path
+
+
+def mutants_markdown(found: list[MutantOutcome], control: list[dict], duration_s: float, jobs: int) -> str:
+    """The mutant catalogue and what caught each, as Markdown."""
+    lines = [f"## pdconform: mutants, {score_line(found)} ({duration_s:.0f} s, --jobs {jobs})", ""]
+    if control:
+        lines += ["The control (the unmutated implementation) did not pass everywhere, so a catch may not be "
+                  "the mutant's:", ""]
+        lines += [f"- {md(c['scenario'])} x {md(c['impl'])}: {md(c['verdict'])} {md_code(c['reason'])}"
+                  for c in control]
+        lines.append("")
+    lines += ["| mutant | requirement | planted bug | caught by |", "|---|---|---|---|"]
+    for m in found:
+        if m.caught:
+            by = ", ".join(sorted({f"{md(h['scenario'])}: {md(h['check'])}" for h in m.catching}))
+        else:
+            elsewhere = "; ".join(f"{md(o['scenario'])} {md(o['verdict'])}" for o in m.other) or "nothing failed"
+            by = f"**not caught** ({elsewhere})"
+        lines.append(f"| {md(m.id)} | {md(m.requirement)} | {md(m.bug)} | {by} |")
+    lines += ["", score_line(found)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,88 @@
+"""The planted-bug catalogue (backends/reference/mutants) and its judge (harness.mutants)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from backends.reference import mutants
+from harness import ROOT
+from harness.judge.results import CellResult, RunResult
+from harness.mutants import outcomes, score_line
+from harness.spec.requirements import requirement
+from harness.target.sglang import SglangInfo
+
+
+def _must_requirements() -> set[str]:
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    import re
+
+    return set(re.findall(r"^\| (R-[A-Z0-9-]+) \| MUST \|", text, re.M))
+
+
+def test_the_catalogue_has_25_mutants_and_one_for_every_must_requirement():
+    assert len(mutants.MUTANTS) >= 25
+    assert len(mutants.BY_ID) == len(mutants.MUTANTS)  # ids are unique
+    cited = {m.requirement for m in mutants.MUTANTS}
+    assert _must_requirements() <= cited, sorted(_must_requirements() - cited)
+    for m in mutants.MUTANTS:
+        requirement(m.requirement)  # every ID exists in docs/protocol.md
+
+
+def test_every_mutant_applies_in_a_fresh_process():
+    """Each patch must find the methods it replaces (a renamed method would make it a no-op
+    or an error); a mutant run names the unknown ones."""
+    code = ("import os, sys; from backends.reference import mutants\n"
+            "for m in mutants.MUTANTS:\n"
+            "    os.environ[mutants.MUTANT_ENV] = m.id; mutants._applied.clear(); mutants.apply_from_env()\n"
+            "os.environ[mutants.MUTANT_ENV] = 'nope'; mutants._applied.clear()\n"
+            "try: mutants.apply_from_env()\n"
+            "except KeyError as e: print('unknown:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={k: v for k, v in os.environ.items() if k != mutants.MUTANT_ENV})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "unknown mutant 'nope'" in out.stdout
+
+
+def _cell(impl: str, scenario: str, verdict: str, checks: list[tuple[str, str, bool]]) -> CellResult:
+    return CellResult(impl=impl, scenario=scenario, verdict=verdict, reason="r",
+                      checks=[{"name": n, "requirement": r, "level": "MUST", "ok": ok, "detail": "d"}
+                              for n, r, ok in checks])
+
+
+def test_outcomes_count_only_a_check_citing_the_mutants_requirement():
+    planted = {"mutant.a": {"id": "a", "requirement": "R-XFER-1", "bug": "b", "like": "l"},
+               "mutant.b": {"id": "b", "requirement": "R-ABORT-2", "bug": "b", "like": "l"},
+               "mutant.c": {"id": "c", "requirement": "R-HB-1", "bug": "b", "like": "l"}}
+    run = RunResult(sglang=SglangInfo(version=None, path=None), seed=0, cells=[
+        _cell("reference", "happy-path", "PASS", [("decode-success", "R-XFER-1", True)]),
+        _cell("mutant.a", "happy-path", "FAIL", [("decode-success", "R-XFER-1", False)]),
+        _cell("mutant.b", "happy-path", "FAIL", [("bytes-exact", "R-LAYOUT-1", False)]),  # another requirement
+        _cell("mutant.c", "happy-path", "PASS", [("decode-success", "R-XFER-1", True)]),
+    ])
+    found, control = outcomes(run, planted)
+    assert [(m.id, m.caught) for m in found] == [("a", True), ("b", False), ("c", False)]
+    assert found[0].catching == [{"scenario": "happy-path", "check": "decode-success", "detail": "d"}]
+    assert found[1].other == [{"scenario": "happy-path", "verdict": "FAIL", "reason": "r"}]
+    assert control == [] and score_line(found) == "1 of 3 mutants caught"
+    run.cells[0].verdict = "FAIL"
+    assert outcomes(run, planted)[1][0]["impl"] == "reference"  # a failing control is reported
+
+
+def test_pdconform_mutants_catches_a_planted_bug_end_to_end(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "mutants", "--mutant", "ack-twice", "--scenario",
+                          "abort-ack-after-drain", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.rstrip().splitlines()[-1] == "1 of 1 mutants caught"
+    data = json.loads((tmp_path / "latest" / "mutants.json").read_text())
+    (entry,) = data["mutants"]
+    assert entry["id"] == "ack-twice" and entry["requirement"] == "R-ABORT-2" and entry["caught"]
+    assert {h["check"] for h in entry["catching"]} >= {"inflight-ack-after-drain-at-most-once"}
+    assert data["score"] == {"caught": 1, "total": 1} and data["control"] == []
+
+
+def test_an_unknown_mutant_is_a_usage_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "mutants", "--mutant", "nope", "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "unknown --mutant nope" in out.stderr and not any(tmp_path.iterdir())

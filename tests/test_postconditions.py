@@ -1,0 +1,67 @@
+"""The generic post-conditions the judge adds to every scenario (harness.judge.postconditions)."""
+
+from harness.judge import checks as c
+from harness.judge import postconditions as pc
+from harness.judge.judge import judge
+from harness.spec.history import History
+from harness.spec.protocol import KVPoll
+from harness.spec.scenario import Scenario
+
+
+def _wait(h: History, role: str, room: int, trail: list[str], reason: str | None = None) -> None:
+    final = getattr(KVPoll, trail[-1])
+    h.record("ok", "await_status", role, 1, args={"room": room},
+             value={"status": int(final), "trail": trail, "waited_s": 0.1, "failure_reason": reason})
+
+
+def test_a_flip_inside_one_wait_is_seen_though_the_wait_ends_on_its_status():
+    """The old check read each poll's final status: Failed -> Success inside a wait for Success passed."""
+    h = History()
+    _wait(h, "decode", 9, ["WaitingForInput", "Failed", "Success"], reason="x")
+    assert c.stays_terminal(9, ("decode",))(h.events)[0]  # today's per-scenario check: blind to it
+    ok, detail = pc.every_trail_terminal(h.events)
+    assert not ok and "decode room 9: Failed -> Success" in detail
+
+
+def test_a_flip_between_two_waits_and_a_clear_that_starts_a_new_lifecycle():
+    h = History()
+    _wait(h, "prefill", 4, ["Transferring", "Success"])
+    _wait(h, "prefill", 4, ["Transferring"])
+    ok, detail = pc.every_trail_terminal(h.events)
+    assert not ok and "Success -> Transferring" in detail
+    h = History()
+    _wait(h, "prefill", 4, ["Success"])
+    h.record("ok", "clear", "prefill", 1, args={"room": 4})
+    _wait(h, "prefill", 4, ["WaitingForInput"])
+    assert pc.every_trail_terminal(h.events)[0]
+
+
+def test_every_failed_read_needs_a_reason_on_every_rank():
+    h = History()
+    _wait(h, "decode-0", 4, ["Failed"], reason="prefill 127.0.0.1:1 failed")
+    _wait(h, "decode-1", 4, ["Failed"], reason="")
+    ok, detail = pc.every_failure_has_reason(h.events)
+    assert not ok and "decode-1 room 4" in detail and "decode-0" not in detail
+
+
+def _scenario(opt_out=()) -> Scenario:
+    return Scenario(id="x", title="x", steps=lambda seed: [],
+                    checks=lambda seed: [c.Check("no-dead-thread", "R-LIVE-2", lambda events: (True, ""))],
+                    opt_out=opt_out)
+
+
+def test_generic_checks_are_added_unless_declared_or_opted_out():
+    names = [check.name for check in pc.checks_of(_scenario(), 0)]
+    assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason"]
+    opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
+    assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal"]
+
+
+def test_the_judge_fails_a_cell_on_a_generic_post_condition():
+    h = History()
+    h.record("info", "cell-start", None, None, value={"impl": "x"})
+    _wait(h, "decode", 9, ["Failed", "Success"], reason="r")
+    h.record("info", "cell-end", None, None, value={"outcome": "completed"})
+    h.record("info", "cell-exit", None, None, value={"how": "exited", "returncode": 0, "duration_s": 1.0})
+    result = judge(_scenario(), 0, h.events, impl="x")
+    assert result.verdict == "FAIL" and "every-trail-terminal" in result.reason
