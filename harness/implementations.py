@@ -179,10 +179,13 @@ def mutants_of(impl: Implementation) -> list[Implementation]:
 
 
 def available(include_test_only: bool | None = None) -> dict[str, Implementation]:
-    """Implementations a run may select; the self-test ones only with PDCONFORM_TEST_SCENARIOS=1."""
+    """Implementations a run may select; the self-test ones only with PDCONFORM_TEST_SCENARIOS=1, the
+    planted-bug mutants only with :data:`MUTANTS_ENV` set."""
     if include_test_only is None:
         include_test_only = os.environ.get(TEST_SCENARIOS_ENV) == "1"
-    return {name: impl for name, impl in registered().items() if include_test_only or not impl.test_only}
+    mutants = os.environ.get(MUTANTS_ENV) == "1"  # then a mutant may be named (repro, run)
+    return {name: impl for name, impl in registered().items()
+            if include_test_only or not impl.test_only or (mutants and impl.planted)}
 
 
 def names() -> list[str]:
