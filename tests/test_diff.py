@@ -31,3 +31,35 @@ def test_a_shorter_history_diverges_where_it_ends():
     short = _events("Failed", 1000, 0.0)[:2]
     d = first_divergence(_events("Failed", 1000, 0.0), short, [])
     assert d["observed"].startswith("(no such event") and d["reference"] == "Failed"
+
+
+def _two_rooms(a_status: str, b_status: str):
+    return [
+        {"seq": 0, "t": 0, "step": 0, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
+        {"seq": 1, "t": 1, "step": 0, "op": "await_status", "role": "prefill", "type": "ok",
+         "args": {"room": 11}, "value": {"status_name": a_status}},
+        {"seq": 2, "t": 2, "step": 1, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
+        {"seq": 3, "t": 3, "step": 1, "op": "await_status", "role": "decode", "type": "ok",
+         "args": {"room": 22}, "value": {"status_name": b_status}},
+    ]
+
+
+def test_the_divergence_is_the_failing_cases_not_an_unrelated_passing_one():
+    """Room 11 differs harmlessly (its checks pass); room 22's check fails: the divergence is room 22's."""
+    checks = [{"name": "a-ok", "requirement": "R-XFER-1", "ok": True, "detail": "prefill room 11 reached Transferring"},
+              {"name": "b-success", "requirement": "R-XFER-1", "ok": False,
+               "detail": "decode room 22 ended at WaitingForInput"}]
+    d = first_divergence(_two_rooms("WaitingForInput", "Success"), _two_rooms("Transferring", "WaitingForInput"),
+                         checks)
+    assert (d["step"], d["role"], d["reference"], d["observed"]) == (1, "decode", "Success", "WaitingForInput")
+    assert [c["case"] for c in d["cases"]] == ["room 22"]  # said, since the history's first one is elsewhere
+
+
+def test_each_failing_case_gets_its_own_first_divergence():
+    checks = [{"name": "a-success", "requirement": "R-XFER-1", "ok": False, "detail": "prefill room 11 ended at X"},
+              {"name": "b-success", "requirement": "R-HB-1", "ok": False, "detail": "decode room 22 ended at Y"}]
+    d = first_divergence(_two_rooms("Success", "Success"), _two_rooms("Failed", "Failed"), checks)
+    assert [(c["case"], c["checks"], c["observed"]) for c in d["cases"]] == [
+        ("room 11", ["a-success"], "Failed"), ("room 22", ["b-success"], "Failed")]
+    line = describe(d)
+    assert "room 11 (a-success): first divergence at step 0" in line and "room 22 (b-success)" in line

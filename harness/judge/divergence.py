@@ -11,6 +11,14 @@ histories differ is the cell's ``divergence``::
 
 ``requirement`` is that of the cell's first failing check (None if no check failed:
 a divergence on its own is behaviour, not a verdict).
+
+A cell may hold several independent cases (two rooms, two prefills).  Each event
+belongs to a case: its room, or, for an event without one, its role.  The first
+divergence is looked for per case, and a failing check points at the cases its detail
+names (a room id, else a role name): ``cases`` lists, for each case a failing check
+names, that case's first divergence and the checks that named it, and the cell's
+divergence is the earliest of them, so it never points at an unrelated, passing case.
+Without a failing check that names a case, it is the history's first divergence.
 """
 
 from __future__ import annotations
@@ -63,27 +71,81 @@ def normalize(events: list[dict]) -> list[dict]:
             continue
         if event["op"] in _SKIP_OPS:
             continue
+        room = (event.get("args") or {}).get("room")
         out.append({"step": event["step"], "step_name": step_names.get(event["step"], ""), "op": event["op"],
-                    "role": event.get("role"), "value": _project(event)})
+                    "role": event.get("role"), "value": _project(event),
+                    "case": f"room {room}" if isinstance(room, int) else f"role {event.get('role')}"})
     return out
 
 
-def first_divergence(reference: list[dict], observed: list[dict], checks: list[dict]) -> dict | None:
-    """The first normalized event where ``observed`` differs from ``reference``
-    (both raw histories), or None when they agree event for event."""
-    ref, obs = normalize(reference), normalize(observed)
-    failing = next((c for c in checks if c.get("ok") is False), None)
-    requirement = failing["requirement"] if failing else None
+def _first(ref: list[dict], obs: list[dict]) -> tuple[int, dict] | None:
+    """The index and divergence of the first event where ``obs`` differs from ``ref``
+    (normalized), or None when they agree event for event."""
     for index in range(max(len(ref), len(obs))):
         a = ref[index] if index < len(ref) else None
         b = obs[index] if index < len(obs) else None
-        if a is not None and b is not None and a == b:
+        if a is not None and b is not None and _same(a, b):
             continue
         where = b or a
-        return {"step": where["step"], "step_name": where["step_name"], "op": where["op"], "role": where["role"],
-                "requirement": requirement,
-                "reference": _side(a, b), "observed": _side(b, a)}
+        return index, {"step": where["step"], "step_name": where["step_name"], "op": where["op"],
+                       "role": where["role"], "reference": _side(a, b), "observed": _side(b, a)}
     return None
+
+
+def _same(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k != "case"} == {k: v for k, v in b.items() if k != "case"}
+
+
+def _named_cases(detail: str, cases: list[str]) -> list[str]:
+    """The cases a check's detail names: the rooms whose id it mentions, else the roles it
+    mentions (the longest name first, so ``prefill-init`` is not taken for ``prefill``)."""
+    import re
+
+    rooms = [c for c in cases if c.startswith("room ") and re.search(rf"(?<!\d){c[5:]}(?!\d)", detail)]
+    if rooms:
+        return rooms
+    roles = sorted((c for c in cases if c.startswith("role ") and c != "role None"), key=len, reverse=True)
+    for case in roles:
+        if re.search(rf"(?<![\w-]){re.escape(case[5:])}(?![\w-])", detail):
+            return [case]
+    return []
+
+
+def first_divergence(reference: list[dict], observed: list[dict], checks: list[dict]) -> dict | None:
+    """The cell's first divergence (see the module docstring; both histories raw), with
+    ``cases`` when a failing check names a case; None when the histories agree."""
+    ref, obs = normalize(reference), normalize(observed)
+    failing = [c for c in checks if c.get("ok") is False]
+    requirement = failing[0]["requirement"] if failing else None
+    overall = _first(ref, obs)
+    if overall is None:
+        return None
+    keys = list(dict.fromkeys(e["case"] for e in ref + obs))
+    named: dict[str, list[str]] = {}
+    for check in failing:
+        for case in _named_cases(check.get("detail") or "", keys):
+            named.setdefault(case, []).append(check["name"])
+    cases = []
+    for case, names in named.items():
+        found = _first([e for e in ref if e["case"] == case], [e for e in obs if e["case"] == case])
+        if found is not None:
+            step = found[1]["step"]
+            cases.append((step if step is not None else -1, {"case": case, "checks": names, **found[1]}))
+    if not cases:
+        return {**overall[1], "requirement": requirement}
+    cases.sort(key=lambda item: item[0])
+    primary = cases[0][1]
+    out = {k: v for k, v in primary.items() if k not in ("case", "checks")}
+    out["requirement"] = next((c["requirement"] for c in failing if c["name"] in primary["checks"]), requirement)
+    if len(cases) > 1 or primary["case"] != _case_of(overall, ref, obs):
+        out["cases"] = [c for _, c in cases]
+    return out
+
+
+def _case_of(found: tuple[int, dict], ref: list[dict], obs: list[dict]) -> str | None:
+    index = found[0]
+    event = obs[index] if index < len(obs) else ref[index] if index < len(ref) else None
+    return event["case"] if event else None
 
 
 def _side(mine: dict | None, other: dict | None) -> str:
@@ -95,10 +157,18 @@ def _side(mine: dict | None, other: dict | None) -> str:
 
 
 def describe(divergence: dict | None) -> str:
-    """One line: ``step 7 AwaitStatus await_status on decode: reference Failed, observed WaitingForInput``."""
+    """One line: ``step 7 AwaitStatus await_status on decode: reference Failed, observed WaitingForInput``;
+    with several failing cases, one such line per case, each naming its case and checks."""
     if not divergence:
         return ""
     d = divergence
+    if len(d.get("cases") or []) > 1:
+        return "; ".join(f"{c['case']} ({', '.join(c['checks'])}): " + _line(c) for c in d["cases"])
     req = f" [{d['requirement']}]" if d.get("requirement") else ""
-    return (f"first divergence at step {d['step']} {d['step_name']} ({d['op']} on {d['role']}){req}: "
+    return f"first divergence at step {d['step']} {d['step_name']} ({d['op']} on {d['role']}){req}: " + \
+        f"reference {d['reference']}, observed {d['observed']}"
+
+
+def _line(d: dict) -> str:
+    return (f"first divergence at step {d['step']} {d['step_name']} ({d['op']} on {d['role']}): "
             f"reference {d['reference']}, observed {d['observed']}")
