@@ -5,8 +5,9 @@ A room H is held at WaitingForInput on both sides.  Then, one kind at a time
 (harness.spec.frames: truncated, unknown tag, non-ASCII, non-numeric, empty, oversized,
 extra frames, well-formed for rooms nobody holds, duplicated and reordered), a
 seed-fixed batch of messages goes to the prefill's and the decode's control
-sockets, and both roles are observed after each kind, so a dead loop is pinned
-to the kind of message that killed it (R-LIVE-1).  H must still be
+sockets one message at a time, and both roles are observed after each message, so a
+dead loop is pinned to the exact message that killed it (R-LIVE-1): the batch is
+narrowed to single messages up front, since a loop that died stays dead.  H must still be
 WaitingForInput on both sides, then complete; a new room N must complete; and
 every byte of the decode's pools must be H's, N's or untouched (a frame that
 writes into the pools breaks R-LIVE-1's "no room changes").
@@ -58,9 +59,13 @@ def steps(seed: int):
     out = [StartRoles(layout=LAYOUT), *open_and_request(held),
            AwaitStatus(held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=5.0, must_come=False)]
     for kind, messages in batches(seed).items():
-        for role in ROLES:
-            out.append(InjectFrames(role, tuple(messages)))
-        out.append(Observe(ROLES, settle_s=0.2, label=f"after {kind}"))
+        if kind == "duplicated-reordered":  # a sequence: its order is the point, so it goes as one batch
+            out += [*(InjectFrames(role, tuple(messages)) for role in ROLES),
+                    Observe(ROLES, settle_s=0.2, label=_label(kind, None))]
+            continue
+        for index, message in enumerate(messages):
+            out += [*(InjectFrames(role, (message,)) for role in ROLES),
+                    Observe(ROLES, settle_s=0.2, label=_label(kind, index))]
     out += [AwaitStatus(held.room, "prefill", (KVPoll.WaitingForInput,), timeout_s=0.0, label="prefill-after-frames",
                         must_come=False),
             AwaitStatus(held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=0.0, label="decode-after-frames",
@@ -69,17 +74,31 @@ def steps(seed: int):
     return out
 
 
+def _label(kind: str, index: int | None) -> str:
+    return f"after {kind}" if index is None else f"after {kind} #{index + 1}"
+
+
 def _loops_survived(seed: int):
-    kinds = list(batches(seed).items())
+    sent_in_order = [(kind, None, messages) if kind == "duplicated-reordered" else (kind, i, [m])
+                     for kind, messages in batches(seed).items()
+                     for i, m in (enumerate([None]) if kind == "duplicated-reordered" else enumerate(messages))]
 
     def fn(events):
         sent = sum(e["args"]["messages"] for e in events if e["type"] == "nemesis" and e["op"] == "inject")
-        for kind, messages in kinds:
-            ok, detail = c.loops_alive_at(f"after {kind}", ROLES)(events)
-            if not ok:
-                return False, (f"{detail} -- the first loop death came with the {kind!r} batch "
-                               f"({len(messages)} message(s), first: {_show(messages[0]) if messages else '-'})")
-        return True, f"prefill and decode loops survived {sent} injected message(s) of {len(kinds)} kinds"
+        killers = []
+        for role in ROLES:
+            for kind, index, messages in sent_in_order:
+                label = _label(kind, index)
+                ok, detail = c.loops_alive_at(label, (role,))(events)
+                if not ok:
+                    what = (f"the {kind!r} message #{index + 1}: {_show(messages[0])}" if index is not None
+                            else f"the {kind!r} sequence of {len(messages)} message(s)")
+                    killers.append(f"{detail} -- killed by {what}")
+                    break
+        if killers:
+            return False, "; ".join(killers)
+        return True, (f"prefill and decode loops survived {sent} injected message(s) of "
+                      f"{len(batches(seed))} kinds, observed after each")
 
     return fn
 
