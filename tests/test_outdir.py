@@ -180,3 +180,17 @@ def test_an_interrupt_while_the_reports_are_written_leaves_the_previous_run_late
     for run in runs:
         assert not [p.name for p in run.rglob("*") if ".tmp" in p.name], run
     assert json.loads((tmp_path / "latest" / "results.json").read_text())["cells"]
+
+
+def test_the_latest_link_itself_names_its_run(tmp_path):
+    from harness.report.outdir import OutDirError, run_folder_of
+
+    run = tmp_path / "runs" / "20261201-000000"
+    run.mkdir(parents=True)
+    (run / ".pdconform-run").write_text("pdconform\n")
+    (tmp_path / "latest").symlink_to(Path("runs") / run.name)
+    assert run_folder_of(tmp_path / "latest") == run.resolve() == run_folder_of(tmp_path)
+    elsewhere = tmp_path / "other"
+    elsewhere.symlink_to(tmp_path / "runs" / run.name)  # a link of another name is not taken for latest
+    with pytest.raises(OutDirError):
+        run_folder_of(elsewhere)

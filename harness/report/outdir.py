@@ -162,10 +162,12 @@ def prune(out: Path, keep: int, spare: Path | None = None) -> list[Path]:
 
 
 def run_folder_of(path: Path) -> Path:
-    """The run folder ``path`` names: itself when it is one, else ``path/latest`` (an --out
-    folder).  OutDirError when neither is a pdconform run folder."""
+    """The run folder ``path`` names: itself when it is one, the run an ``OUT/latest`` link
+    points at, else ``path/latest`` (an --out folder).  OutDirError when neither is a pdconform run folder."""
     path = Path(path).expanduser()
     if is_run_folder(path):
+        return path.resolve()
+    if path.is_symlink() and path.name == LATEST and is_run_folder(path.resolve()):  # OUT/latest itself
         return path.resolve()
     latest = path / LATEST
     if latest.is_symlink() and is_run_folder(latest.resolve()):
