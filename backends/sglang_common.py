@@ -206,11 +206,17 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         self.buffers = kv + [aux]
         dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
         manager_cls = getattr(self.conn, self.manager_class)
-        self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank), dmode, server_args, layout.mla)
+        try:
+            self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank), dmode, server_args, layout.mla)
+        except RuntimeError as exc:  # e.g. staging buffers, which sglang supports on cuda and xpu only
+            if "not supported on device type" in str(exc):
+                raise Unsupported(f"{exc} (pdconform's roles hold their KV pools on the CPU)") from exc
+            raise
         self._threads = [t for t in threading.enumerate() if t not in before]
         facts["rank_port"] = getattr(self.manager, "rank_port", None)
         facts["engine"] = self.engine()
         facts["deferred_release"] = bool(getattr(self.manager, "enable_deferred_decode_kv_release", False))
+        facts["staging"] = bool(getattr(self.manager, "enable_staging", False))
         if mode == "decode":
             facts["heartbeat_window_s"] = float(self.manager.heartbeat_interval) * int(self.manager.max_failures)
             facts["waiting_timeout_s"] = float(self.manager.waiting_timeout)

@@ -98,6 +98,11 @@ class ReferenceRole(RoleAdapter):
         self.bootstrap_timeout_s = env_seconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 30.0)
         self.waiting_timeout_s = env_seconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
         self.deferred_release = env_flag("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", True)
+        # staging (sglang's SGLANG_DISAGG_STAGING_BUFFER): the reference moves no bytes through
+        # staging buffers, but keeps what a staging context would hold (the WATERMARKs a
+        # decode sent), made before the control thread starts (R-LIVE-4)
+        self.staging = env_flag("SGLANG_DISAGG_STAGING_BUFFER", False)
+        self.staging_ctx: dict | None = None
 
     def engine(self) -> str:
         return "reference"
@@ -138,6 +143,7 @@ class ReferenceRole(RoleAdapter):
                                       deferred_release=self.deferred_release,
                                       transfer_timeout_s=self.waiting_timeout_s)
         self.side = ControlSide("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)))
+        self.staging_ctx = {"watermarks": 0} if self.staging else None  # before the control thread starts
         info = json.dumps({"endpoint": self.side.endpoint, "layout": layout}).encode()
 
         class Handler(BaseHTTPRequestHandler):
@@ -161,7 +167,7 @@ class ReferenceRole(RoleAdapter):
         self.threads = [self.side.thread, http_thread, worker]
         return {"mode": "prefill", "bootstrap_addr": f"{bind_address()}:{bootstrap_port}", "engine": self.engine(),
                 "rank_port": self.side.port, "deferred_release": self.deferred_release,
-                "bootstrap_timeout_s": self.bootstrap_timeout_s}
+                "bootstrap_timeout_s": self.bootstrap_timeout_s, "staging": self.staging}
 
     def _prefill_event(self, event) -> None:
         for action in self.prefill.handle(event):
@@ -248,6 +254,12 @@ class ReferenceRole(RoleAdapter):
                                   b"1" if w.aux else b"0", csv(w.dst), payload, self.side.endpoint.encode()])
 
     def _prefill_frames(self, frames: list[bytes]) -> None:
+        if frames and frames[0] == b"WATERMARK":  # R-LIVE-3: never fatal, staging on or off
+            if self.staging_ctx is None:
+                log.info("WATERMARK dropped: staging is off")
+            else:
+                self.staging_ctx["watermarks"] += 1
+            return
         tag, f = parse(frames)
         if tag == "REGISTER":
             self._prefill_event(pc.DecodeRegistered(int(f[0]), endpoint(f[1]), ints(f[3]), int(f[4]), int(f[2])))

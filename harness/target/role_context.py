@@ -128,8 +128,18 @@ def _server_args(settings: RoleSettings):
         disaggregation_bootstrap_port=settings.bootstrap_port,
         page_size=settings.page_size,
         tp_size=settings.attn_tp_size,
-        **settings.extra,
+        **{**_staging_args(settings.page_size), **settings.extra},
     )
+
+
+def _staging_args(page_size: int) -> dict:
+    """With staging on (``SGLANG_DISAGG_STAGING_BUFFER``), the chunk size its buffers are
+    sized from: sglang derives it from the GPU's memory, which a CPU role has none of (it
+    stays None and the manager's constructor fails on it).  64 pages of tokens."""
+    import os
+
+    on = os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
+    return {"chunked_prefill_size": 64 * page_size} if on else {}
 
 
 def _prepare_published_context(settings: RoleSettings):

@@ -91,6 +91,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("watermark-before-staging-fatal", "R-LIVE-3", "a WATERMARK before the prefill finished starting "
            "kills its control thread", "PR #35281 review (Mooncake _staging_ctx assigned after the control "
            "thread starts)", liveness._watermark_before_staging_fatal),
+    Mutant("staging-ctx-after-thread-start", "R-LIVE-3", "with staging on, the staging context is assigned "
+           "after the control thread starts: a WATERMARK in that window kills the thread",
+           "PR #35281 review (Mooncake _staging_ctx)", liveness._staging_ctx_after_thread_start),
     Mutant("state-after-thread-start", "R-LIVE-4", "the prefill's control thread reads state assigned after it "
            "started: any frame in that window kills it", "PR #35281 (Mooncake session fields moved before "
            "start_prefill_thread)", liveness._state_after_thread_start),

@@ -74,6 +74,18 @@ def _watermark_before_staging_fatal() -> None:
     _ready_flag(lambda frames: bool(frames) and frames[0] == b"WATERMARK")
 
 
+def _staging_ctx_after_thread_start() -> None:
+    # Mooncake's _staging_ctx: assigned after start_prefill_thread; with staging on, a
+    # WATERMARK in the window reaches a context that is still None
+    _ready_flag(lambda frames: bool(frames) and frames[0] == b"WATERMARK" and _staging_on())
+
+
+def _staging_on() -> bool:
+    import os
+
+    return os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _state_after_thread_start() -> None:
     _ready_flag(lambda frames: True)
 

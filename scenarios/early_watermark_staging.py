@@ -1,0 +1,65 @@
+"""early-watermark-staging: with staging on, a WATERMARK inside the prefill's constructor
+window is dropped or deferred, never fatal (R-LIVE-3), and the first room is served (R-LIVE-4).
+
+Staging on (``SGLANG_DISAGG_STAGING_BUFFER=1``) on both roles.  The WATERMARK is pushed
+into the prefill's control socket from inside its manager's constructor, right after the
+control thread started (``prefill-control-started``), while the constructor is held
+0.5 s: the window in which Mooncake's ``_staging_ctx`` is not yet assigned (PR #35281
+review). `early-watermark` judges the same window with staging off; this one isolates
+staging on. An implementation that has no staging is UNSUPPORTED (the window does not
+exist), and so is one whose staging buffers this machine cannot hold (sglang supports
+them on cuda and xpu devices only; pdconform's roles keep their pools on the CPU).
+"""
+
+from __future__ import annotations
+
+from harness.judge import checks as c
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import ArmPoint, Observe, RequireFact, StartRoles
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, room_succeeds, verify
+from scenarios.early_watermark import WATERMARK
+
+STAGING_ON = (("SGLANG_DISAGG_STAGING_BUFFER", "1"),)
+LABEL = "after the init-window WATERMARK with staging on"
+NO_STAGING = "the implementation has no staging buffers, so the staging-on init window does not exist"
+
+
+def steps(seed: int):
+    room = RoomAllocator(seed).room()
+    arm = ArmPoint("prefill", "prefill-control-started", action="inject", frames=(WATERMARK,), hold_s=0.5)
+    return [
+        StartRoles(layout=LAYOUT, arm=(arm,), env=STAGING_ON),
+        RequireFact("prefill", "staging", NO_STAGING),
+        Observe(("prefill",), settle_s=0.3, label=LABEL),
+        *full_room(room),
+        verify([room]),
+    ]
+
+
+def _injected(events):
+    hits = [e["value"] for e in events if e["type"] == "nemesis" and e["op"] == "point-hit"
+            and e["value"]["point"] == "prefill-control-started"]
+    if not hits:
+        return False, "the prefill constructor never reached prefill-control-started: nothing was injected"
+    return True, f"injected in the staging-on init window: {hits[0].get('delivered')}"
+
+
+def checks(seed: int):
+    room = RoomAllocator(seed).room()
+    return [
+        c.Check("init-window-reached", "R-LIVE-3", _injected),
+        c.Check("survives-init-window-watermark", "R-LIVE-3", c.loops_alive_at(LABEL, ("prefill",))),
+        *room_succeeds(room, "R-LIVE-4", "room-after-init-window"),
+        c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="early-watermark-staging",
+        title="With staging on, a WATERMARK in the prefill's init window is dropped; the first room is served",
+        steps=steps,
+        checks=checks,
+        timeout_s=120.0,
+    )
+)
