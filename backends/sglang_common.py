@@ -348,5 +348,6 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         from harness.role.residue import find_rooms
 
         wanted = set(rooms) | set(self.rooms_seen)
-        rooms = find_rooms(self.manager, wanted) if self.manager is not None else {}
-        return self.recorder.observation(self.role, self._threads, rooms)
+        found = find_rooms(self.manager, wanted) if self.manager is not None else None
+        return self.recorder.observation(self.role, self._threads, found.rooms if found else {},
+                                         residue_incomplete=found.incomplete if found else "")

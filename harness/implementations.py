@@ -37,6 +37,7 @@ ENTRY_POINT_GROUP = "pdconform.implementations"
 #: holds each implementation's planted-bug mutants (its ``mutants`` tool) as ``mutant.<id>``
 MUTANTS_ENV = "PDCONFORM_MUTANTS"
 MUTANT_PREFIX = "mutant."
+MUTANT_ENV = "PDCONFORM_MUTANT"  # in a mutant's role: the id of the planted bug it runs
 
 
 class RegistryError(RuntimeError):
@@ -155,7 +156,11 @@ def registered() -> dict[str, Implementation]:
         found[impl.name], where[impl.name] = impl, entry.value
     if os.environ.get(MUTANTS_ENV) == "1":
         for impl in list(found.values()):
-            found.update((m.name, m) for m in mutants_of(impl))
+            for mutant in mutants_of(impl):
+                if mutant.name in found:
+                    raise RegistryError(f"two implementations declare the mutant {mutant.name!r}: "
+                                        f"{found[mutant.name].planted['of']} and {impl.name}")
+                found[mutant.name] = mutant
     if not found:
         raise RegistryError(f"no implementation is registered (entry point group {ENTRY_POINT_GROUP}): "
                             "run `make setup`, which installs pdconform and its entry points")
@@ -166,15 +171,21 @@ def mutants_of(impl: Implementation) -> list[Implementation]:
     """``impl`` with each planted bug of its ``mutants`` tool (a sequence of objects with
     ``id``, ``requirement``, ``bug``, ``like``; e.g. backends.reference.mutants.MUTANTS), as
     test-only implementations ``mutant.<id>`` whose roles run with ``PDCONFORM_MUTANT=<id>``
-    (the adapter applies it).  Empty when ``impl`` has none."""
+    (:func:`load_role_adapter` sets it; the adapter applies it).  Empty when ``impl`` has
+    none; RegistryError when its catalogue does not load."""
     if "mutants" not in impl.tools:
         return []
+    try:
+        catalogue = list(impl.hook("mutants"))
+    except Exception as exc:  # noqa: BLE001 - a broken catalogue is named, not a traceback
+        raise RegistryError(f"the mutants of {impl.name} ({impl.tools['mutants']}) do not load: "
+                            f"{type(exc).__name__}: {exc}") from exc
     out = []
-    for m in impl.hook("mutants"):
+    for m in catalogue:
         out.append(replace(impl, name=f"{MUTANT_PREFIX}{m.id}", description=f"{impl.name} with a planted bug: {m.bug}",
-                           rank=impl.rank + 1, test_only=True, tools={}, role_env={**impl.role_env,
-                                                                                    "PDCONFORM_MUTANT": m.id},
-                           planted={"id": m.id, "requirement": m.requirement, "bug": m.bug, "like": m.like}))
+                           rank=impl.rank + 1, test_only=True, tools={}, role_env=dict(impl.role_env),
+                           planted={"id": m.id, "of": impl.name, "requirement": m.requirement, "bug": m.bug,
+                                    "like": m.like}))
     return out
 
 
@@ -222,9 +233,14 @@ def load_role_adapter(name: str, *, role: str, recorder):
     if reason is not None:
         return OutOfRangeRole(name, role, reason)
     impl.apply_role_env()
+    # a mutant's own id, never one inherited from the caller's environment; none for any other
+    if impl.planted:
+        os.environ[MUTANT_ENV] = impl.planted["id"]
+    else:
+        os.environ.pop(MUTANT_ENV, None)
     return impl.hook("adapter")(role=role, recorder=recorder)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "MUTANTS_ENV", "MUTANT_PREFIX", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
+__all__ = ["ENTRY_POINT_GROUP", "MUTANTS_ENV", "MUTANT_ENV", "MUTANT_PREFIX", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
            "available", "engine_settings", "implementation", "load_role_adapter", "mutants_of", "names", "registered",
            "settings_env"]

@@ -38,31 +38,39 @@ class MutantOutcome:
     other: list[dict] = field(default_factory=list)
 
 
-def _catching(cell: CellResult, requirement: str) -> list[dict]:
+def _catching(cell: CellResult, requirement: str, control_failed: set[tuple[str, str]]) -> list[dict]:
+    """The failed checks of ``cell`` that cite ``requirement`` and did not fail in the
+    control's cell of the same scenario (a check the unmutated implementation fails too
+    says nothing about the mutant)."""
     if cell.verdict not in (Verdict.FAIL, Verdict.WARN):
         return []
     return [{"scenario": cell.scenario, "check": check["name"], "detail": check["detail"]}
-            for check in cell.checks if check["ok"] is False and check["requirement"] == requirement]
+            for check in cell.checks if check["ok"] is False and check["requirement"] == requirement
+            and (cell.scenario, check["name"]) not in control_failed]
 
 
 def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOutcome], list[dict]]:
     """Each mutant's outcome in ``result`` (``planted``: impl name -> its ``planted`` dict,
     harness.implementations.Implementation), in ``planted``'s order, and the control's
     problems: every cell of an unmutated implementation that is not PASS
-    (``{"scenario", "impl", "verdict", "reason"}``)."""
+    (``{"scenario", "impl", "verdict", "reason"}``).  A check that also failed (or could
+    not tell) in the control's cell of the same scenario catches nothing."""
+    control_cells = [c for c in result.cells if c.impl not in planted]
+    control_failed = {(c.scenario, check["name"]) for c in control_cells for check in c.checks
+                      if check["ok"] is not True}
     found = []
     for impl, bug in planted.items():
         out = MutantOutcome(id=bug["id"], impl=impl, requirement=bug["requirement"], bug=bug["bug"],
                             like=bug["like"])
         for cell in (c for c in result.cells if c.impl == impl):
-            hits = _catching(cell, out.requirement)
+            hits = _catching(cell, out.requirement, control_failed)
             out.catching += hits
             if not hits and cell.verdict != Verdict.PASS:
                 out.other.append({"scenario": cell.scenario, "verdict": str(cell.verdict), "reason": cell.reason})
         out.caught = bool(out.catching)
         found.append(out)
     control = [{"scenario": c.scenario, "impl": c.impl, "verdict": str(c.verdict), "reason": c.reason}
-               for c in result.cells if c.impl not in planted and c.verdict != Verdict.PASS]
+               for c in control_cells if c.verdict != Verdict.PASS]
     return found, control
 
 

@@ -69,8 +69,11 @@ def _no_state_for(room: int, role: str):
         if role not in observed:
             return None, "; ".join(problems) or f"{role} was not observed"
         left = observed[role]["rooms"].get(str(room)) or observed[role]["rooms"].get(room)
-        return (not left), (f"{role} still holds room {room} in: {', '.join(left)}" if left
-                            else f"{role} holds no state for room {room}")
+        if left:
+            return False, f"{role} still holds room {room} in: {', '.join(left)}"
+        if observed[role].get("residue_incomplete"):
+            return None, f"{role}'s residue walk did not see everything: {observed[role]['residue_incomplete']}"
+        return True, f"{role} holds no state for room {room}"
     return fn
 
 

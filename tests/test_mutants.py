@@ -33,6 +33,7 @@ def test_every_mutant_applies_in_a_fresh_process():
     """Each patch must find the methods it replaces (a renamed method would make it a no-op
     or an error); a mutant run names the unknown ones."""
     code = ("import os, sys; from backends.reference import mutants\n"
+            "os.environ['PDCONFORM_MUTANTS'] = '1'\n"
             "for m in mutants.MUTANTS:\n"
             "    os.environ[mutants.MUTANT_ENV] = m.id; mutants._applied.clear(); mutants.apply_from_env()\n"
             "os.environ[mutants.MUTANT_ENV] = 'nope'; mutants._applied.clear()\n"
@@ -86,3 +87,39 @@ def test_an_unknown_mutant_is_a_usage_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness.cli", "mutants", "--mutant", "nope", "--out",
                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "unknown --mutant nope" in out.stderr and not any(tmp_path.iterdir())
+
+
+def test_a_check_the_control_fails_too_catches_nothing():
+    planted = {"mutant.a": {"id": "a", "of": "reference", "requirement": "R-XFER-1", "bug": "b", "like": "l"}}
+    run = RunResult(sglang=SglangInfo(version=None, path=None), seed=0, cells=[
+        _cell("reference", "happy-path", "FAIL", [("decode-success", "R-XFER-1", False)]),
+        _cell("mutant.a", "happy-path", "FAIL", [("decode-success", "R-XFER-1", False)]),
+    ])
+    found, control = outcomes(run, planted)
+    assert not found[0].caught and control[0]["impl"] == "reference"
+
+
+def test_an_inherited_mutant_id_never_reaches_a_role(monkeypatch):
+    """Only a mutant.<id> role runs a mutant, and only its own: the id is set by the
+    registry, never taken from the caller's environment."""
+    from harness import implementations
+
+    seen = {}
+
+    class Probe:
+        def __init__(self, role, recorder):
+            seen[role] = os.environ.get(implementations.MUTANT_ENV)
+
+    monkeypatch.setenv(implementations.MUTANTS_ENV, "1")
+    monkeypatch.setenv(implementations.MUTANT_ENV, "no-success-status")  # left over in the caller's shell
+    implementations.registered.cache_clear()
+    try:
+        for name in ("reference", "mutant.ack-twice"):
+            impl = implementations.implementation(name)
+            monkeypatch.setattr(type(impl), "hook", lambda self, what: Probe)
+            implementations.load_role_adapter(name, role=name, recorder=None)
+    finally:
+        implementations.registered.cache_clear()
+    assert seen == {"reference": None, "mutant.ack-twice": "ack-twice"}
+    monkeypatch.delenv(implementations.MUTANTS_ENV)
+    assert mutants.apply_from_env() is None  # and without a mutant run, nothing is applied

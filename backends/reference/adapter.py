@@ -482,15 +482,16 @@ class ReferenceRole(RoleAdapter):
 
         wanted = set(rooms) | set(self.rooms_seen)
         view = types.SimpleNamespace(**{name: getattr(self, name) for name in self.STATE})
-        found = self._sync(lambda: find_rooms(view, wanted)) if self.side else {}
+        walk = self._sync(lambda: find_rooms(view, wanted)) if self.side else None
         held: dict[int, list[str]] = {}
         remembered: dict[int, list[str]] = {}
-        for room, paths in found.items():
+        for room, paths in (walk.rooms if walk else {}).items():
             for path in paths:
                 core, _, rest = path.partition(".")
                 ended = core in ("prefill", "decode") and rest.split("[")[0] in pc.ENDED_GENERATION_MEMORY
                 (remembered if ended else held).setdefault(room, []).append(path)
-        return self.recorder.observation(self.role, self.threads, held, remembered)
+        return self.recorder.observation(self.role, self.threads, held, remembered,
+                                         residue_incomplete=walk.incomplete if walk else "")
 
     def teardown(self) -> None:
         self.stopping.set()

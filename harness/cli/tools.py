@@ -249,7 +249,8 @@ def mutants(
     jobs = jobs or 6 * (os.cpu_count() or 1)  # reference cells mostly wait on timeouts
     out = _out_dir(out)
     target = _target(None, None)
-    config = RunConfig(impls=[REFERENCE, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
+    controls = list(dict.fromkeys(bug.get("of", REFERENCE) for bug in planted.values()))  # each mutant's parent
+    config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs, reports=False)
     begin = time.monotonic()
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:

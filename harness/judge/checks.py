@@ -405,6 +405,10 @@ def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None) -> 
                     left.append(f"{role} room {room}: {', '.join(sorted(set(paths)))}")
         if left:
             return False, "state left after clear: " + "; ".join(left[:8])
+        partial = [f"{role}: {observed[role]['residue_incomplete']}" for role in roles
+                   if observed[role].get("residue_incomplete")]
+        if partial:
+            return None, "the residue walk did not see everything, so no residue cannot be told: " + "; ".join(partial)
         return True, f"no per-room state left in {', '.join(roles)}"
 
     return fn

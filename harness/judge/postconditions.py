@@ -32,7 +32,7 @@ def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
     names, consecutive repeats kept once) from every AwaitStatus that completed."""
     out: dict[tuple[str, int], list[list[str]]] = {}
     for e in events:
-        if e["type"] not in (Event.OK, Event.FAIL):
+        if e["type"] not in (Event.OK, Event.FAIL, Event.NEMESIS):  # a restart is a nemesis event
             continue
         role, room = e.get("role"), (e.get("args") or {}).get("room")
         if e["op"] in _RESTARTS:
@@ -74,7 +74,10 @@ def every_failure_has_reason(events: list[dict]) -> tuple[bool, str]:
         if value.get("status") != KVPoll.Failed:
             continue
         failed += 1
-        if not (value.get("failure_reason") or "").strip():
+        if value.get("failure_reason_error"):
+            missing.append(f"{e.get('role')} room {e['args'].get('room')} (its reason could not be read: "
+                           f"{value['failure_reason_error'][:120]})")
+        elif not (value.get("failure_reason") or "").strip():
             missing.append(f"{e.get('role')} room {e['args'].get('room')}")
     if missing:
         return False, f"Failed without a failure reason: {', '.join(dict.fromkeys(missing))}"

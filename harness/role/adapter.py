@@ -40,7 +40,8 @@ class Observation:
 
     * ``loops``: the implementation's control/worker threads by name -> alive;
     * ``log_records``: WARNING and above from the implementation's loggers, and any
-      record that carries an exception, whatever its level (``level``, ``logger``,
+      record that carries an exception, whatever its level, as long as the logger emits
+      that level at all (its own level still filters first) (``level``, ``logger``,
       ``message``, and ``exception``: the exception's type, "" for none);
     * ``log_records_dropped``: records the recorder could not keep (its cap was
       reached): a check that reads the logs cannot tell when it is not 0;
@@ -48,6 +49,8 @@ class Observation:
       ``exception``, ``message``, ``traceback``);
     * ``rooms``: per-room state left in the manager: room -> list of
       ``"attribute[key]"`` paths that still mention the room;
+    * ``residue_incomplete``: why the residue walk did not see everything ("" when it
+      did; harness.role.residue): a residue check cannot tell then;
     * ``remembered``: per-room memory of *ended* generations that the spec allows
       for a bounded time (R-REUSE-1: tombstones, retired generations), kept apart
       from ``rooms`` so that a check for leftover state does not count it.
@@ -60,6 +63,7 @@ class Observation:
     dead_threads: list[dict[str, str]] = field(default_factory=list)
     rooms: dict[int, list[str]] = field(default_factory=dict)
     remembered: dict[int, list[str]] = field(default_factory=dict)
+    residue_incomplete: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -290,5 +294,5 @@ class OutOfRangeRole(RoleAdapter):
 
     def observe(self, rooms: list[int] = ()) -> dict:
         return {"role": self.role, "loops": {}, "log_records": [], "log_records_dropped": 0, "dead_threads": [],
-                "rooms": {},
+                "rooms": {}, "residue_incomplete": "",
                 "remembered": {}}

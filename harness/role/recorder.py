@@ -1,6 +1,8 @@
 """The recorder inside a role process: WARNING-and-worse log records (and any record that
 carries an exception: R-STALE-1 counts an exception caught and logged inside a worker), and
-threads that died.
+threads that died.  Loggers keep their own levels (lowering them would flood the role logs
+with sglang's debug output), so a caught exception logged below the level its logger emits
+(WARNING, unless sglang sets another) never reaches the recorder.
 
 Installed once per process by the role host (harness.drive.role_host); adapters read
 it in ``observe`` (harness.role.adapter.RoleAdapter.observe).
@@ -85,12 +87,12 @@ class RoleRecorder:
 
     def observation(self, role: str, threads: list[threading.Thread],
                     rooms: dict[int, list[str]] | None = None,
-                    remembered: dict[int, list[str]] | None = None) -> dict:
+                    remembered: dict[int, list[str]] | None = None, residue_incomplete: str = "") -> dict:
         """The :class:`Observation` an adapter's ``observe`` returns: its ``threads``
         by name and liveness, the recorded logs and dead threads, ``rooms`` and
         ``remembered``."""
         logs, dead = self.snapshot()
         loops = {f"{t.name}#{i}": t.is_alive() for i, t in enumerate(threads)}
         return Observation(role=role, loops=loops, log_records=logs, log_records_dropped=self.dropped(),
-                           dead_threads=dead, rooms=rooms or {},
+                           dead_threads=dead, rooms=rooms or {}, residue_incomplete=residue_incomplete,
                            remembered=remembered or {}).to_dict()

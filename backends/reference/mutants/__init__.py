@@ -11,7 +11,8 @@ mutant.
 A mutant is applied inside its role process only (the role's environment names it in
 :data:`MUTANT_ENV`; :func:`apply_from_env`, called when the reference adapter is built),
 by replacing one method of the reference's classes with a broken one; the reference's
-own source carries no switch for it.
+own source carries no switch for it (``ack-before-drain`` turns on the prefill core's
+test-only ``planted_bug`` of the same name, which the core's own tests use).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from typing import Callable
 from backends.reference.mutants import liveness, transfer
 from backends.reference.mutants._base import PlantedLoopDeath
 
-#: the role environment variable that names the mutant a reference role runs as
-MUTANT_ENV = "PDCONFORM_MUTANT"
+from harness.implementations import MUTANT_ENV, MUTANTS_ENV  # the names the registry sets
 
 
 @dataclass(frozen=True)
@@ -131,13 +131,18 @@ BY_ID = {m.id: m for m in MUTANTS}
 
 
 def apply_from_env() -> str | None:
-    """Apply the mutant :data:`MUTANT_ENV` names, once per process; its id (None: none named).
-    KeyError names an unknown id."""
+    """Apply the mutant :data:`MUTANT_ENV` names, once per process, in a role of a mutant
+    run only (``PDCONFORM_MUTANTS=1`` too: harness.implementations.load_role_adapter sets
+    the id for ``mutant.<id>`` roles and removes it for every other); its id, or None.
+    KeyError names an unknown id; RuntimeError when another mutant was applied already
+    (patches are never undone, so two would stack)."""
     name = os.environ.get(MUTANT_ENV)
-    if not name:
+    if not name or os.environ.get(MUTANTS_ENV) != "1":
         return None
-    if _applied and _applied[0] == name:
-        return name
+    if _applied:
+        if _applied[0] == name:
+            return name
+        raise RuntimeError(f"mutant {name!r} asked for in a process that runs mutant {_applied[0]!r} already")
     if name not in BY_ID:
         raise KeyError(f"unknown mutant {name!r} (known: {', '.join(BY_ID)})")
     from backends.reference import adapter

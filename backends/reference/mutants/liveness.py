@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
+import re
 from typing import Callable
 
 from backends.reference import decode_core as dc
@@ -27,10 +28,11 @@ def _loop_dies_on_short_frame() -> None:
         try:
             return orig(frames)
         except wire.MalformedFrame as exc:
-            if "fields, expected" in str(exc):  # a frame with too few fields indexes past its end
+            short = re.search(r"with (\d+) fields, expected (\d+)", str(exc))
+            if short and int(short[1]) < int(short[2]):  # a frame with too few fields indexes past its end
                 raise PlantedLoopDeath(f"IndexError: {exc}") from None
             raise
-    ra.parse = parse
+    wrap(ra, "parse", lambda _: parse)  # wrap: a renamed target fails loudly, never a silent no-op
 
 
 def _worker_exits_when_idle() -> None:
@@ -46,7 +48,7 @@ def _worker_exits_when_idle() -> None:
             taken += 1
             self.points.hit("worker-take-chunk", room=room)
             self.side.submit(lambda room=room, pages=pages: self._send_chunk_now(room, pages))
-    ra.ReferenceRole._transfer_worker = _transfer_worker
+    wrap(ra.ReferenceRole, "_transfer_worker", lambda _: _transfer_worker)
 
 
 def _ready_flag(kill: Callable[[list[bytes]], bool]) -> None:

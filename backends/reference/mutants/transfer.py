@@ -33,7 +33,7 @@ def _last_chunk_missed() -> None:
         r = self.prefill.rooms.get(room)
         last = r is not None and r.num_pages is not None and r.sent + len(pages) > r.num_pages  # off by one
         self._prefill_event(pc.SendChunk(room, tuple(pages), last))
-    ra.ReferenceRole._send_chunk_now = _send_chunk_now
+    wrap(ra.ReferenceRole, "_send_chunk_now", lambda _: _send_chunk_now)
 
 
 # ---- R-XFER-2 ----------------------------------------------------------------------
@@ -94,7 +94,7 @@ def _shifted_plan(shift: Callable[[layout_plan.LayoutSpec, layout_plan.BufferPai
             moved = shift(spec, p, dst)
             pairs.append(p if moved is None or not 0 <= moved < len(dst) else dataclasses.replace(p, dst=moved))
         return layout_plan.Plan(tuple(pairs))
-    ra.plan = plan
+    wrap(ra, "plan", lambda _: plan)
 
 
 def _draft_v_offset() -> None:

@@ -127,13 +127,16 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
     try:
         seen = client.call("await_status", bound + CALL_TIMEOUT_S, room=step.room,
                            statuses=[int(x) for x in step.statuses], timeout_s=bound)
-        status = seen["status"]
-        asked = time.monotonic()
-        reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status == KVPoll.Failed else None
-        reason_call_s = round(time.monotonic() - asked, 3)
     except RoleError as exc:
         d.record(Event.FAIL, Op.AWAIT_STATUS, step.role, args=args, error=str(exc))
         return
+    status, reason_error = seen["status"], None
+    asked = time.monotonic()
+    try:
+        reason = client.call("failure_reason", CALL_TIMEOUT_S, room=step.room) if status == KVPoll.Failed else None
+    except RoleError as exc:  # the status was read: keep it, and say the reason could not be (R-REASON-1)
+        reason, reason_error = None, str(exc)
+    reason_call_s = round(time.monotonic() - asked, 3)
     reached = status in step.statuses
     if not reached and step.must_come and not d.full_waits and d.stalled_step is None:
         d.stalled_step = d.step_index
@@ -141,8 +144,10 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
              "waited_s": seen["waited_s"], "trail": seen["trail"], "failure_reason": reason}
     if "seen_wall" in seen:  # when the status was read, for timing checks (harness.judge.checks.seen_at)
         value["seen_wall"] = seen["seen_wall"]
-    if reason is not None:
+    if reason is not None or reason_error:
         value["reason_call_s"] = reason_call_s
+    if reason_error:
+        value["failure_reason_error"] = reason_error
     d.record(Event.OK, Op.AWAIT_STATUS, step.role, args=args, value=value)
 
 
