@@ -65,3 +65,15 @@ def test_the_judge_fails_a_cell_on_a_generic_post_condition():
     h.record("info", "cell-exit", None, None, value={"how": "exited", "returncode": 0, "duration_s": 1.0})
     result = judge(_scenario(), 0, h.events, impl="x")
     assert result.verdict == "FAIL" and "every-trail-terminal" in result.reason
+
+
+def test_a_check_that_cannot_be_run_here_makes_the_cell_unsupported_never_pass():
+    """draft-kv-layout: a layout the machine cannot serve is skipped; that is UNSUPPORTED."""
+    from harness.judge.judge import verdict_of
+
+    ok = c.Check("a", "R-XFER-1", lambda e: (True, "")).run([])
+    skipped = c.Check("b", "R-LAYOUT-2", lambda e: (c.UNSUPPORTED, "layout X skipped: needs VRAM")).run([])
+    failed = c.Check("d", "R-LAYOUT-1", lambda e: (False, "bytes wrong")).run([])
+    assert skipped.ok is None and skipped.unsupported
+    assert verdict_of([ok, skipped]) == ("UNSUPPORTED", "R-LAYOUT-2 b: layout X skipped: needs VRAM")
+    assert verdict_of([ok, skipped, failed])[0] == "FAIL"  # a failure is never hidden by it

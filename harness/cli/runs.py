@@ -195,7 +195,8 @@ def repro(
     cell = result.cells[0]
     console.print(cell_text(cell))
     for check in cell.checks:
-        mark = "[green]ok[/]" if check.get("ok") else "[red]NOT OK[/]"
+        mark = ("[green]ok[/]" if check.get("ok") else "[yellow]UNSUPPORTED[/]" if check.get("unsupported")
+                else "[red]NOT OK[/]" if check.get("ok") is False else "[red]CANNOT TELL[/]")
         line = Text.from_markup(f"  {mark} ")
         line.append(terminal(f"{check.get('requirement')} {check.get('name')}: {check.get('detail', '')}"))
         console.print(line, highlight=False)

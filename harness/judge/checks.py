@@ -20,19 +20,25 @@ from harness.spec.requirements import requirement
 
 @dataclass(frozen=True)
 class CheckResult:
-    """What one check found: ``ok`` True/False, or None when the checker could not tell."""
+    """What one check found: ``ok`` True/False, or None when the checker could not tell;
+    ``unsupported`` (with ``ok`` None): it could not be judged because the machine or the
+    implementation cannot run what it needs (the detail says what), which makes the cell
+    UNSUPPORTED unless another check failed or could not tell."""
 
     name: str
     requirement: str
     level: Level
-    ok: bool | None  # None: the checker itself failed
+    ok: bool | None  # None: the checker itself failed, or (unsupported) could not be run here
     detail: str
+    unsupported: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-Checker = Callable[[list[dict]], "tuple[bool | None, str]"]  # history events -> (ok, detail); ok None: cannot tell
+Checker = Callable[[list[dict]], "tuple[bool | None | str, str]"]  # history events -> (ok, detail); ok None:
+# cannot tell; ok UNSUPPORTED: cannot be judged on this machine or implementation
+UNSUPPORTED = "unsupported"
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class Check:
             ok, detail = self.fn(events)
         except Exception as exc:  # a broken checker is "unknown", not a crash
             return CheckResult(self.name, self.requirement, self.level, None, f"checker error: {exc!r}")
+        if ok == UNSUPPORTED:
+            return CheckResult(self.name, self.requirement, self.level, None, detail, unsupported=True)
         return CheckResult(self.name, self.requirement, self.level, None if ok is None else bool(ok), detail)
 
 

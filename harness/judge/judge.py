@@ -16,7 +16,9 @@ The verdict, in order:
 3. UNSUPPORTED when the implementation could not perform a step;
 4. ERROR when the cell could not go on (a role did not start) or declares no check;
 5. FAIL when a MUST check failed (evidence beats a check that could not tell);
-6. ERROR when a check could not tell; WARN when only SHOULD checks failed; else PASS.
+6. ERROR when a check could not tell; UNSUPPORTED when a check could not be judged on this
+   machine or implementation (what it needed is named); WARN when only SHOULD checks
+   failed; else PASS.
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ def verdict_of(results: list[CheckResult]) -> tuple[Verdict, str]:
     must = [r for r in results if r.ok is False and r.level == Level.MUST]
     if must:
         return Verdict.FAIL, f"{must[0].requirement} {must[0].name}: {must[0].detail}"
-    unknown = [r for r in results if r.ok is None]
+    unknown = [r for r in results if r.ok is None and not r.unsupported]
     if unknown:
         return Verdict.ERROR, f"{unknown[0].requirement} {unknown[0].name}: {unknown[0].detail}"
+    unsupported = [r for r in results if r.unsupported]
+    if unsupported:
+        return Verdict.UNSUPPORTED, f"{unsupported[0].requirement} {unsupported[0].name}: {unsupported[0].detail}"
     should = [r for r in results if r.ok is False]
     if should:
         return Verdict.WARN, f"{should[0].requirement} {should[0].name}: {should[0].detail}"
