@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import threading
 import time
 from typing import Any, ClassVar
@@ -208,9 +209,12 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         manager_cls = getattr(self.conn, self.manager_class)
         try:
             self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank), dmode, server_args, layout.mla)
-        except RuntimeError as exc:  # e.g. staging buffers, which sglang supports on cuda and xpu only
-            if "not supported on device type" in str(exc):
-                raise Unsupported(f"{exc} (pdconform's roles hold their KV pools on the CPU)") from exc
+        except Exception as exc:  # staging buffers: sglang makes them on cuda and xpu devices only
+            text = f"{type(exc).__name__}: {exc}"
+            staging = os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
+            if "not supported on device type" in text or (staging and "cuda" in text.lower()):
+                raise Unsupported(f"staging buffers need a cuda or xpu device ({text}); pdconform's roles keep "
+                                  "their KV pools on the CPU") from exc
             raise
         self._threads = [t for t in threading.enumerate() if t not in before]
         facts["rank_port"] = getattr(self.manager, "rank_port", None)
