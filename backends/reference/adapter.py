@@ -98,9 +98,8 @@ class ReferenceRole(RoleAdapter):
         self.bootstrap_timeout_s = env_seconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 30.0)
         self.waiting_timeout_s = env_seconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
         self.deferred_release = env_flag("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", True)
-        # staging (sglang's SGLANG_DISAGG_STAGING_BUFFER): the reference moves no bytes through
-        # staging buffers, but keeps what a staging context would hold (the WATERMARKs a
-        # decode sent), made before the control thread starts (R-LIVE-4)
+        # staging (SGLANG_DISAGG_STAGING_BUFFER): no bytes go through staging buffers, but a
+        # context counts the WATERMARKs, made before the control thread starts (R-LIVE-4)
         self.staging = env_flag("SGLANG_DISAGG_STAGING_BUFFER", False)
         self.staging_ctx: dict | None = None
 
