@@ -348,10 +348,10 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
     def abort(self, room: int) -> None:
         self._room_object(room).abort()
 
-    def observe(self, rooms: list[int] = ()) -> dict:
+    def observe(self, rooms: list[int] = (), residue: bool = True) -> dict:
         from harness.role.residue import find_rooms
 
         wanted = set(rooms) | set(self.rooms_seen)
-        found = find_rooms(self.manager, wanted) if self.manager is not None else None
+        found = find_rooms(self.manager, wanted) if self.manager is not None and residue else None
         return self.recorder.observation(self.role, self._threads, found.rooms if found else {},
                                          residue_incomplete=found.incomplete if found else "")

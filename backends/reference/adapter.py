@@ -471,7 +471,7 @@ class ReferenceRole(RoleAdapter):
     #: adapter is the harness's view: recorder, points, fault plans, ABORT_ACK log)
     STATE = ("prefill", "decode", "status", "reasons", "plans", "peer")
 
-    def observe(self, rooms: list[int] = ()) -> dict:
+    def observe(self, rooms: list[int] = (), residue: bool = True) -> dict:
         """Threads, logs and per-room residue: a deep walk (harness.role.residue) of
         :attr:`STATE` for every room of the cell; the bounded memory of ended generations
         (pc.ENDED_GENERATION_MEMORY) is reported apart, as ``remembered``."""
@@ -481,7 +481,7 @@ class ReferenceRole(RoleAdapter):
 
         wanted = set(rooms) | set(self.rooms_seen)
         view = types.SimpleNamespace(**{name: getattr(self, name) for name in self.STATE})
-        walk = self._sync(lambda: find_rooms(view, wanted)) if self.side else None
+        walk = self._sync(lambda: find_rooms(view, wanted)) if self.side and residue else None
         held: dict[int, list[str]] = {}
         remembered: dict[int, list[str]] = {}
         for room, paths in (walk.rooms if walk else {}).items():

@@ -100,7 +100,7 @@ class SelftestRole(RoleAdapter):
     def abort(self, room: int) -> None:
         pass
 
-    def observe(self, rooms: list[int] = ()) -> dict:
+    def observe(self, rooms: list[int] = (), residue: bool = True) -> dict:
         observation = self.recorder.observation(self.role, [])
         observation["threads"] = sorted(t.name for t in threading.enumerate())
         observation["leaked"] = list(LEAKED)

@@ -174,7 +174,8 @@ class CellDriver:
             self.record(Event.FAIL, op, name, args=args, error=f"{name} cannot be observed: {why}")
             return
         try:
-            value = client.call("observe", 10, rooms=self.cell_rooms)
+            # residue is judged at the end of the cell: a mid-cell Observe (a loop alive?) skips the walk
+            value = client.call("observe", 10, rooms=self.cell_rooms, residue=op == Op.OBSERVE)
         except RoleError as exc:
             self.record(Event.FAIL, op, name, args=args, error=str(exc))
             return

@@ -170,10 +170,11 @@ class RoleAdapter(ABC):
         """Abort the room's sender/receiver."""
 
     @abstractmethod
-    def observe(self, rooms: list[int] = ()) -> dict:
+    def observe(self, rooms: list[int] = (), residue: bool = True) -> dict:
         """:class:`Observation` as a dict.  ``rooms``: every bootstrap room the cell uses (on
         any role), so that residue is found for rooms this role never opened
-        (harness.role.residue.find_rooms)."""
+        (harness.role.residue.find_rooms); ``residue`` False: threads and logs only (a
+        mid-cell observation; the walk costs CPU, up to a few hundred ms per call)."""
 
     # ---- fault injection (harness.role.faults) --------------------------------
     #: interleaving points this adapter can reach: name -> the code it wraps
@@ -292,7 +293,7 @@ class OutOfRangeRole(RoleAdapter):
     def teardown(self) -> None:
         return None
 
-    def observe(self, rooms: list[int] = ()) -> dict:
+    def observe(self, rooms: list[int] = (), residue: bool = True) -> dict:
         return {"role": self.role, "loops": {}, "log_records": [], "log_records_dropped": 0, "dead_threads": [],
                 "rooms": {}, "residue_incomplete": "",
                 "remembered": {}}
