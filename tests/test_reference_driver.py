@@ -17,6 +17,11 @@ LAYOUT = Layout(num_layers=2, num_pages=8, page_bytes=64, aux_slots=2, aux_bytes
 
 @pytest.fixture
 def pair():
+    import logging
+
+    # a test run earlier in this process (import-linter's CLI configures logging) may have
+    # disabled the loggers that existed then; a role process starts with them enabled
+    logging.getLogger("pdconform.reference").disabled = False
     recorder = RoleRecorder().install()
     prefill, decode = ReferenceRole("prefill", recorder), ReferenceRole("decode", recorder)
     port = free_port_block(1)
