@@ -13,11 +13,10 @@ other requirements is not caught: the suite found something, but not the bug pla
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.judge.results import CellResult, RunResult, write_atomic
+from harness.judge.results import CellResult, RunResult, write_json_and_markdown
 from harness.judge.verdict import Verdict
 from harness.report.safe import md, md_code
 
@@ -86,11 +85,7 @@ def write_mutants(folder: Path, found: list[MutantOutcome], control: list[dict],
     caught = sum(m.caught for m in found)
     data = {"score": {"caught": caught, "total": len(found)}, "duration_s": duration_s, "jobs": jobs,
             "control": control, "mutants": [asdict(m) for m in found]}
-    json_path = folder / "mutants.json"
-    write_atomic(json_path, (json.dumps(data, indent=1) + "\n").encode())
-    md_path = folder / "mutants.md"
-    write_atomic(md_path, mutants_markdown(found, control, duration_s, jobs).encode())
-    return json_path, md_path
+    return write_json_and_markdown(folder, "mutants", data, mutants_markdown(found, control, duration_s, jobs))
 
 
 def mutants_markdown(found: list[MutantOutcome], control: list[dict], duration_s: float, jobs: int) -> str:

@@ -16,7 +16,6 @@ the runs and the flips.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import re
 import threading
@@ -26,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.judge.results import write_atomic
+from harness.judge.results import write_json_and_markdown
 from harness.report.safe import md, md_code
 
 LOAD_SAMPLE_S = 1.0
@@ -152,11 +151,7 @@ def write_soak(folder: Path, runs: list[SoakRun], jobs: int, cores: int) -> tupl
     comments; strings from the runs escaped) into ``folder``, atomically; their paths."""
     found = flips(runs)
     data = {"jobs": jobs, "cores": cores, "runs": [asdict(r) for r in runs], "flips": [asdict(f) for f in found]}
-    json_path = folder / "soak.json"
-    write_atomic(json_path, (json.dumps(data, indent=1) + "\n").encode())
-    md_path = folder / "soak.md"
-    write_atomic(md_path, soak_markdown(runs, found, jobs, cores).encode())
-    return json_path, md_path
+    return write_json_and_markdown(folder, "soak", data, soak_markdown(runs, found, jobs, cores))
 
 
 def soak_markdown(runs: list[SoakRun], found: list[Flip], jobs: int, cores: int) -> str:
