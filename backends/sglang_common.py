@@ -211,8 +211,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
             self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank), dmode, server_args, layout.mla)
         except Exception as exc:  # staging buffers: sglang makes them on cuda and xpu devices only
             text = f"{type(exc).__name__}: {exc}"
-            staging = os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
-            if "not supported on device type" in text or (staging and "cuda" in text.lower()):
+            if "not supported on device type" in text or (role_context.staging_on() and "cuda" in text.lower()):
                 raise Unsupported(f"staging buffers need a cuda or xpu device ({text}); pdconform's roles keep "
                                   "their KV pools on the CPU") from exc
             raise

@@ -1,13 +1,14 @@
 """``pdconform mutants``: the scenarios against planted bugs, and which check caught each.
 
 A check earns its place by catching a bug.  Each registered implementation may declare
-planted-bug mutants of itself (the reference does: backends/reference/mutants.py; the
+planted-bug mutants of itself (the reference does: backends/reference/mutants/; the
 registry lists them as ``mutant.<id>`` when harness.implementations.MUTANTS_ENV is set).
 One run executes the chosen scenarios against the unmutated implementation (the control:
 every cell must come out as it always does, PASS) and against every mutant; then
 :func:`outcomes`, a pure function of that run's result tree, says for each mutant whether
-it was *caught*: a cell failed a check that cites the mutant's requirement (FAIL for a
-MUST requirement, WARN or FAIL for a SHOULD one).  A mutant that only fails checks of
+it was *caught*: a cell that is FAIL or WARN failed a check that cites the mutant's
+requirement (a MUST check makes the cell FAIL, a SHOULD one WARN), and the control did
+not fail that check in the same scenario.  A mutant that only fails checks of
 other requirements is not caught: the suite found something, but not the bug planted.
 """
 
@@ -16,7 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.judge.results import CellResult, RunResult, write_json_and_markdown
+from harness.judge.results import CellResult, RunResult
+from harness.report.files import write_json_and_markdown
 from harness.judge.verdict import Verdict
 from harness.report.safe import md, md_code
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.judge.results import write_json_and_markdown
+from harness.report.files import write_json_and_markdown
 from harness.report.safe import md, md_code
 
 LOAD_SAMPLE_S = 1.0

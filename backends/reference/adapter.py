@@ -48,7 +48,7 @@ from harness.role.pools import pattern_pools
 from harness.role.recorder import RoleRecorder
 from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
 from harness.spec.protocol import KVPoll, Layout
-from harness.target.role_context import bind_address
+from harness.target.role_context import bind_address, staging_on
 
 log = logging.getLogger("pdconform.reference")
 
@@ -100,7 +100,7 @@ class ReferenceRole(RoleAdapter):
         self.deferred_release = env_flag("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", True)
         # staging (SGLANG_DISAGG_STAGING_BUFFER): no bytes go through staging buffers, but a
         # context counts the WATERMARKs, made before the control thread starts (R-LIVE-4)
-        self.staging = env_flag("SGLANG_DISAGG_STAGING_BUFFER", False)
+        self.staging = staging_on()
         self.staging_ctx: dict | None = None
 
     def engine(self) -> str:

@@ -13,7 +13,7 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   not already judge it under that name).
 
 A scenario opts out of one only with a stated reason (harness.spec.scenario.Scenario
-``opt_out``), which the report shows.
+``opt_out``, in the scenario's source; no scenario opts out today).
 """
 
 from __future__ import annotations

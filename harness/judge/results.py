@@ -16,7 +16,6 @@ It round-trips: :func:`load_run` reads back exactly what :func:`dump_run` wrote.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -171,13 +170,4 @@ def load_run(path: str | Path) -> RunResult:
 
 def load_cell(path: str | Path) -> CellResult:
     return msgspec.json.decode(Path(path).read_bytes(), type=CellResult)
-
-
-def write_json_and_markdown(folder: Path, stem: str, data: Any, markdown: str) -> tuple[Path, Path]:
-    """``folder/stem.json`` (``data``, indented) and ``folder/stem.md``, each written
-    atomically (:func:`write_atomic`); their paths.  OSError as write_atomic raises it."""
-    json_path, md_path = Path(folder) / f"{stem}.json", Path(folder) / f"{stem}.md"
-    write_atomic(json_path, (json.dumps(data, indent=1) + "\n").encode())
-    write_atomic(md_path, markdown.encode())
-    return json_path, md_path
 

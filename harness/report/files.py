@@ -15,8 +15,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
@@ -197,3 +199,12 @@ def junit_bytes(run: RunResult) -> bytes:
     buffer = io.BytesIO()
     junit_xml(run).write(buffer, pretty=True)
     return buffer.getvalue()
+
+
+def write_json_and_markdown(folder: Path, stem: str, data: Any, markdown: str) -> tuple[Path, Path]:
+    """``folder/stem.json`` (``data``, indented) and ``folder/stem.md``, each written
+    atomically (:func:`write_atomic`); their paths.  OSError as write_atomic raises it."""
+    json_path, md_path = Path(folder) / f"{stem}.json", Path(folder) / f"{stem}.md"
+    write_atomic(json_path, (json.dumps(data, indent=1) + "\n").encode())
+    write_atomic(md_path, markdown.encode())
+    return json_path, md_path

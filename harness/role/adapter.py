@@ -47,8 +47,9 @@ class Observation:
       reached): a check that reads the logs cannot tell when it is not 0;
     * ``dead_threads``: threads that died with an exception (``thread``,
       ``exception``, ``message``, ``traceback``);
-    * ``rooms``: per-room state left in the manager: room -> list of
-      ``"attribute[key]"`` paths that still mention the room;
+    * ``rooms``: per-room state left in the manager: room -> list of paths that still
+      mention the room (``"request_status[123]"``, ``"staging.outstanding[(123, 0)]"``:
+      harness.role.residue.find_rooms);
     * ``residue_incomplete``: why the residue walk did not see everything ("" when it
       did; harness.role.residue): a residue check cannot tell then;
     * ``remembered``: per-room memory of *ended* generations that the spec allows

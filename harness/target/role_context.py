@@ -136,10 +136,15 @@ def _staging_args(page_size: int) -> dict:
     """With staging on (``SGLANG_DISAGG_STAGING_BUFFER``), the chunk size its buffers are
     sized from: sglang derives it from the GPU's memory, which a CPU role has none of (it
     stays None and the manager's constructor fails on it).  64 pages of tokens."""
+    return {"chunked_prefill_size": 64 * page_size} if staging_on() else {}
+
+
+def staging_on() -> bool:
+    """Whether this role runs with sglang's staging buffers (``SGLANG_DISAGG_STAGING_BUFFER``
+    set true, as sglang's environ reads a bool)."""
     import os
 
-    on = os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
-    return {"chunked_prefill_size": 64 * page_size} if on else {}
+    return os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _prepare_published_context(settings: RoleSettings):

@@ -79,13 +79,9 @@ def _watermark_before_staging_fatal() -> None:
 def _staging_ctx_after_thread_start() -> None:
     # Mooncake's _staging_ctx: assigned after start_prefill_thread; with staging on, a
     # WATERMARK in the window reaches a context that is still None
-    _ready_flag(lambda frames: bool(frames) and frames[0] == b"WATERMARK" and _staging_on())
+    from harness.target.role_context import staging_on
 
-
-def _staging_on() -> bool:
-    import os
-
-    return os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
+    _ready_flag(lambda frames: bool(frames) and frames[0] == b"WATERMARK" and staging_on())
 
 
 def _state_after_thread_start() -> None:
