@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -197,8 +198,17 @@ def test_index_html_in_headless_chromium(tmp_path):
                 "--disable-background-networking", "--disable-component-update", "--window-size=1280,1400"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # Chromium's temporary profile and singleton-socket folders (org.chromium.Chromium.*) go into
+    # a folder of ours, removed after the test (they were left in /tmp after every run); a short
+    # path, since a Unix socket's path must fit in 108 bytes
+    browser_tmp = Path(tempfile.mkdtemp(prefix="pdconform-chromium-"))
     # an explicit driver path: Selenium Manager (which would go to the network) never runs
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    service = Service(executable_path=CHROMEDRIVER, env={**os.environ, "TMPDIR": str(browser_tmp)})
+    try:
+        driver = webdriver.Chrome(service=service, options=options)
+    except BaseException:
+        shutil.rmtree(browser_tmp, ignore_errors=True)
+        raise
     try:
         started = time.monotonic()
         driver.get(page.as_uri())
@@ -240,3 +250,4 @@ def test_index_html_in_headless_chromium(tmp_path):
               f"({time.monotonic() - started:.1f} s in the browser)")
     finally:
         driver.quit()
+        shutil.rmtree(browser_tmp, ignore_errors=True)
