@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import threading
 import time
 from typing import Any, ClassVar

@@ -154,7 +154,7 @@ def registered() -> dict[str, Implementation]:
             raise RegistryError(f"two implementations are registered as {impl.name!r}: {where[impl.name]} and "
                                 f"{entry.value}")
         found[impl.name], where[impl.name] = impl, entry.value
-    if os.environ.get(MUTANTS_ENV) == "1":
+    if mutants_listed():
         for impl in list(found.values()):
             for mutant in mutants_of(impl):
                 if mutant.name in found:
@@ -165,6 +165,12 @@ def registered() -> dict[str, Implementation]:
         raise RegistryError(f"no implementation is registered (entry point group {ENTRY_POINT_GROUP}): "
                             "run `make setup`, which installs pdconform and its entry points")
     return dict(sorted(found.items(), key=lambda kv: (kv[1].rank, kv[0])))
+
+
+def mutants_listed() -> bool:
+    """Whether the registry lists the planted-bug mutants (:data:`MUTANTS_ENV` is 1: a
+    ``pdconform mutants`` run, its cells and roles)."""
+    return os.environ.get(MUTANTS_ENV) == "1"
 
 
 def mutants_of(impl: Implementation) -> list[Implementation]:
@@ -194,7 +200,7 @@ def available(include_test_only: bool | None = None) -> dict[str, Implementation
     planted-bug mutants only with :data:`MUTANTS_ENV` set."""
     if include_test_only is None:
         include_test_only = os.environ.get(TEST_SCENARIOS_ENV) == "1"
-    mutants = os.environ.get(MUTANTS_ENV) == "1"  # then a mutant may be named (repro, run)
+    mutants = mutants_listed()  # then a mutant may be named (repro, run)
     return {name: impl for name, impl in registered().items()
             if include_test_only or not impl.test_only or (mutants and impl.planted)}
 
@@ -241,6 +247,6 @@ def load_role_adapter(name: str, *, role: str, recorder):
     return impl.hook("adapter")(role=role, recorder=recorder)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "MUTANTS_ENV", "MUTANT_ENV", "MUTANT_PREFIX", "EngineSetting", "Implementation", "OutOfRangeRole", "RegistryError",
-           "available", "engine_settings", "implementation", "load_role_adapter", "mutants_of", "names", "registered",
-           "settings_env"]
+__all__ = ["ENTRY_POINT_GROUP", "MUTANTS_ENV", "MUTANT_ENV", "MUTANT_PREFIX", "EngineSetting", "Implementation",
+           "OutOfRangeRole", "RegistryError", "available", "engine_settings", "implementation", "load_role_adapter",
+           "mutants_listed", "mutants_of", "names", "registered", "settings_env"]

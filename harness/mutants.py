@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.judge.results import CellResult, RunResult
-from harness.report.files import write_json_and_markdown
 from harness.judge.verdict import Verdict
+from harness.report.files import write_json_and_markdown
 from harness.report.safe import md, md_code
 
 

@@ -58,14 +58,9 @@ def steps(seed: int):
     held, new = _plan(seed)
     out = [StartRoles(layout=LAYOUT), *open_and_request(held),
            AwaitStatus(held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=5.0, must_come=False)]
-    for kind, messages in batches(seed).items():
-        if kind == "duplicated-reordered":  # a sequence: its order is the point, so it goes as one batch
-            out += [*(InjectFrames(role, tuple(messages)) for role in ROLES),
-                    Observe(ROLES, settle_s=0.2, label=_label(kind, None))]
-            continue
-        for index, message in enumerate(messages):
-            out += [*(InjectFrames(role, (message,)) for role in ROLES),
-                    Observe(ROLES, settle_s=0.2, label=_label(kind, index))]
+    for kind, index, messages in _sends(seed):
+        out += [*(InjectFrames(role, tuple(messages)) for role in ROLES),
+                Observe(ROLES, settle_s=0.2, label=_label(kind, index))]
     out += [AwaitStatus(held.room, "prefill", (KVPoll.WaitingForInput,), timeout_s=0.0, label="prefill-after-frames",
                         must_come=False),
             AwaitStatus(held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=0.0, label="decode-after-frames",
@@ -74,14 +69,25 @@ def steps(seed: int):
     return out
 
 
+def _sends(seed: int) -> list[tuple[str, int | None, list[tuple[bytes, ...]]]]:
+    """What goes to both control sockets, in order: ``(kind, index, messages)``, one message
+    at a time (``index`` its place in its kind's batch), except the duplicated-reordered
+    sequence, whose order is the point, so it goes as one batch (``index`` None)."""
+    out: list[tuple[str, int | None, list[tuple[bytes, ...]]]] = []
+    for kind, messages in batches(seed).items():
+        if kind == "duplicated-reordered":
+            out.append((kind, None, list(messages)))
+        else:
+            out += [(kind, index, [message]) for index, message in enumerate(messages)]
+    return out
+
+
 def _label(kind: str, index: int | None) -> str:
     return f"after {kind}" if index is None else f"after {kind} #{index + 1}"
 
 
 def _loops_survived(seed: int):
-    sent_in_order = [(kind, None, messages) if kind == "duplicated-reordered" else (kind, i, [m])
-                     for kind, messages in batches(seed).items()
-                     for i, m in (enumerate([None]) if kind == "duplicated-reordered" else enumerate(messages))]
+    sent_in_order = _sends(seed)
 
     def fn(events):
         sent = sum(e["args"]["messages"] for e in events if e["type"] == "nemesis" and e["op"] == "inject")

@@ -249,7 +249,7 @@ def mutants(
     jobs = jobs or 6 * (os.cpu_count() or 1)  # reference cells mostly wait on timeouts
     out = _out_dir(out)
     target = _target(None, None)
-    controls = list(dict.fromkeys(bug.get("of", REFERENCE) for bug in planted.values()))  # each mutant's parent
+    controls = list(dict.fromkeys(bug["of"] for bug in planted.values()))  # each mutant's parent
     config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs, reports=False)
     begin = time.monotonic()

@@ -164,11 +164,9 @@ def describe(divergence: dict | None) -> str:
     d = divergence
     if len(d.get("cases") or []) > 1:
         return "; ".join(f"{c['case']} ({', '.join(c['checks'])}): " + _line(c) for c in d["cases"])
-    req = f" [{d['requirement']}]" if d.get("requirement") else ""
-    return f"first divergence at step {d['step']} {d['step_name']} ({d['op']} on {d['role']}){req}: " + \
-        f"reference {d['reference']}, observed {d['observed']}"
+    return _line(d, f" [{d['requirement']}]" if d.get("requirement") else "")
 
 
-def _line(d: dict) -> str:
-    return (f"first divergence at step {d['step']} {d['step_name']} ({d['op']} on {d['role']}): "
+def _line(d: dict, requirement: str = "") -> str:
+    return (f"first divergence at step {d['step']} {d['step_name']} ({d['op']} on {d['role']}){requirement}: "
             f"reference {d['reference']}, observed {d['observed']}")

@@ -53,15 +53,15 @@ def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
 
 def every_trail_terminal(events: list[dict]) -> tuple[bool, str]:
     """R-TERM-1 over every read of every room: see the module docstring."""
-    flips = []
-    for (role, room), lives in trails(events).items():
+    flips, rooms = [], trails(events)
+    for (role, room), lives in rooms.items():
         for life in lives:
             first = next((i for i, s in enumerate(life) if s in TERMINAL), None)
             if first is not None and len(life) > first + 1:
                 flips.append(f"{role} room {room}: {' -> '.join(life[first:])}")
     if flips:
         return False, "a terminal status changed between reads: " + "; ".join(flips[:3])
-    return True, f"every terminal status held on every later read ({len(trails(events))} room(s) on their roles)"
+    return True, f"every terminal status held on every later read ({len(rooms)} room(s) on their roles)"
 
 
 def every_failure_has_reason(events: list[dict]) -> tuple[bool, str]:

@@ -170,4 +170,3 @@ def load_run(path: str | Path) -> RunResult:
 
 def load_cell(path: str | Path) -> CellResult:
     return msgspec.json.decode(Path(path).read_bytes(), type=CellResult)
-

@@ -130,7 +130,8 @@ def find_rooms(root: Any, rooms: Iterable[int], *, ignore: Iterable[str] = (), m
                max_nodes: int = MAX_NODES) -> Residue:
     """Every path under ``root`` that still mentions one of ``rooms``: room -> paths like
     ``"request_status[123]"``, ``"addr_to_rooms_tracker['10.0.0.1:8998']{}"`` or
-    ``"staging._outstanding[(123, 0)]"`` (top-level attribute first, no leading dot); object keys are walked too (``[Key(...)].room``).
+    ``"staging._outstanding[(123, 0)]"`` (top-level attribute first, no leading dot); object
+    keys are walked too (``"index[Key(...)]<key>.room"``).
     ``ignore``: top-level attribute names not to walk (the adapter's own bookkeeping).
     Bounded by ``max_depth``, ``max_nodes`` and MAX_ITEMS per container (a bound hit is
     reported in ``incomplete``); a dict resized by another thread while read is walked

@@ -142,8 +142,6 @@ def _staging_args(page_size: int) -> dict:
 def staging_on() -> bool:
     """Whether this role runs with sglang's staging buffers (``SGLANG_DISAGG_STAGING_BUFFER``
     set true, as sglang's environ reads a bool)."""
-    import os
-
     return os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").strip().lower() in ("1", "true", "yes", "on")
 
 

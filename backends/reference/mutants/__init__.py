@@ -24,7 +24,7 @@ from typing import Callable
 from backends.reference.mutants import liveness, transfer
 from backends.reference.mutants._base import PlantedLoopDeath
 
-from harness.implementations import MUTANT_ENV, MUTANTS_ENV  # the names the registry sets
+from harness.implementations import MUTANT_ENV, mutants_listed  # what the registry sets
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def apply_from_env() -> str | None:
     KeyError names an unknown id; RuntimeError when another mutant was applied already
     (patches are never undone, so two would stack)."""
     name = os.environ.get(MUTANT_ENV)
-    if not name or os.environ.get(MUTANTS_ENV) != "1":
+    if not name or not mutants_listed():
         return None
     if _applied:
         if _applied[0] == name:
