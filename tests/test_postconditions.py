@@ -77,3 +77,20 @@ def test_a_check_that_cannot_be_run_here_makes_the_cell_unsupported_never_pass()
     assert skipped.ok is None and skipped.unsupported
     assert verdict_of([ok, skipped]) == ("UNSUPPORTED", "R-LAYOUT-2 b: layout X skipped: needs VRAM")
     assert verdict_of([ok, skipped, failed])[0] == "FAIL"  # a failure is never hidden by it
+
+
+def test_a_scenario_without_its_own_thread_check_still_fails_on_a_dead_thread():
+    """The generic no-dead-thread (R-LIVE-2), on a planted observation: a role's thread died."""
+    bare = Scenario(id="x", title="x", steps=lambda seed: [],
+                    checks=lambda seed: [c.Check("steps-complete", "R-XFER-1", lambda events: (True, ""))])
+    h = History()
+    h.record("info", "cell-start", None, None, value={"impl": "x"})
+    h.record("ok", "launch", "prefill", 0, args={})
+    h.record("ok", "observe", "prefill", 1, args={},
+             value={"role": "prefill", "loops": {"worker#0": False}, "log_records": [], "rooms": {},
+                    "dead_threads": [{"thread": "worker", "exception": "KeyError", "message": "room 5"}]})
+    h.record("info", "cell-end", None, None, value={"outcome": "completed"})
+    h.record("info", "cell-exit", None, None, value={"how": "exited", "returncode": 0, "duration_s": 1.0})
+    result = judge(bare, 0, h.events, impl="x")
+    assert result.verdict == "FAIL" and result.reason.startswith("R-LIVE-2 no-dead-thread")
+    assert "thread worker died: KeyError" in result.reason
