@@ -86,5 +86,8 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=180.0,
+        opt_out=(("no-residue-after-clear",
+                  "judges residue itself, for every room including those cleared on one side only, after "
+                  "waiting out the bootstrap timeout (the generic check would name the same state twice)"),),
     )
 )

@@ -158,3 +158,49 @@ def test_call_all_reads_every_reply_before_giving_up_on_an_unsupported_call():
         driver.call_all([("prefill", "start_prefill", {}), ("decode", "start_decode", {})])
     assert aborted.value.unsupported and all(c.pending is None for c in driver.clients.values())
     driver.ctx.term()
+
+
+class DrainingRole:
+    """A role that still holds room 5 for its first ``held_for`` observations (a worker draining)."""
+
+    def __init__(self, held_for: int):
+        self.held_for, self.observations = held_for, 0
+        self.broken = None
+
+    def call(self, op, deadline_s, **kwargs):
+        assert op == "observe"
+        self.observations += 1
+        rooms = {5: ["transfer_infos[5]"]} if self.observations <= self.held_for else {}
+        return {"role": "prefill", "rooms": rooms, "remembered": {}, "loops": {}, "dead_threads": []}
+
+
+class Alive:
+    def alive(self):
+        return True
+
+
+def _settle(held_for: int):
+    from harness.judge import postconditions as pc
+
+    history = History()
+    driver = CellDriver("x", launcher=None, history=history, base_port=0)
+    role = DrainingRole(held_for)
+    driver.clients, driver.handles = {"prefill": role}, {"prefill": Alive()}
+    for op in ("open_sender", "clear"):
+        history.record("ok", op, "prefill", 0, args={"room": 5})
+    started = time.monotonic()
+    driver.observe_all()
+    driver.ctx.term()
+    return role.observations, time.monotonic() - started, pc.no_residue_after_clear(history.events)
+
+
+def test_residue_of_a_cleared_room_is_judged_after_it_settles_and_not_forever():
+    """R-RESIDUE-1's quiescence: state that drains within RESIDUE_SETTLE_S is not residue;
+    state that stays is, and the wait for it is bounded."""
+    from harness.drive.cell import RESIDUE_SETTLE_S
+
+    observations, _, (ok, _) = _settle(held_for=2)
+    assert observations == 3 and ok is True
+    observations, took, (ok, detail) = _settle(held_for=10**6)
+    assert ok is False and "prefill room 5: transfer_infos[5]" in detail
+    assert RESIDUE_SETTLE_S <= took < RESIDUE_SETTLE_S + 1.0 and observations > 3

@@ -52,9 +52,10 @@ def _scenario(opt_out=()) -> Scenario:
 
 def test_generic_checks_are_added_unless_declared_or_opted_out():
     names = [check.name for check in pc.checks_of(_scenario(), 0)]
-    assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason"]
+    assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear"]
     opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
-    assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal"]
+    assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal",
+                                                                "no-residue-after-clear"]
 
 
 def test_the_judge_fails_a_cell_on_a_generic_post_condition():
@@ -94,3 +95,48 @@ def test_a_scenario_without_its_own_thread_check_still_fails_on_a_dead_thread():
     result = judge(bare, 0, h.events, impl="x")
     assert result.verdict == "FAIL" and result.reason.startswith("R-LIVE-2 no-dead-thread")
     assert "thread worker died: KeyError" in result.reason
+
+
+def _room_life(h: History, room: int, cleared_on=("prefill", "decode")) -> None:
+    h.record("ok", "open_sender", "prefill", 1, args={"room": room})
+    h.record("ok", "open_receiver", "decode", 1, args={"room": room})
+    _wait(h, "decode", room, ["Success"])
+    for role in cleared_on:
+        h.record("ok", "clear", role, 2, args={"room": room})
+
+
+def _observed(h: History, role: str, rooms: dict, remembered: dict | None = None, incomplete: str = "") -> None:
+    h.record("ok", "launch", role, 0, args={})
+    h.record("ok", "observe", role, None, args={},
+             value={"role": role, "loops": {}, "log_records": [], "dead_threads": [], "rooms": rooms,
+                    "remembered": remembered or {}, "residue_incomplete": incomplete})
+
+
+def test_state_left_of_a_room_cleared_on_both_sides_fails_in_any_scenario():
+    """Planted: the prefill keeps a staging counter of room 7 after both clears (PR #35281's
+    stale ``_staging_outstanding``), in a cell whose scenario never asked about residue."""
+    h = History()
+    _room_life(h, 7)
+    _observed(h, "prefill", {7: ["_staging_outstanding[7]"]})
+    _observed(h, "decode", {})
+    ok, detail = pc.no_residue_after_clear(h.events)
+    assert ok is False and "prefill room 7: _staging_outstanding[7]" in detail
+    clean = History()
+    _room_life(clean, 7)
+    _observed(clean, "prefill", {}, remembered={7: ["tombstones{}"]})  # ended-generation memory is allowed
+    _observed(clean, "decode", {})
+    assert pc.no_residue_after_clear(clean.events)[0] is True
+
+
+def test_rooms_not_cleared_everywhere_are_not_judged_and_a_partial_walk_cannot_tell():
+    h = History()
+    _room_life(h, 7, cleared_on=("prefill",))  # the decode still holds its room: not the end of it
+    _room_life(h, 8)
+    h.record("ok", "open_sender", "prefill", 3, args={"room": 8})  # room 8 re-opened after its clears
+    _observed(h, "prefill", {7: ["request_status[7]"], 8: ["request_status[8]"]})
+    ok, detail = pc.no_residue_after_clear(h.events)
+    assert ok is True and "no room was cleared" in detail
+    partial = History()
+    _room_life(partial, 7)
+    _observed(partial, "prefill", {}, incomplete="depth limit reached at manager.a.b")
+    assert pc.no_residue_after_clear(partial.events)[0] is None

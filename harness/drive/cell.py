@@ -31,8 +31,15 @@ from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
 from harness.drive.launcher import Launcher, LocalLauncher, RoleHandle
 from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
-from harness.spec.history import START_OPS, Event, History, Op
+from harness.spec.history import START_OPS, Event, History, Op, rooms_cleared_everywhere
 from harness.spec.scenario import Scenario, get_scenario
+
+
+#: quiescence before residue is judged (R-RESIDUE-1): while a role still holds state of a room
+#: cleared on every side, it is observed again every RESIDUE_POLL_S seconds for up to this
+#: long (seconds), so work still draining is not taken for residue
+RESIDUE_SETTLE_S = 2.0
+RESIDUE_POLL_S = 0.25
 
 
 class CellDriver:
@@ -164,6 +171,28 @@ class CellDriver:
         self.step_index = None
         for name in self.clients:
             self.observe(name)
+        cleared = rooms_cleared_everywhere(self.history.events)
+        if cleared and self._holding(cleared):
+            from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+            Retrying(stop=stop_after_delay(RESIDUE_SETTLE_S), wait=wait_fixed(RESIDUE_POLL_S),
+                     retry=retry_if_result(bool), retry_error_callback=lambda state: state.outcome.result(),
+                     sleep=time.sleep)(self._observe_again, cleared)
+
+    def _holding(self, rooms: set[int]) -> list[str]:
+        """The roles whose last observation holds state of one of ``rooms``."""
+        last: dict[str, dict] = {}
+        for e in self.history.events:
+            if e["op"] == Op.OBSERVE and e["type"] in (Event.OK, Event.FAIL):
+                last[e["role"]] = e
+        return [role for role, e in last.items() if role in self.clients and e["type"] == Event.OK
+                and any(int(room) in rooms for room in (e.get("value") or {}).get("rooms") or {})]
+
+    def _observe_again(self, rooms: set[int]) -> list[str]:
+        """Observe the roles still holding state of ``rooms`` again; those that still do."""
+        for name in self._holding(rooms):
+            self.observe(name)
+        return self._holding(rooms)
 
     def observe(self, name: str, op: Op = Op.OBSERVE, args: dict | None = None) -> None:
         """Record one role's :class:`harness.role.adapter.Observation` as an ``op`` event, or a

@@ -10,7 +10,15 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
 * ``every-failure-has-reason`` (R-REASON-1): every read that saw Failed, on any role and
   any decode rank, came with a failure reason;
 * ``no-dead-thread`` (R-LIVE-2): no thread of any role died (only when the scenario does
-  not already judge it under that name).
+  not already judge it under that name);
+* ``no-residue-after-clear`` (R-RESIDUE-1): every room whose lifecycle ended with a
+  ``clear`` on every role that named it (harness.spec.history.rooms_cleared_everywhere)
+  has no per-room state left in any role at the end of the cell.  Quiescence: the cell
+  observes such a role again, for up to ``harness.drive.cell.RESIDUE_SETTLE_S``, while it
+  still holds state of such a room (work in flight may still be draining), and the
+  memory of ended generations that R-REUSE-1 allows (an adapter's ``remembered``) is
+  not residue until the bootstrap timeout has passed, which the no-residue scenario
+  waits out and judges itself.
 
 A scenario opts out of one only with a stated reason (harness.spec.scenario.Scenario
 ``opt_out``, in the scenario's source; no scenario opts out today).
@@ -19,7 +27,7 @@ A scenario opts out of one only with a stated reason (harness.spec.scenario.Scen
 from __future__ import annotations
 
 from harness.judge import checks as c
-from harness.spec.history import Event, Op
+from harness.spec.history import Event, Op, rooms_cleared_everywhere
 from harness.spec.protocol import KVPoll, kvpoll_name
 
 TERMINAL = (kvpoll_name(KVPoll.Success), kvpoll_name(KVPoll.Failed))
@@ -84,10 +92,31 @@ def every_failure_has_reason(events: list[dict]) -> tuple[bool, str]:
     return True, f"all {failed} Failed read(s) came with a reason"
 
 
+def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str]:
+    """R-RESIDUE-1 for every room cleared on every role that named it: see the module docstring."""
+    rooms = rooms_cleared_everywhere(events)
+    if not rooms:
+        return True, "no room was cleared on every role that used it, so no residue to judge"
+    observed, _ = c.observations(events)  # a role that could not be observed fails no-dead-thread
+    left, partial = [], []
+    for role, value in sorted(observed.items()):
+        for room, paths in sorted((value.get("rooms") or {}).items(), key=lambda kv: str(kv[0])):
+            if int(room) in rooms:
+                left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")
+        if value.get("residue_incomplete"):
+            partial.append(f"{role}: {value['residue_incomplete']}")
+    if left:
+        return False, f"state left after clear on every side: {'; '.join(left[:6])}"
+    if partial:
+        return None, "the residue walk did not see everything, so no residue cannot be told: " + "; ".join(partial)
+    return True, f"no state left of the {len(rooms)} room(s) cleared on every side, in {len(observed)} role(s)"
+
+
 GENERIC = (
     ("every-trail-terminal", "R-TERM-1", lambda: every_trail_terminal),
     ("every-failure-has-reason", "R-REASON-1", lambda: every_failure_has_reason),
     ("no-dead-thread", "R-LIVE-2", c.no_dead_threads),
+    ("no-residue-after-clear", "R-RESIDUE-1", lambda: no_residue_after_clear),
 )
 
 

@@ -189,3 +189,18 @@ def fact(events: list[dict], role: str, key: str) -> Any:
         if e["role"] == role and e["op"] in START_OPS and e["type"] == Event.OK:
             return (e.get("value") or {}).get(key)
     return None
+
+
+def rooms_cleared_everywhere(events: list[dict]) -> set[int]:
+    """Rooms whose last event on every role that ever named them (a call, a nemesis
+    event with the room in its args) is a successful ``clear`` there: the rooms that
+    R-RESIDUE-1's "after clear() on both sides" applies to.  A room polled, aborted or
+    re-opened after its clear on some role is left out (its lifecycle did not end)."""
+    last: dict[int, dict[str, dict]] = {}
+    for e in events:
+        room = (e.get("args") or {}).get("room")
+        if e["type"] == Event.INVOKE or not isinstance(room, int) or e.get("role") is None:
+            continue
+        last.setdefault(room, {})[e["role"]] = e
+    return {room for room, by_role in last.items()
+            if all(e["op"] == Op.CLEAR and e["type"] == Event.OK for e in by_role.values())}
