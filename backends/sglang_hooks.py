@@ -138,6 +138,19 @@ class CommonHooks:
         return AbortNotification(room=room, decode_ip=self.manager.local_ip, decode_port=self.manager.rank_port,
                                  generation=generation).to_zmq()
 
+    def status_frames(self, room: int, status: int) -> list[bytes]:
+        """Common's own status encoder, ``_encode_kv_status_message`` (common/conn.py, sglang
+        >= 0.5.22): ``[tag?, room, status, prefill rank, reason?]``, the message
+        ``send_kv_status_message`` pushes to the decode when a room concludes (with this
+        backend's tag: NIXL ``KV_STATUS``, Mori its guard).  It names no lifecycle.  Older
+        releases sent their status in per-backend shapes (NIXL 0.5.17 in transfer
+        notifications, not a control message), so there it is Unsupported."""
+        encode = getattr(self.manager, "_encode_kv_status_message", None)
+        if encode is None:
+            raise Unsupported(f"sglang {self.sglang_version} has no Common status encoder "
+                              "(_encode_kv_status_message); its status message is not rebuilt here")
+        return [bytes(part) for part in encode(bootstrap_room=room, status=int(status), failure_reason=None)]
+
     def set_engine_faults(self, **plan) -> dict:
         """Wrap this manager's engine so it injects ``plan`` (an :class:`EngineFaultPlan`'s
         fields); the wrapper passes everything else through to the real engine."""

@@ -65,7 +65,7 @@ def test_reference_passes_the_seed_scenarios(scenario, tmp_path, fork_server):
 FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "abort-mid-transfer",
                    "abort-ack-after-drain", "clear-then-abort", "prefill-restart-new-ports", "room-reuse",
                    "failure-fan-out", "multi-chunk-long-prompt", "transfer-never-completes", "slow-aux",
-                   "no-residue"]
+                   "no-residue", "late-old-messages"]
 
 
 @pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
@@ -74,6 +74,18 @@ def test_reference_passes_the_field_scenarios(scenario, tmp_path, fork_server):
     cell = run_one("reference", scenario, tmp_path, seed=0, fork_server=fork_server)
     assert cell.verdict == "PASS", (cell.reason, cell.checks)
     assert all(check["ok"] for check in cell.checks), cell.checks
+    assert not _leftovers(tmp_path)
+
+
+def test_late_old_messages_catches_nixl_applying_an_ended_lifecycles_abort_and_status(tmp_path, fork_server):
+    """B13 (docs/sglang-bugs.md): NIXL's own ABORT and STATUS of a room's first lifecycle,
+    delivered after the room was reused, fail the new sender and make the new receiver
+    Success before anything was sent (and the aborted first lifecycle was a real abort)."""
+    cell = run_one("nixl", "late-old-messages", tmp_path, seed=0, fork_server=fork_server)
+    assert cell.verdict == "FAIL", cell.reason
+    failed = {check["name"] for check in cell.checks if not check["ok"]}
+    assert {"prefill-ignores-late-abort", "decode-ignores-late-status"} <= failed, cell.checks
+    assert "old-lifecycle-aborted" not in failed
     assert not _leftovers(tmp_path)
 
 

@@ -31,16 +31,8 @@ from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
 from backends.reference.shared_events import Clear
 from backends.reference.wire import (  # noqa: F401
-    HEALTH_TIMEOUT_S,
-    ControlSide,
-    MalformedFrame,
-    csv,
-    endpoint,
-    env_flag,
-    env_seconds,
-    ints,
-    parse,
-)
+    HEALTH_TIMEOUT_S, ControlSide, MalformedFrame, abort_frame, csv, endpoint, env_flag, env_seconds, ints, parse,
+    status_frame)
 from harness.role import pattern
 from harness.role.adapter import RoleAdapter
 from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
@@ -173,8 +165,7 @@ class ReferenceRole(RoleAdapter):
             if isinstance(action, pc.StartWrite):
                 self._start_write(action)
             elif isinstance(action, pc.SendStatus):
-                self.side.send(action.decode, [b"STATUS", str(action.room).encode(), str(action.generation).encode(),
-                                               str(action.status).encode(), action.reason.encode()])
+                self.side.send(action.decode, status_frame(action.room, action.generation, action.status, action.reason))
             elif isinstance(action, pc.SendAbortAck):
                 self.side.send(action.decode, [b"ABORT_ACK", str(action.room).encode(),
                                                str(action.generation).encode()])
@@ -320,8 +311,7 @@ class ReferenceRole(RoleAdapter):
                     b"REGISTER", str(action.room).encode(), self.side.endpoint.encode(),
                     str(action.generation).encode(), csv(action.dst_pages), str(action.aux_slot).encode()])
             elif isinstance(action, dc.SendAbort):
-                self.side.send(self.peer[action.room], [b"ABORT", str(action.room).encode(),
-                                                        self.side.endpoint.encode(), str(action.generation).encode()])
+                self.side.send(self.peer[action.room], abort_frame(action.room, self.side.endpoint, action.generation))
             elif isinstance(action, dc.ProbeHealth):
                 self.probes.put(action.prefill)
             elif isinstance(action, dc.StatusChanged):
@@ -457,15 +447,21 @@ class ReferenceRole(RoleAdapter):
     def abort_frames(self, room: int) -> list[bytes]:
         """The reference decode's ABORT for ``room``'s current lifecycle (generation 0
         when this decode holds no receiver for it)."""
-        def build() -> list[bytes]:
-            r = self.decode.rooms.get(room)
-            return [b"ABORT", str(room).encode(), self.side.endpoint.encode(),
-                    str(r.generation if r is not None else 0).encode()]
-
-        return self._sync(build)
+        return self._sync(lambda: abort_frame(room, self.side.endpoint, getattr(self.decode.rooms.get(room),
+                                                                                  "generation", 0)))
 
     def abort_acks(self) -> list[dict]:
         return self._sync(lambda: list(self.acks))
+
+    def status_frames(self, room: int, status: int) -> list[bytes]:
+        """The STATUS this prefill sends its decode for ``room``'s current lifecycle
+        (``[STATUS, room, generation, status, reason]``, backends/reference/wire.py), with
+        the generation of the registration bound to the room (0 when none is)."""
+        def build() -> list[bytes]:
+            r = self.prefill.rooms.get(room)
+            return status_frame(room, next(iter(r.dests.values())).generation if r is not None and r.dests else 0, status)
+
+        return self._sync(build)
 
     #: where the reference keeps per-room state: its core and its own maps (the rest of the
     #: adapter is the harness's view: recorder, points, fault plans, ABORT_ACK log)

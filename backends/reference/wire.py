@@ -31,6 +31,16 @@ from harness.target.role_context import bind_address
 log = logging.getLogger("pdconform.reference")
 
 
+def status_frame(room: int, generation: int, status: int, reason: str = "") -> list[bytes]:
+    """P->D ``STATUS``: the prefill's status of the decode's lifecycle ``generation``."""
+    return [b"STATUS", str(room).encode(), str(generation).encode(), str(int(status)).encode(), reason.encode()]
+
+
+def abort_frame(room: int, decode_endpoint: str, generation: int) -> list[bytes]:
+    """D->P ``ABORT`` of the decode's lifecycle ``generation``; ABORT_ACK goes to ``decode_endpoint``."""
+    return [b"ABORT", str(room).encode(), decode_endpoint.encode(), str(generation).encode()]
+
+
 def env_seconds(name: str, default: float) -> float:
     """A timeout knob from the role's environment (sglang's variable names, so one
     scenario setting reaches every implementation); ValueError names a bad value."""

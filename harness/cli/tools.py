@@ -230,7 +230,7 @@ def mutants(
     import time
 
     from harness import implementations
-    from harness.mutants import outcomes, score_line, write_mutants
+    from harness.mutants import outcomes, write_mutants
     from harness.report.safe import terminal
     from harness.session import RunConfig, run_into
     from harness.spec.protocol import REFERENCE
@@ -257,7 +257,6 @@ def mutants(
         result = run_into(config, folder)
         found, control = outcomes(result, planted)
         _, md_path = write_mutants(folder, found, control, round(time.monotonic() - begin, 1), jobs)
-    console.print(terminal(md_path.read_text()), markup=False, highlight=False)
     console.print(f"mutants.json, mutants.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
-    console.print(score_line(found), highlight=False)
+    console.print(terminal(md_path.read_text()), markup=False, highlight=False)  # it ends with score_line
     raise typer.Exit(code=0 if all(m.caught for m in found) and not control else 1)

@@ -220,6 +220,13 @@ class RoleAdapter(ABC):
         Unsupported by default."""
         raise Unsupported(f"{self.impl} cannot build its ABORT frames")
 
+    def status_frames(self, room: int, status: int) -> list[bytes]:
+        """The STATUS message this prefill's implementation sends its decode for ``room``'s
+        current lifecycle with KVPoll ``status`` (no failure reason), exactly as its own
+        code encodes it, so that a scenario can deliver it again later (a late message of
+        an ended lifecycle, R-REUSE-1).  Unsupported by default."""
+        raise Unsupported(f"{self.impl} cannot build its STATUS frames")
+
     def abort_acks(self) -> list[dict]:
         """Every ABORT_ACK this decode received: ``room``, ``generation`` (None when the
         message names none) and ``t`` (wall clock, seconds).  Empty by default."""
@@ -289,7 +296,7 @@ class OutOfRangeRole(RoleAdapter):
 
     engine = start_prefill = start_decode = open_sender = init_sender = send_chunk = _refuse
     open_receiver = request_kv = verify = poll = failure_reason = clear = abort = _refuse
-    arm_point = set_engine_faults = abort_frames = plan_layouts = unsupported_layout = _refuse
+    arm_point = set_engine_faults = abort_frames = status_frames = plan_layouts = unsupported_layout = _refuse
 
     def teardown(self) -> None:
         return None

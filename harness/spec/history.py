@@ -77,6 +77,8 @@ class Op(StrEnum):
     RESTART = "restart"
     INJECT_ABORT = "inject-abort"
     ABORT_FRAMES = "abort-frames"
+    CAPTURE = "capture"  # a message built by a role's implementation and kept for later (CaptureFrames)
+    INJECT_CAPTURED = "inject-captured"
     ARM_POINT = "arm-point"
     RELEASE_POINT = "release-point"
     ENGINE_FAULTS = "engine-faults"  # a plan installed

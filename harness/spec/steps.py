@@ -267,6 +267,29 @@ class InjectFrames:
 
 
 @dataclass(frozen=True)
+class CaptureFrames:
+    """Nemesis, first half of a late message: have ``role``'s implementation build the
+    message it sends for ``room``'s current lifecycle, and keep it under ``label``:
+    ``kind`` ``"abort"`` (a decode's ABORT, ``abort_frames``) or ``"status"`` (a prefill's
+    STATUS with KVPoll ``status``, ``status_frames``).  Nothing is sent."""
+
+    label: str
+    role: str
+    room: int
+    kind: str = "abort"
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class InjectCaptured:
+    """Nemesis, second half: push the message captured under ``label`` into ``role``'s
+    control socket, now (a message of an ended lifecycle arriving late, R-REUSE-1)."""
+
+    label: str
+    role: str
+
+
+@dataclass(frozen=True)
 class Sleep:
     """Wait in the driver (seconds).  Also how tests build a cell that hangs."""
 
@@ -326,5 +349,5 @@ class Abort:
 
 Step = (StartRoles | OpenRoom | OpenSender | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools
         | KillRole | RestartRole | InjectAbort | RequireFact
-        | FreezeRole | ThawRole | InjectFrames | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
+        | FreezeRole | ThawRole | InjectFrames | CaptureFrames | InjectCaptured | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
         | Clear | Abort | Observe | PlanLayouts | TransferLayouts)

@@ -74,6 +74,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("old-generation-ack-applied", "R-REUSE-1", "the decode applies an ABORT_ACK of an older room "
            "lifecycle to the new one, and fails it", "ACKs matched by room only (before PRs #35049, #35360)",
            transfer._old_generation_ack_applied),
+    Mutant("old-generation-status-applied", "R-REUSE-1", "the decode applies a STATUS of an older room "
+           "lifecycle to the new one (a late Success hands the request pages nothing was written to)",
+           "Common's status message names no lifecycle (docs/sglang-bugs.md B13)",
+           transfer._old_generation_status_applied),
+    Mutant("old-generation-abort-applied", "R-REUSE-1", "the prefill fails a reused room on a late ABORT of "
+           "an older lifecycle", "ABORTs matched by room only (docs/sglang-bugs.md B13)",
+           transfer._old_generation_abort_applied),
     Mutant("status-kept-across-clear", "R-REUSE-1", "the prefill's status map keeps a Failed room's entry "
            "after clear, so the reused room starts Failed", "request_status not popped in clear",
            transfer._status_kept_across_clear),

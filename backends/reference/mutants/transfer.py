@@ -218,6 +218,31 @@ def _old_generation_ack_applied() -> None:
     wrap(dc.DecodeCore, "_on_AbortAckReceived", make)
 
 
+def _old_generation_status_applied() -> None:
+    def make(orig):
+        def _on_StatusReceived(self, e):  # noqa: N802
+            r = self.rooms.get(e.room)
+            if r is not None and e.generation != r.generation:  # matched by room only, as Common's STATUS
+                e = dataclasses.replace(e, generation=r.generation)
+            return orig(self, e)
+        return _on_StatusReceived
+    wrap(dc.DecodeCore, "_on_StatusReceived", make)
+
+
+def _old_generation_abort_applied() -> None:
+    def make(orig):
+        def _on_AbortReceived(self, e):  # noqa: N802
+            r = self.rooms.get(e.room)
+            bound = r.dests.get(e.decode) if r is not None else None
+            if r is not None and r.status not in (KVPoll.Success, KVPoll.Failed) \
+                    and (bound is None or bound.generation != e.generation):  # matched by room only
+                return self._set(e.room, r, KVPoll.Failed, f"aborted by decode {e.decode}") \
+                    + self._ack(e.room, e.decode, e.generation)
+            return orig(self, e)
+        return _on_AbortReceived
+    wrap(pc.PrefillCore, "_on_AbortReceived", make)
+
+
 def _status_kept_across_clear() -> None:
     # like update_status on a status map that clear did not empty: the old Failed is "terminal"
     def make_clear(orig):

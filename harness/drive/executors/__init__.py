@@ -35,6 +35,8 @@ EXECUTORS: dict[type, Callable[[Any, Any], None]] = {
     s.ThawRole: nemesis.thaw_role,
     s.InjectFrames: nemesis.inject_frames,
     s.InjectAbort: nemesis.inject_abort,
+    s.CaptureFrames: nemesis.capture_frames,
+    s.InjectCaptured: nemesis.inject_captured,
     s.RestartRole: nemesis.restart_role,
     s.ArmPoint: nemesis.arm_point,
     s.AwaitPoint: nemesis.await_point,

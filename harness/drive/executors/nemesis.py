@@ -48,6 +48,40 @@ def inject_abort(d: "CellDriver", step: s.InjectAbort) -> None:
     _inject(d, step.prefill, [tuple(frames)], what=Op.INJECT_ABORT, room=step.room, known=step.known)
 
 
+def capture_frames(d: "CellDriver", step: s.CaptureFrames) -> None:
+    """Record the message ``step.role``'s implementation builds (hex frames, on the nemesis
+    channel under ``step.label``); the cell is UNSUPPORTED where it cannot build it."""
+    if step.kind == "abort":
+        frames = _build(d, step, "abort_frames", room=step.room)
+    elif step.kind == "status":
+        frames = _build(d, step, "status_frames", room=step.room, status=int(step.status))
+    else:
+        raise CellAborted(f"CaptureFrames: unknown kind {step.kind!r} (abort or status)")
+    d.record(Event.NEMESIS, Op.CAPTURE, step.role,
+             args={"label": step.label, "room": step.room, "kind": step.kind, "status": step.status},
+             value=[bytes(f).hex() for f in frames])
+
+
+def _build(d: "CellDriver", step: s.CaptureFrames, op: str, **kwargs: Any) -> list[bytes]:
+    try:
+        return d.clients[step.role].call(op, CALL_TIMEOUT_S, **kwargs)
+    except RoleError as exc:
+        d.record(Event.FAIL, Op.CAPTURE, step.role, args={"label": step.label, **kwargs}, error=str(exc),
+                 unsupported=exc.unsupported)
+        raise CellAborted(f"{step.role}.{op}: {exc.remote_message if exc.unsupported and exc.remote_message else exc}",
+                          unsupported=exc.unsupported) from exc
+
+
+def inject_captured(d: "CellDriver", step: s.InjectCaptured) -> None:
+    """Push the message captured under ``step.label`` into ``step.role``'s control socket."""
+    captured = [e for e in d.history.events if e["op"] == Op.CAPTURE and e["type"] == Event.NEMESIS
+                and e["args"].get("label") == step.label]
+    if not captured:
+        raise CellAborted(f"InjectCaptured: nothing was captured under {step.label!r}")
+    frames = tuple(bytes.fromhex(f) for f in captured[-1]["value"])
+    _inject(d, step.role, [frames], what=Op.INJECT_CAPTURED, label=step.label, room=captured[-1]["args"]["room"])
+
+
 def _inject(d: "CellDriver", role: str, messages: list, what: Op, **args: Any) -> None:
     endpoint = d.control_endpoint.get(role)
     if endpoint is None:
