@@ -95,6 +95,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         self.receivers: dict[int, Any] = {}
         self.rooms_seen: list[int] = []
         self.tp_rank = 0
+        self.pp_rank = 0
         self._threads: list[threading.Thread] = []
         self._fault_counter: EngineFaultCounter | None = None
         self._past_counters: list[EngineFaultCounter] = []
@@ -136,14 +137,14 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         super().arm_point(point, action, frames, hold_s)
 
     # ---- lifecycle -------------------------------------------------------
-    def _kv_args(self, layout: Layout, kv: list, aux: tuple, tp_rank: int = 0):
+    def _kv_args(self, layout: Layout, kv: list, aux: tuple, tp_rank: int = 0, pp_rank: int = 0):
         from sglang.srt.disaggregation.base.conn import KVArgs
 
         args = KVArgs()
         # the scheduler's tp_rank: the decode picks its prefill rank from it and
         # registers it as its dst_tp_rank (common/conn.py _resolve_rank_mapping)
         args.engine_rank = tp_rank
-        args.pp_rank = 0
+        args.pp_rank = pp_rank
         args.system_dp_rank = 0
         args.rust_http_port = None
         args.kv_cache_dtype_str = "bfloat16"
@@ -179,16 +180,18 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         self.fill_backend_kv_args(args)
         return args
 
-    def _start(self, mode: str, layout_dict: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
+    def _start(self, mode: str, layout_dict: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0),
+               pp: tuple[int, int, str] = (1, 0, "")) -> dict:
         from sglang.srt.disaggregation.utils import DisaggregationMode
 
         layout = Layout(**layout_dict)
         tp_size, tp_rank = (int(x) for x in attn_tp)
-        self.tp_rank = tp_rank
+        pp_size, pp_rank, rendezvous = int(pp[0]), int(pp[1]), str(pp[2])
+        self.tp_rank, self.pp_rank = tp_rank, pp_rank
         server_args = role_context.prepare_role(
             role_context.RoleSettings(
                 mode=mode, backend=self.backend, bootstrap_port=bootstrap_port, page_size=layout.page_size,
-                attn_tp_size=tp_size, attn_tp_rank=tp_rank,
+                attn_tp_size=tp_size, attn_tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank, pp_rendezvous=rendezvous,
             )
         )
         before = set(threading.enumerate())
@@ -197,8 +200,11 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         facts: dict[str, Any] = {"mode": mode, "sglang": self.sglang_version}
         if tp_size > 1:
             facts["attn_tp"] = [tp_size, tp_rank]
+        if pp_size > 1:
+            facts["pp"] = [pp_size, pp_rank]
         if mode == "prefill":
-            self.bootstrap_server = getattr(self.conn, self.bootstrap_class)(self.host, bootstrap_port)
+            if pp_rank == 0:  # one bootstrap server per prefill server; every stage registers with it
+                self.bootstrap_server = getattr(self.conn, self.bootstrap_class)(self.host, bootstrap_port)
             wait_for_tcp_port(self.host, bootstrap_port, timeout_s=15)
             facts["bootstrap_addr"] = f"{self.host}:{bootstrap_port}"
         side = pattern.PREFILL if mode == "prefill" else pattern.DECODE
@@ -207,7 +213,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
         manager_cls = getattr(self.conn, self.manager_class)
         try:
-            self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank), dmode, server_args, layout.mla)
+            self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank, pp_rank), dmode, server_args, layout.mla)
         except Exception as exc:  # staging buffers: sglang makes them on cuda and xpu devices only
             text = f"{type(exc).__name__}: {exc}"
             if "not supported on device type" in text or (role_context.staging_on() and "cuda" in text.lower()):
@@ -226,8 +232,8 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
             facts["bootstrap_timeout_s"] = float(self.manager.bootstrap_timeout)
         return facts
 
-    def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
-        return self._start("prefill", layout, bootstrap_port)
+    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, "")) -> dict:
+        return self._start("prefill", layout, bootstrap_port, pp=pp)
 
     def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
         return self._start("decode", layout, bootstrap_port, attn_tp)
@@ -259,7 +265,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
             # sglang 0.5.17 - 0.5.18 senders also take the destination TP ranks and the
             # PP rank; prefill.py create_sender passes dest_tp_ranks=[tp_rank], pp_rank.
             self.senders[room] = sender_cls(self.manager, bootstrap_addr, room, dest_tp_ranks=[self.tp_rank],
-                                            pp_rank=0)
+                                            pp_rank=self.pp_rank)
         else:
             self.senders[room] = sender_cls(self.manager, bootstrap_addr, room)
 

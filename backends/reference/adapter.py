@@ -18,17 +18,16 @@ the side's control thread; API calls post work to it and wait for the answer.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
+from backends.reference.bootstrap import BootstrapServer, fetch_stages, register_stage
 from backends.reference.shared_events import Clear
 from backends.reference.wire import (  # noqa: F401
     HEALTH_TIMEOUT_S, ControlSide, MalformedFrame, abort_frame, csv, endpoint, env_flag, env_seconds, ints, parse,
@@ -71,7 +70,7 @@ class ReferenceRole(RoleAdapter):
         self.recorder = recorder
         self.recorder.logger_prefixes = tuple(recorder.logger_prefixes) + ("pdconform.reference",)
         self.side: ControlSide | None = None
-        self.http: ThreadingHTTPServer | None = None
+        self.http: BootstrapServer | None = None
         self.buffers: list[tuple[pattern.BufferSpec, Any]] = []
         self.layout: Layout | None = None
         self.status: dict[int, int] = {}
@@ -125,7 +124,11 @@ class ReferenceRole(RoleAdapter):
             self.reasons[room] = reason
 
     # ---- prefill -----------------------------------------------------------------
-    def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
+    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, "")) -> dict:
+        """Stage ``pp[1]`` of a prefill of ``pp[0]`` pipeline stages (one process each; the
+        reference needs no rendezvous, ``pp[2]``): stage 0 serves the bootstrap server
+        (backends/reference/bootstrap.py), every stage registers its endpoint and layout."""
+        pp_size, pp_rank = int(pp[0]), int(pp[1])
         self.layout = Layout(**layout)
         self._pools(pattern.PREFILL, self.layout)
         # A write that never completes fails its room after the waiting timeout, the
@@ -135,28 +138,20 @@ class ReferenceRole(RoleAdapter):
                                       transfer_timeout_s=self.waiting_timeout_s)
         self.side = ControlSide("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)))
         self.staging_ctx = {"watermarks": 0} if self.staging else None  # before the control thread starts
-        info = json.dumps({"endpoint": self.side.endpoint, "layout": layout}).encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server API)
-                body = b"ok" if self.path == "/health" else info if self.path == "/bootstrap" else None
-                self.send_response(200 if body else 404)
-                self.end_headers()
-                if body:
-                    self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.http = ThreadingHTTPServer((bind_address(), bootstrap_port), Handler)
-        http_thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
-        http_thread.start()
         worker = threading.Thread(target=self._transfer_worker, name="reference-prefill-transfer", daemon=True)
+        self.threads = [self.side.thread, worker]
+        addr = f"{bind_address()}:{bootstrap_port}"
+        if pp_rank == 0:
+            self.http = BootstrapServer(bootstrap_port, pp_size)
+            self.http.register(0, self.side.endpoint, layout)
+            self.http.thread.start()
+            self.threads.append(self.http.thread)
+        else:
+            register_stage(addr, pp_rank, self.side.endpoint, layout, timeout_s=15.0)
         worker.start()
         self.side.thread.start()
         self.points.hit("prefill-control-started", endpoint=self.side.endpoint)
-        self.threads = [self.side.thread, http_thread, worker]
-        return {"mode": "prefill", "bootstrap_addr": f"{bind_address()}:{bootstrap_port}", "engine": self.engine(),
+        return {"mode": "prefill", "bootstrap_addr": addr, "engine": self.engine(), "pp": [pp_size, pp_rank],
                 "rank_port": self.side.port, "deferred_release": self.deferred_release,
                 "bootstrap_timeout_s": self.bootstrap_timeout_s, "staging": self.staging}
 
@@ -165,10 +160,11 @@ class ReferenceRole(RoleAdapter):
             if isinstance(action, pc.StartWrite):
                 self._start_write(action)
             elif isinstance(action, pc.SendStatus):
-                self.side.send(action.decode, status_frame(action.room, action.generation, action.status, action.reason))
+                self.side.send(action.decode, status_frame(action.room, action.generation, action.status, action.reason,
+                                                           self.side.endpoint))
             elif isinstance(action, pc.SendAbortAck):
-                self.side.send(action.decode, [b"ABORT_ACK", str(action.room).encode(),
-                                               str(action.generation).encode()])
+                self.side.send(action.decode, [b"ABORT_ACK", str(action.room).encode(), str(action.generation).encode(),
+                                               self.side.endpoint.encode()])
             elif isinstance(action, pc.StatusChanged):
                 self._record(action.room, action.status, action.reason)
             elif isinstance(action, pc.Log):
@@ -306,12 +302,14 @@ class ReferenceRole(RoleAdapter):
 
     def _decode_event(self, event) -> None:
         for action in self.decode.handle(event):
-            if isinstance(action, dc.SendRegistration):
-                self.side.send(self.peer[action.room], [
-                    b"REGISTER", str(action.room).encode(), self.side.endpoint.encode(),
-                    str(action.generation).encode(), csv(action.dst_pages), str(action.aux_slot).encode()])
+            if isinstance(action, dc.SendRegistration):  # to every pipeline stage of the prefill
+                for stage in self.peer[action.room]:
+                    self.side.send(stage, [b"REGISTER", str(action.room).encode(), self.side.endpoint.encode(),
+                                           str(action.generation).encode(), csv(action.dst_pages),
+                                           str(action.aux_slot).encode()])
             elif isinstance(action, dc.SendAbort):
-                self.side.send(self.peer[action.room], abort_frame(action.room, self.side.endpoint, action.generation))
+                for stage in self.peer[action.room]:
+                    self.side.send(stage, abort_frame(action.room, self.side.endpoint, action.generation))
             elif isinstance(action, dc.ProbeHealth):
                 self.probes.put(action.prefill)
             elif isinstance(action, dc.StatusChanged):
@@ -322,26 +320,37 @@ class ReferenceRole(RoleAdapter):
         if tag == "WRITE":
             room, write_id, aux, dst, payload = int(f[0]), int(f[2]), f[3] == b"1", ints(f[4]), f[5]
             reply_to = endpoint(f[6])
-            ok, reason = self._apply_write(room, aux, dst, payload)
+            ok, reason = self._apply_write(room, aux, dst, payload, self._stage(room, reply_to))
             self.side.send(reply_to, [b"WRITE_DONE", str(room).encode(), str(write_id).encode(),
                                       b"1" if ok else b"0", reason.encode()])
         elif tag == "STATUS":
             room = int(f[0])
             prefill = self.decode.rooms[room].prefill if room in self.decode.rooms else ""
-            self._decode_event(dc.StatusReceived(room, prefill, int(f[2]), f[3].decode("utf-8", "replace"), int(f[1])))
+            stage = self._stage(room, f[4].decode("ascii", "replace") if len(f) > 4 else "")
+            self._decode_event(dc.StatusReceived(room, prefill, int(f[2]), f[3].decode("utf-8", "replace"), int(f[1]),
+                                                 stage))
         elif tag == "ABORT_ACK":
-            self.acks.append({"room": int(f[0]), "generation": int(f[1]), "t": time.time()})
-            self._decode_event(dc.AbortAckReceived(int(f[0]), int(f[1])))
+            room, generation = int(f[0]), int(f[1])
+            self.acks.append({"room": room, "generation": generation, "t": time.time()})
+            self._decode_event(dc.AbortAckReceived(room, generation,
+                                                   self._stage(room, f[2].decode("ascii", "replace") if len(f) > 2 else "")))
         else:
             raise MalformedFrame(f"{tag} is not a message a decode receives")
 
-    def _apply_write(self, room: int, aux: bool, dst: tuple[int, ...], payload: bytes) -> tuple[bool, str]:
-        """Land a WRITE in the pools, buffer by buffer following the room's plan."""
+    def _stage(self, room: int, prefill_endpoint: str) -> int:
+        """Which pipeline stage of ``room``'s prefill sent from ``prefill_endpoint`` (0 when unknown)."""
+        stages = self.peer.get(room) or []
+        return stages.index(prefill_endpoint) if prefill_endpoint in stages else 0
+
+    def _apply_write(self, room: int, aux: bool, dst: tuple[int, ...], payload: bytes, stage: int = 0
+                     ) -> tuple[bool, str]:
+        """Land a WRITE in the pools, buffer by buffer following the plan of the room's
+        prefill stage ``stage``."""
         import torch
 
         targets = [(s, t) for s, t in self.buffers if (s.kind == pattern.AUX) == aux]
         if not aux and room in self.plans:
-            order = [p.dst for p in self.plans[room].pairs]
+            order = [p.dst for p in self.plans[room][stage].pairs]
             kv = [b for b in self.buffers if b[0].kind != pattern.AUX]
             targets = [kv[i] for i in order]
         row = targets[0][1].shape[1] if targets else 0
@@ -356,28 +365,20 @@ class ReferenceRole(RoleAdapter):
 
     def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
         self.rooms_seen.append(room)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{bootstrap_addr}/bootstrap", timeout=HEALTH_TIMEOUT_S) as reply:
-                    info = json.loads(reply.read())
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"prefill bootstrap at {bootstrap_addr} did not answer within {timeout_s:.0f} s")
-                time.sleep(0.05)
-        self.peer[room] = info["endpoint"]
-        result = self._layout_plan(Layout(**info["layout"]))
+        stages = fetch_stages(bootstrap_addr, timeout_s)
+        self.peer[room] = [stage["endpoint"] for stage in stages]
+        results = [self._layout_plan(Layout(**stage["layout"])) for stage in stages]
+        rejected = next((r for r in results if not isinstance(r, Plan)), None)
         self.status.setdefault(room, KVPoll.Bootstrapping)
 
         def open_room() -> None:
-            self._decode_event(dc.OpenReceiver(room, bootstrap_addr, time.monotonic()))
-            if isinstance(result, Plan):
-                self.plans[room] = result
+            self._decode_event(dc.OpenReceiver(room, bootstrap_addr, time.monotonic(), stages=len(stages)))
+            if rejected is None:
+                self.plans[room] = results
             else:  # R-LAYOUT-2: rejected at bootstrap, visibly
-                log.error("room %s: layout rejected: %s", room, result.reason)
+                log.error("room %s: layout rejected: %s", room, rejected.reason)
                 self.decode.rooms[room].status = KVPoll.Failed
-                self._record(room, KVPoll.Failed, f"layout rejected: {result.reason}")
+                self._record(room, KVPoll.Failed, f"layout rejected: {rejected.reason}")
 
         self.side.submit(open_room)
 
@@ -459,7 +460,8 @@ class ReferenceRole(RoleAdapter):
         the generation of the registration bound to the room (0 when none is)."""
         def build() -> list[bytes]:
             r = self.prefill.rooms.get(room)
-            return status_frame(room, next(iter(r.dests.values())).generation if r is not None and r.dests else 0, status)
+            return status_frame(room, next(iter(r.dests.values())).generation if r is not None and r.dests else 0, status,
+                                "", self.side.endpoint)
 
         return self._sync(build)
 

@@ -8,7 +8,7 @@ generation), R-REUSE-1, R-RESIDUE-1, R-REASON-1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from backends.reference.shared_events import Clear, StatusChanged, Tick
@@ -18,10 +18,12 @@ from harness.spec.protocol import KVPoll
 
 @dataclass(frozen=True)
 class OpenReceiver:
-    """The scheduler created a receiver for ``room`` bound to prefill ``prefill``."""
+    """The scheduler created a receiver for ``room`` bound to prefill ``prefill``, a
+    prefill of ``stages`` pipeline stages (each reports its own status)."""
     room: int
     prefill: str
     now: float
+    stages: int = 1
 
 
 @dataclass(frozen=True)
@@ -35,12 +37,13 @@ class RequestKV:
 
 @dataclass(frozen=True)
 class StatusReceived:
-    """The prefill reported a terminal status for ``room``."""
+    """Pipeline ``stage`` of the prefill reported a terminal status for ``room``."""
     room: int
     prefill: str
     status: int
     reason: str = ""
     generation: int = 0
+    stage: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Abort:
 class AbortAckReceived:
     room: int
     generation: int
+    stage: int = 0
 
 
 DecodeEvent = Union[OpenReceiver, RequestKV, StatusReceived, HeartbeatResult, Abort, AbortAckReceived, Clear, Tick]
@@ -105,6 +109,9 @@ class _Room:
     waiting_since: float | None = None
     awaiting_ack: bool = False
     reason: str = ""
+    stages: int = 1  # the prefill's pipeline stages: Success needs each one's, so does the release
+    succeeded: set = field(default_factory=set)
+    acked: set = field(default_factory=set)
 
 
 class DecodeCore:
@@ -143,7 +150,7 @@ class DecodeCore:
         if e.room in self.rooms:
             return []
         self._generation += 1
-        self.rooms[e.room] = _Room(e.prefill, self._generation)
+        self.rooms[e.room] = _Room(e.prefill, self._generation, stages=max(1, e.stages))
         self.last_probe.setdefault(e.prefill, e.now)
         return [StatusChanged(e.room, KVPoll.Bootstrapping)]
 
@@ -160,6 +167,9 @@ class DecodeCore:
         if r is None or r.prefill != e.prefill or r.waiting_since is None or e.generation != r.generation:
             return []  # a late message of an old lifecycle, or for another prefill (R-REUSE-1)
         if e.status == KVPoll.Success:
+            r.succeeded.add(e.stage)
+            if len(r.succeeded) < r.stages:  # a stage's layers landed; the others' are still due
+                return []
             return self._set(e.room, r, KVPoll.Success) + ([ReleaseSafe(e.room)] if r.status == KVPoll.Success else [])
         if e.status == KVPoll.Failed:
             return self._set(e.room, r, KVPoll.Failed, e.reason or f"prefill {e.prefill} reported a failure")
@@ -198,6 +208,9 @@ class DecodeCore:
         r = self.rooms.get(e.room)
         if r is None or not r.awaiting_ack or e.generation != r.generation:
             return []  # an ACK of another lifecycle (R-REUSE-1)
+        r.acked.add(e.stage)
+        if len(r.acked) < r.stages:  # every stage drains its own writes (R-ABORT-2)
+            return []
         r.awaiting_ack = False
         return [ReleaseSafe(e.room)]
 

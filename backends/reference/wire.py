@@ -6,8 +6,11 @@ Wire frames (ASCII fields, like the Common protocol's)::
     D->P  ABORT      room decode_endpoint generation
     P->D  WRITE      room generation write_id aux(0|1) dst(csv) payload prefill_endpoint
     D->P  WRITE_DONE room write_id ok(0|1) reason
-    P->D  STATUS     room generation status reason
-    P->D  ABORT_ACK  room generation
+    P->D  STATUS     room generation status reason [prefill_endpoint]
+    P->D  ABORT_ACK  room generation [prefill_endpoint]
+
+(a prefill of several pipeline stages has one endpoint per stage; the decode tells
+the stages' STATUS and ABORT_ACK apart by it, and takes a message without it as stage 0's)
 
 A frame that does not parse, or whose handling fails, is dropped with a warning
 (R-LIVE-1): nothing a peer sends can stop a control thread.  The decode answers
@@ -31,9 +34,10 @@ from harness.target.role_context import bind_address
 log = logging.getLogger("pdconform.reference")
 
 
-def status_frame(room: int, generation: int, status: int, reason: str = "") -> list[bytes]:
-    """P->D ``STATUS``: the prefill's status of the decode's lifecycle ``generation``."""
-    return [b"STATUS", str(room).encode(), str(generation).encode(), str(int(status)).encode(), reason.encode()]
+def status_frame(room: int, generation: int, status: int, reason: str = "", prefill_endpoint: str = "") -> list[bytes]:
+    """P->D ``STATUS``: the prefill's (stage's, at ``prefill_endpoint``) status of the decode's lifecycle ``generation``."""
+    return [b"STATUS", str(room).encode(), str(generation).encode(), str(int(status)).encode(), reason.encode(),
+            prefill_endpoint.encode()]
 
 
 def abort_frame(room: int, decode_endpoint: str, generation: int) -> list[bytes]:
@@ -93,10 +97,12 @@ def parse(frames: list[bytes]) -> tuple[str, list[bytes]]:
     """Split a multipart message into its tag and fields; MalformedFrame when the
     tag is unknown or the field count is wrong."""
     arity = {b"REGISTER": 5, b"ABORT": 3, b"WRITE": 7, b"WRITE_DONE": 4, b"STATUS": 4, b"ABORT_ACK": 2}
+    optional = {b"STATUS": 1, b"ABORT_ACK": 1}  # the sending stage's endpoint
     if not frames or frames[0] not in arity:
         raise MalformedFrame(f"unknown tag {frames[0][:32]!r}" if frames else "empty message")
-    if len(frames) - 1 != arity[frames[0]]:
-        raise MalformedFrame(f"{frames[0].decode()} with {len(frames) - 1} fields, expected {arity[frames[0]]}")
+    least = arity[frames[0]]
+    if not least <= len(frames) - 1 <= least + optional.get(frames[0], 0):
+        raise MalformedFrame(f"{frames[0].decode()} with {len(frames) - 1} fields, expected {least}")
     return frames[0].decode(), frames[1:]
 
 

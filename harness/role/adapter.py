@@ -86,9 +86,13 @@ class RoleAdapter(ABC):
         """``real``, ``standin`` or ``reference``: which transfer engine runs."""
 
     @abstractmethod
-    def start_prefill(self, layout: dict, bootstrap_port: int) -> dict:
+    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, "")) -> dict:
         """Start the bootstrap server on ``bootstrap_port`` and the prefill manager
-        over pattern-filled pools.  Returns facts for the history (ports, engine)."""
+        over pattern-filled pools.  Returns facts for the history (ports, engine).
+        ``pp``: (stages, this stage, rendezvous ``tcp://host:port``): this role is one
+        pipeline stage of a prefill whose stages are one role process each; stage 0
+        serves the bootstrap server, every stage registers with it, and ``layout``
+        holds this stage's layers (``stage_start``/``stage_end``)."""
 
     @abstractmethod
     def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:

@@ -4,10 +4,14 @@ sglang's KV managers read their serving, disaggregation and parallel settings
 from process globals that a real server sets up while it launches schedulers:
 a published ``ServerArgs`` (``sglang.srt.runtime_context``), the parallel rank
 placement, the pipeline-parallel group and, for Mooncake, a process-wide
-transfer engine.  This module builds exactly that for PP = 1 on loopback: no
-torch.distributed, no model download (``model_path="dummy"``), no GPU.  TP is 1,
-or (``RoleSettings.attn_tp_size``) one attention-TP rank of a wider server, each
-rank its own role process: the KV managers only read their rank and width.
+transfer engine.  This module builds exactly that on loopback: no model download
+(``model_path="dummy"``), no GPU.  TP is 1, or (``RoleSettings.attn_tp_size``) one
+attention-TP rank of a wider server, each rank its own role process: the KV managers
+only read their rank and width.  PP is 1, or (``RoleSettings.pp_size``, prefill only)
+one pipeline stage of a wider prefill, each stage its own role process joined to the
+others by a real torch.distributed (gloo) group, which the prefill managers use
+(``PPConsensusStore`` broadcasts its address over it); with PP = 1 no
+torch.distributed group is made.
 
 How the context is built drifts between sglang releases, so each supported range
 has a :class:`ContextStrategy`; :func:`strategy_for` picks one by version and
@@ -63,6 +67,9 @@ class RoleSettings:
     attention-TP rank ``attn_tp_rank`` of a server with ``attn_tp_size`` ranks
     (``tp_size`` = ``attn_tp_size``, no DP/CP), each rank its own process, with no
     torch.distributed group between them (the KV managers never use one).
+    ``pp_size``/``pp_rank``: this role is pipeline stage ``pp_rank`` of ``pp_size``;
+    with ``pp_size`` > 1 the stages meet at ``pp_rendezvous`` (``tcp://host:port``, the
+    TCP store rank 0 listens on) to form their gloo group.
     ``extra`` is passed to ``ServerArgs`` verbatim.
     """
 
@@ -73,6 +80,53 @@ class RoleSettings:
     attn_tp_size: int = 1
     attn_tp_rank: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    pp_size: int = 1
+    pp_rank: int = 0
+    pp_rendezvous: str = ""
+
+
+#: seconds the stages of one prefill wait for each other to join their group (a stage that
+#: never comes fails the role's start with torch.distributed's timeout error)
+PP_JOIN_TIMEOUT_S = 60.0
+
+
+class StagePPGroup:
+    """Stands for sglang's pipeline-parallel ``GroupCoordinator`` across ``pp_size``
+    prefill stages, one role process each: a real gloo process group
+    (``torch.distributed.init_process_group`` through a TCP store at ``rendezvous``,
+    rank 0 listening), with the members the prefill managers use: ``is_first_rank``,
+    ``is_last_rank``, ``world_size``, ``rank_in_group`` and ``broadcast_object``
+    (``disaggregation/pp_consensus_store.py``).  RuntimeError (torch's) when a stage
+    does not join within :data:`PP_JOIN_TIMEOUT_S`."""
+
+    def __init__(self, pp_size: int, pp_rank: int, rendezvous: str):
+        import datetime
+
+        import torch.distributed as dist
+
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets on loopback too
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=rendezvous, world_size=pp_size, rank=pp_rank,
+                                    timeout=datetime.timedelta(seconds=PP_JOIN_TIMEOUT_S))
+        self.world_size, self.rank_in_group = pp_size, pp_rank
+        self.rank, self.ranks = pp_rank, list(range(pp_size))
+        self.is_first_rank, self.is_last_rank = pp_rank == 0, pp_rank == pp_size - 1
+
+    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
+        """``obj`` from stage ``src``, on every stage (torch.distributed.broadcast_object_list)."""
+        import torch.distributed as dist
+
+        box = [obj if self.rank_in_group == src else None]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+
+def _pp_group(settings: RoleSettings):
+    if settings.pp_size == 1:
+        return _SingleRankPPGroup()
+    if settings.mode != "prefill":
+        raise ValueError("only a prefill runs as pipeline stages here (decode PP is not built)")
+    return StagePPGroup(settings.pp_size, settings.pp_rank, settings.pp_rendezvous)
 
 
 class _SingleRankPPGroup:
@@ -128,6 +182,7 @@ def _server_args(settings: RoleSettings):
         disaggregation_bootstrap_port=settings.bootstrap_port,
         page_size=settings.page_size,
         tp_size=settings.attn_tp_size,
+        pp_size=settings.pp_size,
         **{**_staging_args(settings.page_size), **settings.extra},
     )
 
@@ -147,17 +202,19 @@ def staging_on() -> bool:
 
 def _prepare_published_context(settings: RoleSettings):
     """sglang >= 0.5.19: ``runtime_context.publish`` with this rank's placement
-    (``SpawnRanks(world_rank=attn_tp_rank)``: publish derives ``tp_rank`` and
-    ``attn_tp_rank`` from it and the ``tp_size`` of the ServerArgs)."""
+    (``SpawnRanks(world_rank=tp_size * pp_rank + attn_tp_rank)``: publish derives
+    ``tp_rank``, ``attn_tp_rank`` and ``pp_rank`` from it and the widths of the
+    ServerArgs, ``runtime_context.spawn_world_rank``)."""
     from sglang.srt import runtime_context
 
     server_args = _server_args(settings)
+    world_rank = settings.attn_tp_size * settings.pp_rank + settings.attn_tp_rank
     runtime_context.publish(
         server_args,
         role="scheduler",
-        ranks=runtime_context.SpawnRanks(world_rank=settings.attn_tp_rank, dp_rank=None, gpu_id=None),
+        ranks=runtime_context.SpawnRanks(world_rank=world_rank, dp_rank=None, gpu_id=None),
     )
-    runtime_context.get_parallel().override_permanently(pp_group=_SingleRankPPGroup())
+    runtime_context.get_parallel().override_permanently(pp_group=_pp_group(settings))
     return server_args
 
 
@@ -199,7 +256,7 @@ def _prepare_parallel_globals(settings: RoleSettings):
         server_args.attn_cp_size,
     )
     dp_attention._ATTN_DP_RANK, dp_attention._ATTN_DP_SIZE = attn_dp_rank, attn_dp_size
-    pp_group = _SingleRankPPGroup()
+    pp_group = _pp_group(settings)
     parallel_state._PP = pp_group
     if _HELD_OVERRIDE is not None:  # a second prepare in one process replaces the first
         _HELD_OVERRIDE.close()
@@ -210,7 +267,7 @@ def _prepare_parallel_globals(settings: RoleSettings):
         attn_tp_size=attn_tp_size, attn_tp_rank=attn_tp_rank,
         attn_cp_size=1, attn_cp_rank=0, attn_dp_size=attn_dp_size, attn_dp_rank=attn_dp_rank,
         dcp_enabled=False, dcp_size=1, dcp_rank=0, attn_dcp_size=1, attn_dcp_rank=0,
-        pp_size=1, pp_rank=0, pp_group=pp_group,
+        pp_size=settings.pp_size, pp_rank=settings.pp_rank, pp_group=pp_group,
     ))
     return server_args
 
@@ -252,6 +309,8 @@ def prepare_role(settings: RoleSettings):
         raise ValueError(f"role mode must be 'prefill' or 'decode', got {settings.mode!r}")
     if not 0 <= settings.attn_tp_rank < settings.attn_tp_size:
         raise ValueError(f"attention TP rank {settings.attn_tp_rank} is not a rank of {settings.attn_tp_size}")
+    if not 0 <= settings.pp_rank < settings.pp_size or (settings.pp_size > 1 and not settings.pp_rendezvous):
+        raise ValueError(f"PP stage {settings.pp_rank} of {settings.pp_size} needs a rank in range and a rendezvous")
     apply_role_env()
     version = sglang_version()
     if version is None:

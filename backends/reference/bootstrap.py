@@ -1,0 +1,126 @@
+"""The reference's bootstrap server: where a decode learns a prefill's control endpoints.
+
+A prefill is one role process, or one per pipeline stage.  Stage 0 serves HTTP on the
+bootstrap port (``bind_address()``)::
+
+    GET  /health     -> 200 "ok"
+    GET  /bootstrap  -> 200 {"stages": [{"pp_rank", "endpoint", "layout"}, ...]} in stage
+                        order, 503 until every one of the prefill's stages registered
+    POST /register   <- {"pp_rank", "endpoint", "layout"} (stage 0 registers itself)
+
+as sglang's bootstrap server answers a decode's ``/route`` only once every prefill rank
+has registered (common/conn.py ``CommonKVBootstrapServer._is_ready``).  Every wait on it
+is bounded (tenacity).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tenacity import retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import Retrying
+
+from harness.target.role_context import bind_address
+
+POLL_S = 0.05  # between two tries of a bootstrap call (seconds)
+CALL_TIMEOUT_S = 2.0  # one HTTP call (seconds)
+
+
+class NotReady(OSError):
+    """The bootstrap server answered, but not every stage has registered yet."""
+
+
+class BootstrapServer:
+    """Stage 0's HTTP bootstrap server for a prefill of ``pp_size`` stages, on ``port``;
+    ``thread`` serves it.  OSError when the port cannot be bound."""
+
+    def __init__(self, port: int, pp_size: int):
+        self.pp_size = pp_size
+        self.stages: dict[int, dict] = {}
+        lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server API)
+                if self.path == "/health":
+                    self._reply(200, b"ok")
+                elif self.path == "/bootstrap":
+                    with lock:
+                        ready = len(server.stages) == server.pp_size
+                        body = json.dumps({"stages": [server.stages[r] for r in sorted(server.stages)]}).encode()
+                    self._reply(200 if ready else 503, body if ready else b"stages still registering")
+                else:
+                    self._reply(404, b"")
+
+            def do_POST(self):  # noqa: N802
+                try:
+                    stage = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                    rank = int(stage["pp_rank"])
+                except (ValueError, KeyError, TypeError):
+                    self._reply(400, b"not a stage registration")
+                    return
+                if self.path != "/register" or not 0 <= rank < server.pp_size:
+                    self._reply(400, b"no such stage")
+                    return
+                with lock:
+                    server.stages[rank] = {"pp_rank": rank, "endpoint": str(stage["endpoint"]),
+                                           "layout": stage["layout"]}
+                self._reply(200, b"ok")
+
+            def _reply(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer((bind_address(), port), Handler)
+        self.thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
+
+    def register(self, pp_rank: int, endpoint: str, layout: dict) -> None:
+        """Stage ``pp_rank`` (this process's own) is served at ``endpoint`` with ``layout``."""
+        self.stages[pp_rank] = {"pp_rank": pp_rank, "endpoint": endpoint, "layout": layout}
+
+    def shutdown(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _retrying(timeout_s: float) -> Retrying:
+    return Retrying(stop=stop_after_delay(timeout_s), wait=wait_fixed(POLL_S), reraise=True,
+                    retry=retry_if_exception_type(OSError))
+
+
+def register_stage(bootstrap_addr: str, pp_rank: int, endpoint: str, layout: dict, timeout_s: float) -> None:
+    """Register stage ``pp_rank`` with stage 0's server at ``bootstrap_addr`` (host:port),
+    trying until it answers; OSError when it has not within ``timeout_s`` seconds."""
+    body = json.dumps({"pp_rank": pp_rank, "endpoint": endpoint, "layout": layout}).encode()
+
+    def once() -> None:
+        request = urllib.request.Request(f"http://{bootstrap_addr}/register", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=CALL_TIMEOUT_S) as reply:
+            reply.read()
+
+    _retrying(timeout_s)(once)
+
+
+def fetch_stages(bootstrap_addr: str, timeout_s: float) -> list[dict]:
+    """The stages of the prefill at ``bootstrap_addr``, in stage order, once all have
+    registered; TimeoutError when that has not happened within ``timeout_s`` seconds."""
+    def once() -> list[dict]:
+        try:
+            with urllib.request.urlopen(f"http://{bootstrap_addr}/bootstrap", timeout=CALL_TIMEOUT_S) as reply:
+                return json.loads(reply.read())["stages"]
+        except urllib.error.HTTPError as exc:
+            raise NotReady(f"bootstrap answered {exc.code}") from exc
+
+    try:
+        return _retrying(timeout_s)(once)
+    except OSError as exc:
+        raise TimeoutError(f"prefill bootstrap at {bootstrap_addr} did not answer within {timeout_s:.0f} s "
+                           f"({exc})") from exc
