@@ -9,13 +9,15 @@ smallest layout with the same kind of difference and printed.  Then real
 transfers, each between its own prefill and decode roles, verified byte by byte
 per layer (the decode's own draft layers must stay untouched): a plain one (three
 layers, no draft), two layouts drawn from the single-stage layouts with draft KV,
-and every shrunk layout that has a single prefill stage.
+every shrunk layout that has a single prefill stage; and two layouts whose prefill
+has several pipeline stages, plus up to two such shrunk layouts, each stage its own
+role process (one gloo PP group, one bootstrap server on stage 0, each stage sending
+its own layers, the last its draft layers) into a decode that holds the whole model.
 
 A layout the machine cannot serve (the adapter's ``unsupported_layout``) is skipped, and
 the transfer check is then UNSUPPORTED with the reason (never PASS), unless a MUST check
-fails or a check cannot tell.  Not covered yet: real transfers for layouts with several prefill stages
-(a multi-stage prefill needs one role process per stage; those layouts are judged at
-the planning function only).
+fails or a check cannot tell.  Not covered: a decode with pipeline stages of its own
+(its layouts are judged at the planning function only).
 """
 
 from __future__ import annotations
@@ -63,8 +65,7 @@ def _layout_transfers_exact(events):
         if start_failed:
             problems.append(f"[{t['args']['layout']}] roles did not start: {start_failed[0].get('error')}")
             continue
-        index = t["role"].rsplit("-L", 1)[1]
-        decode = f"decode-L{index}"
+        decode = t["args"].get("decode") or f"decode-L{t['role'].rsplit('-L', 1)[1]}"
         checks = list(completions(events, op="verify", role=decode))
         waits = [e for e in completions(events, op="await_status", role=decode) if e["type"] == "ok"]
         if not checks or checks[-1]["type"] != "ok":

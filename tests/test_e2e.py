@@ -99,3 +99,22 @@ def test_slow_aux_catches_mori_reporting_success_before_its_aux_lands(tmp_path, 
     assert failed == {"bytes-at-success"}, cell.checks
     assert "aux buffer 0" in cell.reason and "R-XFER-2" in cell.reason
     assert not _leftovers(tmp_path)
+
+
+def test_a_multi_stage_prefill_transfers_for_real_one_role_per_stage(tmp_path, fork_server):
+    """draft-kv-layout on Mooncake: prefills of several pipeline stages, one role process per
+    stage in one gloo PP group, each sending its own layers to a whole-model decode.  MLA
+    lands every byte; MHA across stages puts V pages in the wrong decode buffer (B4)."""
+    from harness.spec.history import load
+
+    cell = run_one("mooncake", "draft-kv-layout", tmp_path, seed=0, fork_server=fork_server)
+    events = load(tmp_path / "history.jsonl")
+    staged = [e for e in events if e["op"] == "layout-transfer" and e["args"].get("stages")]
+    verified = {e["role"]: e["value"] for e in events if e["op"] == "verify" and e["type"] == "ok"}
+    outcomes = {(t["args"]["spec"]["attention"], len(t["args"]["stages"])): verified[t["args"]["decode"]]["ok"]
+                for t in staged}
+    assert any(ok for (attention, _), ok in outcomes.items() if attention == "MLA"), outcomes
+    assert any(not ok for (attention, _), ok in outcomes.items() if attention == "MHA"), outcomes
+    starts = [e for e in events if e["op"] == "start_prefill" and e["type"] == "ok" and "-pp" in e["role"]]
+    assert {tuple(e["value"]["pp"]) for e in starts} >= {(2, 0), (2, 1)}
+    assert cell.verdict == "FAIL" and not _leftovers(tmp_path)

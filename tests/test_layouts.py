@@ -38,3 +38,15 @@ def test_kind_keeps_where_a_buffer_went():
     to_draft = layout_check.difference_kind("prefill layer 0 V -> decode draft layer 0 K (reference: decode layer 0 V)")
     to_other_layer = layout_check.difference_kind("prefill layer 3 V -> decode layer 2 V (reference: decode layer 3 V)")
     assert to_draft != to_other_layer
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts.multi_stage_specs())
+def test_the_stages_of_a_multi_stage_layout_cover_the_model_once(spec):
+    """Every layer on exactly one stage, in order; the prefill's draft layers on the last
+    stage only; the decode holds the whole model."""
+    stages, decode = layouts.stage_role_layouts(spec)
+    assert len(stages) == spec["stages"] > 1
+    assert [layer for stage in stages for layer in stage.main_layers] == list(range(spec["num_layers"]))
+    assert [stage.draft_layers for stage in stages] == [0] * (len(stages) - 1) + [spec["prefill"][2]]
+    assert list(decode.main_layers) == list(range(spec["num_layers"])) and decode.draft_layers == spec["decode"][2]

@@ -63,3 +63,31 @@ def test_abort_releases_only_on_the_ack_of_this_generation():
     assert core.handle(dc.AbortAckReceived(4, reg.generation)) == []
     core.handle(dc.Clear(4))
     assert core.residue() == {}
+
+
+def test_a_room_of_several_prefill_stages_needs_every_stage():
+    """A prefill of two pipeline stages: one stage's Success (twice) is not the room's; one
+    stage's ABORT_ACK does not release the pages while the other stage may still write."""
+    core = dc.DecodeCore()
+    core.handle(dc.OpenReceiver(6, "P-A", 0.0, stages=2))
+    (reg,) = [a for a in core.handle(dc.RequestKV(6, (1,), 0, 0.0)) if isinstance(a, dc.SendRegistration)]
+    assert core.handle(dc.StatusReceived(6, "P-A", KVPoll.Success, generation=reg.generation, stage=1)) == []
+    assert core.handle(dc.StatusReceived(6, "P-A", KVPoll.Success, generation=reg.generation, stage=1)) == []
+    assert core.status(6) == KVPoll.WaitingForInput
+    actions = core.handle(dc.StatusReceived(6, "P-A", KVPoll.Success, generation=reg.generation, stage=0))
+    assert core.status(6) == KVPoll.Success and dc.ReleaseSafe(6) in actions
+
+    core.handle(dc.OpenReceiver(7, "P-A", 0.0, stages=2))
+    (reg,) = [a for a in core.handle(dc.RequestKV(7, (2,), 1, 0.0)) if isinstance(a, dc.SendRegistration)]
+    core.handle(dc.Abort(7))
+    assert core.handle(dc.AbortAckReceived(7, reg.generation, stage=0)) == []
+    assert core.handle(dc.AbortAckReceived(7, reg.generation, stage=1)) == [dc.ReleaseSafe(7)]
+
+
+def test_one_stage_failing_fails_the_room():
+    core = dc.DecodeCore()
+    core.handle(dc.OpenReceiver(8, "P-A", 0.0, stages=3))
+    (reg,) = [a for a in core.handle(dc.RequestKV(8, (1,), 0, 0.0)) if isinstance(a, dc.SendRegistration)]
+    core.handle(dc.StatusReceived(8, "P-A", KVPoll.Success, generation=reg.generation, stage=0))
+    core.handle(dc.StatusReceived(8, "P-A", KVPoll.Failed, "stage 2: write failed", reg.generation, stage=2))
+    assert core.status(8) == KVPoll.Failed

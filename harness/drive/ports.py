@@ -10,7 +10,7 @@ import threading
 
 from harness.target.role_context import bind_address
 
-PORT_BLOCK = 8
+PORT_BLOCK = 16  # draft-kv-layout: a bootstrap port per prefill it starts, a rendezvous per PP prefill
 
 
 def block_free(base: int, size: int = PORT_BLOCK, host: str | None = None) -> bool:

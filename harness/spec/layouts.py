@@ -2,10 +2,12 @@
 
 A layout *spec* is a plain dict (it crosses the role socket)::
 
-    {"attention": "MHA" | "MLA", "num_layers": L, "stages": S,
+    {"attention": "MHA" | "MLA", "num_layers": L, "stages": S, "bounds": [0, ..., L],
      "prefill": [start, end, draft_layers], "decode": [start, end, draft_layers]}
 
-The prefill holds one of ``S`` pipeline stages ``[start, end)``; the decode holds
+The prefill's ``S`` pipeline stages are ``[bounds[i], bounds[i + 1])``; ``prefill`` is the
+one whose planning is judged (:func:`stage_role_layouts` gives all of them, for a
+multi-stage transfer, with the draft layers on the last stage); the decode holds
 either the whole model (one stage) or the same stage; draft KV is on the decode
 only, on both or on neither.  Buffers are numbered the way sglang's schedulers
 fill ``KVArgs.kv_data_ptrs`` (see :mod:`harness.spec.layout_plan`).
@@ -42,7 +44,7 @@ def layout_specs(draw) -> dict:
     draft = draw(st.integers(1, 2))
     prefill_draft = draft if draft_mode == "both" else 0
     decode_draft = 0 if draft_mode == "neither" else draft
-    return {"attention": attention, "num_layers": num_layers, "stages": stages,
+    return {"attention": attention, "num_layers": num_layers, "stages": stages, "bounds": bounds,
             "prefill": [start, end, prefill_draft], "decode": [decode_start, decode_end, decode_draft]}
 
 
@@ -73,6 +75,25 @@ def single_stage_specs():
     return layout_specs().filter(lambda s: s["stages"] == 1 and s["decode"][2] > 0)
 
 
+def multi_stage_specs():
+    """Layouts whose prefill has several pipeline stages and whose decode holds the whole
+    model (the decode a multi-stage prefill sends to), with or without draft KV."""
+    return layout_specs().filter(lambda s: s["stages"] > 1 and s["decode"][:2] == [0, s["num_layers"]])
+
+
+def stage_role_layouts(spec: dict):
+    """([Layout of each prefill stage], decode Layout) for a multi-stage spec: stage i holds
+    ``[bounds[i], bounds[i + 1])``; the prefill's draft layers are on its last stage, where
+    sglang's draft worker runs (3-page-per-room pools, 16 pages)."""
+    from dataclasses import replace
+
+    one, decode = role_layouts(spec)
+    bounds, draft = spec["bounds"], spec["prefill"][2]
+    stages = [replace(one, stage_start=a, stage_end=b, draft_layers=draft if b == bounds[-1] else 0)
+              for a, b in zip(bounds, bounds[1:])]
+    return stages, decode
+
+
 def role_layouts(spec: dict):
     """(prefill Layout, decode Layout) for a spec (3-page-per-room pools, 16 pages)."""
     from harness.spec.protocol import Layout
@@ -93,13 +114,15 @@ def sent_layers(spec: dict) -> tuple[int, ...]:
     return tuple(range(start, end)) + tuple(DRAFT_BASE + d for d in range(draft))
 
 
-def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
+def transfer_steps(spec: dict, prefill: str, decode: str, seed: int, stages: tuple[str, ...] = ()) -> list:
     """One room from creation to Success between ``prefill`` and ``decode``, then the
-    byte check for ``spec`` (R-LAYOUT-1/2)."""
+    byte check for ``spec`` (R-LAYOUT-1/2).  ``stages``: the roles of a multi-stage
+    prefill (``prefill`` is stage 0); every stage opens, is sent and concludes the room,
+    and the decode must get every layer."""
     import random
 
-    from harness.spec.protocol import KVPoll
-    from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, VerifyPools
+    from harness.spec.protocol import DRAFT_BASE, KVPoll
+    from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, OpenSender, RequestKV, SendChunk, VerifyPools
 
     rng = random.Random(seed)
     room = rng.randrange(1, 2**62)
@@ -107,8 +130,18 @@ def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
     dst = tuple(rng.sample(range(16), 3))
     aux_src, aux_dst = rng.randrange(4), rng.randrange(4)
     done = (KVPoll.Success, KVPoll.Failed)
-    return [OpenRoom(room, prefill=prefill, decode=decode), RequestKV(room, dst, aux_dst, decode=decode),
-            AwaitStatus(room, prefill, (KVPoll.WaitingForInput, KVPoll.Failed)),
-            InitSender(room, len(src), aux_src, prefill=prefill), SendChunk(room, src, prefill=prefill),
-            AwaitStatus(room, prefill, done), AwaitStatus(room, decode, done),
-            VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),), decode=decode, sent_layers=sent_layers(spec))]
+    if not stages:
+        return [OpenRoom(room, prefill=prefill, decode=decode), RequestKV(room, dst, aux_dst, decode=decode),
+                AwaitStatus(room, prefill, (KVPoll.WaitingForInput, KVPoll.Failed)),
+                InitSender(room, len(src), aux_src, prefill=prefill), SendChunk(room, src, prefill=prefill),
+                AwaitStatus(room, prefill, done), AwaitStatus(room, decode, done),
+                VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),), decode=decode, sent_layers=sent_layers(spec))]
+    layers = tuple(range(spec["num_layers"])) + tuple(DRAFT_BASE + d for d in range(spec["prefill"][2]))
+    return [*[OpenSender(room, prefill=stage) for stage in stages],
+            OpenRoom(room, prefill=stages[0], decode=decode, open_sender=False),
+            RequestKV(room, dst, aux_dst, decode=decode),
+            *[AwaitStatus(room, stage, (KVPoll.WaitingForInput, KVPoll.Failed)) for stage in stages],
+            *[step for stage in stages for step in (InitSender(room, len(src), aux_src, prefill=stage),
+                                                    SendChunk(room, src, prefill=stage))],
+            *[AwaitStatus(room, stage, done) for stage in stages], AwaitStatus(room, decode, done),
+            VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),), decode=decode, sent_layers=layers)]

@@ -86,6 +86,11 @@ class StartRoles:
     #: the decodes' attention TP (the prefills' is 1): with 2, ``decodes`` are the ranks
     #: 0, 1 (0, 1, ... again for more decodes) of decodes whose attention TP is 2
     decode_attn_tp: int = 1
+    #: when given, ``prefills`` are the pipeline stages of ONE prefill, in stage order,
+    #: stage i holding ``prefill_stages[i]`` (its ``stage_start``/``stage_end``), each its
+    #: own role process: one bootstrap port (stage 0 serves it), one rendezvous for their
+    #: PP group, every stage's bootstrap address that of stage 0
+    prefill_stages: tuple[Layout, ...] = ()
 
 
 # Default bound (seconds) of a step that a conforming implementation completes in well
@@ -321,14 +326,17 @@ class PlanLayouts:
 
 @dataclass(frozen=True)
 class TransferLayouts:
-    """Real transfers for single-stage layouts: ``count`` drawn from the layout
-    strategy with ``seed``, plus up to three layouts the last :class:`PlanLayouts`
-    shrunk that have one prefill stage.  Each gets its own prefill and decode roles
-    (``prefill-L<i>``/``decode-L<i>``) with those layouts, one room, and a byte
-    check in which the decode's own draft layers must stay untouched."""
+    """Real transfers for generated layouts: ``count`` single-stage layouts drawn from the
+    layout strategy with ``seed``, plus up to three layouts the last :class:`PlanLayouts`
+    shrunk that have one prefill stage; and ``multi_stage`` layouts whose prefill has
+    several pipeline stages and whose decode holds the whole model, plus up to two such
+    shrunk layouts.  Each gets its own roles (``prefill-L<i>``/``decode-L<i>``; a
+    multi-stage prefill one role per stage, ``prefill-L<i>-pp<k>``) with those layouts,
+    one room, and a byte check in which the decode's own draft layers must stay untouched."""
 
     count: int = 2
     seed: int = 0
+    multi_stage: int = 2
 
 
 @dataclass(frozen=True)

@@ -61,29 +61,50 @@ def _shrink(client, kind: str, spec: dict) -> dict:
 
 
 def transfer_layouts(d: "CellDriver", step: s.TransferLayouts) -> None:
-    """Real transfers, each on its own prefill/decode pair, for generated single-stage
-    layouts and up to three the last PlanLayouts shrunk; a layout the machine cannot serve
-    is skipped and recorded (RoleAdapter.unsupported_layout)."""
-    chosen = sample(layouts.single_stage_specs(), step.count, step.seed)
+    """Real transfers, each on its own roles, for generated single-stage layouts and up to
+    three the last PlanLayouts shrunk, then for multi-stage ones (one role per prefill
+    stage) and up to two shrunk ones; a layout the machine cannot serve is skipped and
+    recorded (RoleAdapter.unsupported_layout)."""
     shrunk = [e["value"]["shrunk"] for e in d.history.events if e["op"] == Op.LAYOUT_SHRINK]
-    chosen += [entry["spec"] for entry in (shrunk[-1] if shrunk else []) if entry["spec"]["stages"] == 1][:3]
-    for i, spec in enumerate(chosen):
+    shrunk = [entry["spec"] for entry in (shrunk[-1] if shrunk else [])]
+    single = sample(layouts.single_stage_specs(), step.count, step.seed)
+    single += [spec for spec in shrunk if spec["stages"] == 1][:3]
+    multi = sample(layouts.multi_stage_specs(), step.multi_stage, step.seed) if step.multi_stage else []
+    multi += [spec for spec in shrunk if spec["stages"] > 1 and spec["decode"][:2] == [0, spec["num_layers"]]][:2]
+    for i, spec in enumerate(single + multi):
+        _transfer_one(d, spec, i, step.seed + i, staged=i >= len(single))
+
+
+def _transfer_one(d: "CellDriver", spec: dict, i: int, seed: int, staged: bool) -> None:
+    """Start this layout's roles (``staged``: one per prefill stage), run one room to its
+    end and verify it, then retire the roles; a start that fails is recorded as this
+    layout's problem, not the cell's."""
+    if staged:
+        stage_layouts, decode_layout = layouts.stage_role_layouts(spec)
+        prefills = tuple(f"prefill-L{i}-pp{k}" for k in range(len(stage_layouts)))
+        start = s.StartRoles(prefills=prefills, decodes=(f"decode-L{i}",), layout=stage_layouts[0],
+                             decode_layout=decode_layout, prefill_stages=tuple(stage_layouts))
+    else:
         prefill_layout, decode_layout = layouts.role_layouts(spec)
-        prefill, decode = f"prefill-L{i}", f"decode-L{i}"
-        why_not = d.call("prefill", "unsupported_layout", spec=spec) if "prefill" in d.clients else None
-        d.record(Event.INFO, Op.LAYOUT_TRANSFER, prefill,
-                 args={"layout": layouts.describe(spec), "spec": spec, "skipped": why_not})
-        if why_not:
-            continue
-        try:
-            lifecycle.start_roles(d, s.StartRoles(prefills=(prefill,), decodes=(decode,), layout=prefill_layout,
-                                                  decode_layout=decode_layout))
-        except CellAborted as exc:  # this layout's roles did not start: its own problem, not the cell's
-            d.record(Event.FAIL, Op.LAYOUT_START, prefill, args={}, error=str(exc))
-            d.retire([n for n in (prefill, decode) if n in d.clients])
-            continue
-        try:
-            for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=step.seed + i):
-                d.execute(sub_step)
-        finally:
-            d.retire([prefill, decode])
+        prefills = (f"prefill-L{i}",)
+        start = s.StartRoles(prefills=prefills, decodes=(f"decode-L{i}",), layout=prefill_layout,
+                             decode_layout=decode_layout)
+    prefill, decode = prefills[0], f"decode-L{i}"
+    why_not = d.call("prefill", "unsupported_layout", spec=spec) if "prefill" in d.clients else None
+    d.record(Event.INFO, Op.LAYOUT_TRANSFER, prefill,
+             args={"layout": layouts.describe(spec) + (f"; all {len(prefills)} stages sent, one role each" if staged
+                                                       else ""), "spec": spec, "skipped": why_not, "decode": decode,
+                   "stages": list(prefills) if staged else []})
+    if why_not:
+        return
+    try:
+        lifecycle.start_roles(d, start)
+    except CellAborted as exc:  # this layout's roles did not start: its own problem, not the cell's
+        d.record(Event.FAIL, Op.LAYOUT_START, prefill, args={}, error=str(exc))
+        d.retire([n for n in (*prefills, decode) if n in d.clients])
+        return
+    try:
+        for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=seed, stages=prefills if staged else ()):
+            d.execute(sub_step)
+    finally:
+        d.retire([*prefills, decode])

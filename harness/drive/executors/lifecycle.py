@@ -34,12 +34,7 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
         connect(d, name, d.handles[name], step.ready_timeout_s)
     for arm in step.arm:
         d.arm(arm)
-    layout = step.layout.to_dict()
-    starts: list[tuple[str, str, dict]] = []
-    for name in step.prefills:
-        port = d.base_port + d.prefills_started  # each prefill's bootstrap port, unique in the cell
-        d.prefills_started += 1
-        starts.append((name, "start_prefill", {"layout": layout, "bootstrap_port": port}))
+    starts = _prefill_starts(d, step)
     decode_layout = (step.decode_layout or step.layout).to_dict()
     for i, name in enumerate(step.decodes):
         extra = {"attn_tp": (step.decode_attn_tp, i % step.decode_attn_tp)} if step.decode_attn_tp > 1 else {}
@@ -51,6 +46,27 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
             _prefill_started(d, name, kwargs["layout"], kwargs["bootstrap_port"], facts)
         else:
             _note_control_endpoint(d, name, facts)
+
+
+def _next_port(d: "CellDriver") -> int:
+    port = d.base_port + d.prefills_started  # the cell's own block (harness.drive.ports), one port each
+    d.prefills_started += 1
+    return port
+
+
+def _prefill_starts(d: "CellDriver", step: s.StartRoles) -> list[tuple[str, str, dict]]:
+    """The start_prefill calls of ``step``: each prefill its own bootstrap port, or (with
+    ``prefill_stages``) every stage of the one prefill the same port and rendezvous."""
+    if not step.prefill_stages:
+        layout = step.layout.to_dict()
+        return [(name, "start_prefill", {"layout": layout, "bootstrap_port": _next_port(d)}) for name in step.prefills]
+    if len(step.prefill_stages) != len(step.prefills):
+        raise CellAborted(f"StartRoles: {len(step.prefills)} prefill stage roles for {len(step.prefill_stages)} "
+                          "stage layouts")
+    port, rendezvous = _next_port(d), f"tcp://{bind_address()}:{_next_port(d)}"
+    return [(name, "start_prefill", {"layout": stage.to_dict(), "bootstrap_port": port,
+                                     "pp": (len(step.prefills), rank, rendezvous)})
+            for rank, (name, stage) in enumerate(zip(step.prefills, step.prefill_stages))]
 
 
 def connect(d: "CellDriver", name: str, handle: RoleHandle, timeout_s: float, **args: Any) -> None:
