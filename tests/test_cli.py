@@ -39,6 +39,15 @@ def test_list_json_names_scenarios_and_requirements():
     rows = {row["id"]: row for row in json.loads(out.stdout)}
     assert rows["happy-path"]["requirements"] == ["R-XFER-1", "R-LAYOUT-1", "R-TERM-1", "R-LIVE-2"]
     assert rows["happy-path"]["title"]
+    assert rows["no-residue"]["opt_out"].keys() == {"no-residue-after-clear"} and rows["happy-path"]["opt_out"] == {}
+
+
+def test_list_names_the_post_conditions_every_scenario_is_judged_on():
+    out = pdconform("list")
+    assert out.returncode == 0, out.stderr
+    generic = [line for line in out.stdout.splitlines() if line.startswith("Judged in every scenario")]
+    assert generic and "no-residue-after-clear (R-RESIDUE-1)" in generic[0] and "every-trail-terminal" in generic[0]
+    assert "no-residue opts out of no-residue-after-clear" in out.stdout
 
 
 def test_doctor_reports_python_sglang_and_every_engine():

@@ -29,6 +29,15 @@ def test_the_catalogue_has_25_mutants_and_one_for_every_must_requirement():
         requirement(m.requirement)  # every ID exists in docs/protocol.md
 
 
+def test_the_catalogue_table_in_the_docs_lists_every_mutant_with_its_requirement():
+    """docs/mutants.md's table is read by people choosing what to run: one row per mutant of
+    MUTANTS, with the mutant's own requirement, and no row for a mutant that is gone."""
+    import re
+
+    rows = dict(re.findall(r"^\| `([a-z0-9-]+)` \| (R-[A-Z0-9-]+) \|", (ROOT / "docs" / "mutants.md").read_text(), re.M))
+    assert rows == {m.id: m.requirement for m in mutants.MUTANTS}
+
+
 def test_every_mutant_applies_in_a_fresh_process():
     """Each patch must find the methods it replaces (a renamed method would make it a no-op
     or an error); a mutant run names the unknown ones."""

@@ -29,7 +29,7 @@ class _Role(SglangCommonRole):
 def _role(**attrs) -> SglangCommonRole:
     """A Common-backend role without its constructor (which imports sglang)."""
     role = object.__new__(_Role)
-    role.senders, role.receivers, role.rooms_seen, role.tp_rank = {}, {}, [], 0
+    role.senders, role.receivers, role.rooms_seen, role.tp_rank, role.pp_rank = {}, {}, [], 0, 0
     role.missing_points, role.POINTS = {}, {}
     for name, value in attrs.items():
         setattr(role, name, value)
@@ -98,7 +98,9 @@ def test_a_0_5_17_sender_gets_the_destination_tp_ranks_and_pp_rank():
     for cls in (OldSender, NewSender):
         role = _role(manager=object(), conn=SimpleNamespace(Sender=cls), sender_class="Sender")
         role.open_sender(5, "127.0.0.1:1")
-    assert made == [(5, [0], 0), (5,)]
+    stage = _role(manager=object(), conn=SimpleNamespace(Sender=OldSender), sender_class="Sender", pp_rank=1)
+    stage.open_sender(6, "127.0.0.1:1")  # a prefill's second pipeline stage names its own PP rank
+    assert made == [(5, [0], 0), (5,), (6, [0], 1)]
 
 
 def test_a_point_the_release_lacks_is_unsupported_with_its_reason():

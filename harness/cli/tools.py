@@ -51,19 +51,27 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
 
 @app.command("list")
 def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Scenarios with id, title and the requirement IDs their checks cite (docs/protocol.md)."""
+    """Scenarios with id, title and the requirement IDs their checks cite (docs/protocol.md),
+    then the generic post-conditions judged in every scenario and who opts out of which."""
+    from harness.judge.postconditions import GENERIC
     from harness.spec.requirements import requirement
     from harness.spec.scenario import all_scenarios
 
     _registry()
     rows = [{"id": s.id, "title": s.title, "requirements": list(s.requirements),
-             "levels": {rid: requirement(rid).level for rid in s.requirements}} for s in all_scenarios()]
+             "levels": {rid: requirement(rid).level for rid in s.requirements},
+             "opt_out": dict(s.opt_out)} for s in all_scenarios()]
     if as_json:
         console.print_json(json.dumps(rows))
         return
     width = max((len(row["id"]) for row in rows), default=0) + 2
     for row in rows:
         console.print(f"[bold]{row['id']:<{width}}[/]{escape(row['title'])}  [dim]{', '.join(row['requirements'])}[/]")
+    generic = ", ".join(f"{name} ({rid})" for name, rid, _ in GENERIC)
+    console.print(f"\nJudged in every scenario as well (harness/judge/postconditions.py): {generic}", highlight=False)
+    for row in rows:
+        for name, why in row["opt_out"].items():
+            console.print(f"  {row['id']} opts out of {name}: {escape(why)}", highlight=False)
 
 
 @app.command()
