@@ -65,7 +65,7 @@ def test_reference_passes_the_seed_scenarios(scenario, tmp_path, fork_server):
 FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "abort-mid-transfer",
                    "abort-ack-after-drain", "clear-then-abort", "prefill-restart-new-ports", "room-reuse",
                    "failure-fan-out", "multi-chunk-long-prompt", "transfer-never-completes", "slow-aux",
-                   "no-residue", "late-old-messages"]
+                   "no-residue", "late-old-abort", "late-old-status"]
 
 
 @pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
@@ -77,16 +77,18 @@ def test_reference_passes_the_field_scenarios(scenario, tmp_path, fork_server):
     assert not _leftovers(tmp_path)
 
 
-def test_late_old_messages_catches_nixl_applying_an_ended_lifecycles_abort_and_status(tmp_path, fork_server):
+def test_late_old_messages_catch_nixl_applying_an_ended_lifecycles_abort_and_status(tmp_path, fork_server):
     """B13 (docs/sglang-bugs.md): NIXL's own ABORT and STATUS of a room's first lifecycle,
     delivered after the room was reused, fail the new sender and make the new receiver
     Success before anything was sent (and the aborted first lifecycle was a real abort)."""
-    cell = run_one("nixl", "late-old-messages", tmp_path, seed=0, fork_server=fork_server)
-    assert cell.verdict == "FAIL", cell.reason
-    failed = {check["name"] for check in cell.checks if not check["ok"]}
-    assert {"prefill-ignores-late-abort", "decode-ignores-late-status"} <= failed, cell.checks
+    abort = run_one("nixl", "late-old-abort", tmp_path / "abort", seed=0, fork_server=fork_server)
+    failed = {check["name"] for check in abort.checks if not check["ok"]}
+    assert abort.verdict == "FAIL" and "prefill-ignores-late-abort" in failed, abort.checks
     assert "old-lifecycle-aborted" not in failed
-    assert not _leftovers(tmp_path)
+    status = run_one("nixl", "late-old-status", tmp_path / "status", seed=0, fork_server=fork_server)
+    failed = {check["name"] for check in status.checks if not check["ok"]}
+    assert status.verdict == "FAIL" and "decode-ignores-late-status" in failed, status.checks
+    assert not _leftovers(tmp_path / "abort") and not _leftovers(tmp_path / "status")
 
 
 def test_slow_aux_catches_mori_reporting_success_before_its_aux_lands(tmp_path, fork_server):
