@@ -2,12 +2,13 @@
 
     pytest --impl mooncake --scenario dead-prefill          # one cell, one test
     pytest --impl nixl                                      # every scenario on NIXL
-    pytest --scenario room-reuse --expectations expectations/sglang-0.5.23.toml
+    pytest --scenario room-reuse --expectations none          # known bugs fail too
 
 With ``--impl`` or ``--scenario`` only the cell tests run (``tests/test_cells.py``,
 one per (scenario, impl), id ``test_cell[SCENARIO-IMPL]``); without them the cell tests are
 deselected and the ordinary suite runs.  A cell passes when its verdict is the
-expected one (PASS, or the expectations file's); a non-PASS verdict that is expected
+expected one (PASS, or the expectations file's: by default the one shipped for the sglang
+under test, ``--expectations none`` for none); a non-PASS verdict that is expected
 is reported as xfail with the expectation's reason.  Each cell's logs and history go
 under ``--cells-out`` (default ``reports/out/pytest``); path options outside the checkout
 go in ``--opt=PATH`` form (see :func:`_moved_rootdir`).  Registered by the root
@@ -34,7 +35,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sglang-src", default=None, metavar="PATH", help="run the cells against this sglang tree")
     group.addoption("--sglang", default=None, metavar="VERSION", dest="sglang_version",
                     help="run the cells against this released sglang (cached environment)")
-    group.addoption("--expectations", default=None, metavar="FILE", help="expected verdicts (TOML)")
+    group.addoption("--expectations", default=None, metavar="FILE",
+                    help="expected verdicts (TOML; default: the file shipped for the sglang under test; none: no file)")
     group.addoption("--cells-out", default="reports/out/pytest", metavar="DIR",
                     help="directory for the cells' logs and histories")
 
@@ -107,7 +109,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if problem := _moved_rootdir(config):
         raise pytest.UsageError(problem)
     config.stash[_CELLS] = _cells(config)
-    config.stash[_SETUP] = (_target(config), _expectations(config), _cells_out(config))
+    target = _target(config)
+    config.stash[_SETUP] = (target, _expectations(config, target.info.version), _cells_out(config))
 
 
 def _target(config: pytest.Config):
@@ -119,12 +122,17 @@ def _target(config: pytest.Config):
         raise pytest.UsageError(f"pdconform: {exc}") from None
 
 
-def _expectations(config: pytest.Config):
+def _expectations(config: pytest.Config, version: str | None):
+    """--expectations, by default the file shipped for the sglang under test (``none``: no file)."""
+    from harness.judge.expectations import ExpectationsError
+    from harness.session import read_expectations, shipped_expectations
+
     path = config.getoption("--expectations")
+    if path and str(path).strip().lower() == "none":
+        return None
+    path = path or shipped_expectations(version)
     if not path:
         return None
-    from harness.judge.expectations import ExpectationsError
-    from harness.session import read_expectations
 
     try:
         return read_expectations(path)

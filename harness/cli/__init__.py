@@ -83,12 +83,23 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]]):
     return impls, [known[s] for s in wanted]
 
 
-def _expectations(path: Optional[Path]):
-    """The loaded --expectations file (None without one); a bad one exits 2."""
-    if path is None:
-        return None
+#: ``--expectations none``: no expectations file, every cell expected to PASS
+NO_EXPECTATIONS = "none"
+
+
+def _expectations(path: Optional[Path], version: Optional[str] = None):
+    """The expectations to judge against: the --expectations file; with none given, the file
+    shipped for the sglang ``version`` under test (expectations/sglang-VERSION.toml) when
+    there is one; ``none``: no file (every cell expected to PASS).  A bad file exits 2."""
     from harness.judge.expectations import ExpectationsError
-    from harness.session import read_expectations
+    from harness.session import read_expectations, shipped_expectations
+
+    if path is not None and str(path).strip().lower() == NO_EXPECTATIONS:
+        return None
+    if path is None:
+        path = shipped_expectations(version)
+        if path is None:
+            return None
 
     try:
         return read_expectations(path)
@@ -130,8 +141,9 @@ BIND_OPTION = typer.Option(
     None, "--bind", metavar="ADDR", help="IPv4 address every role listens on and advertises (default: 127.0.0.1, "
     "each cell in a private loopback-only network when root). A non-loopback ADDR is reachable from other hosts: "
     "for roles on several hosts; give it only on a network you trust.")
-EXPECTATIONS_OPTION = typer.Option(None, "--expectations", help="TOML file of expected verdicts (see expectations/); "
-                                   "exit 1 on a regression or a fix.")
+EXPECTATIONS_OPTION = typer.Option(None, "--expectations", help="TOML file of expected verdicts (default: the file "
+                                   "expectations/ ships for the sglang under test, if any; 'none': every cell "
+                                   "expected to PASS); exit 1 on a regression or a fix.")
 
 
 def _settings(pairs: Optional[List[str]]) -> dict[str, int]:

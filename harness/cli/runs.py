@@ -59,7 +59,7 @@ def _load_results(path: Path):
 def _print_verdicts(result, expectations_path) -> None:
     """The matrix, each non-PASS cell's reason, and the cells not as expected."""
     from harness.judge.expectations import fixes, regressions
-    from harness.report.terminal import matrix_table, reasons, reproduce_command
+    from harness.report.terminal import closing_line, matrix_table, reasons, reproduce_command
 
     console.print(matrix_table(result))
     for line in reasons(result):
@@ -72,6 +72,14 @@ def _print_verdicts(result, expectations_path) -> None:
             for c in cells:
                 console.print(terminal(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
                                        f"({reproduce_command(result, c)})"), markup=False, highlight=False)
+    console.print(terminal(closing_line(result)), markup=False, highlight=False)
+
+
+def _note_expectations(loaded, given: Optional[Path]) -> None:
+    """Say on stderr which expectations the cells are judged against when none was named."""
+    if given is None and loaded is not None:
+        err.print(f"[dim]expectations: {escape(loaded.path)} (shipped for sglang {escape(str(loaded.sglang))}; "
+                  "--expectations none judges every cell against PASS)[/]", highlight=False)
 
 
 def _run_session(config, callbacks=None, progress=None):
@@ -124,13 +132,14 @@ def run(
     from harness.session import RunConfig
 
     impls, scenarios = _select(impl, scenario)
-    loaded = _expectations(expectations)
     bind = _bind(bind)
     out = _out_dir(out)
-    hint = duration_hint(out / LATEST / "results.json", scenarios, impls, seed, loaded)
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
+    loaded = _expectations(expectations, target.info.version)
+    hint = duration_hint(out / LATEST / "results.json", scenarios, impls, seed, loaded)
+    _note_expectations(loaded, expectations)
     if loaded and loaded.sglang and loaded.sglang != target.info.version:
-        err.print(f"[yellow]note:[/] {escape(str(expectations))} was written for sglang {escape(loaded.sglang)}, "
+        err.print(f"[yellow]note:[/] {escape(loaded.path)} was written for sglang {escape(loaded.sglang)}, "
                   f"this run uses {escape(str(target.info.version))}")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
@@ -145,7 +154,7 @@ def run(
                               on_cell=lambda i, n, cell: progress.advance(task),
                               on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
         result = _run_session(config, callbacks, progress)
-    _print_verdicts(result, expectations)
+    _print_verdicts(result, loaded.path if loaded else None)
     console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
                   f"index.html  (latest: {out / 'latest'})", highlight=False)
     raise typer.Exit(code=0 if result.all_as_expected else 1)
@@ -162,10 +171,13 @@ def repro(
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     full_waits: bool = FULL_WAITS_OPTION,
     bind: Optional[str] = BIND_OPTION,
+    expectations: Optional[Path] = EXPECTATIONS_OPTION,
 ) -> None:
     """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
 
-    Exit 0 when the cell PASSes, 1 otherwise, 2 on bad usage.
+    Exit 0 when the cell's verdict is the expected one (PASS, or what the expectations file,
+    by default the one shipped for the sglang under test, says: a known bug), 1 otherwise,
+    2 on bad usage.
     """
     from harness.drive.scheduler import Callbacks
     from harness.report.terminal import cell_text, event_line, reasons
@@ -180,6 +192,8 @@ def repro(
     bind = _bind(bind)
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)
+    loaded = _expectations(expectations, target.info.version)
+    _note_expectations(loaded, expectations)
     console.print(f"[bold]{escape(sc.id)}[/] x [bold]{escape(impl)}[/], seed {seed}, sglang "
                   f"{escape(str(target.info.version))} ({target.info.source}: {escape(str(target.info.path))})",
                   highlight=False)
@@ -189,7 +203,7 @@ def repro(
         console.print(f"  {i:>2}. {step!r}", markup=False, highlight=False)
     console.print("[bold]history[/] (t in s since the cell started)")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, full_waits=full_waits,
-                       engine_settings=_settings(engine_setting), bind=bind)
+                       engine_settings=_settings(engine_setting), bind=bind, expectations=loaded)
     result = _run_session(config, Callbacks(
         on_event=lambda event: console.print("  " + event_line(event), markup=False, highlight=False)))
     cell = result.cells[0]
@@ -203,7 +217,7 @@ def repro(
     for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
     console.print(f"cell directory: {terminal(cell.workdir)}", highlight=False, markup=False)
-    raise typer.Exit(code=0 if cell.verdict == "PASS" else 1)
+    raise typer.Exit(code=0 if cell.as_expected else 1)
 
 
 @app.command()

@@ -84,14 +84,46 @@ def engine_settings_line(run: RunResult) -> str:
                      for setting in impl.engine_settings if setting.name in run.engine_settings)
 
 
+def bug_id(link: str) -> str:
+    """The bug an expectation links to, short: ``docs/sglang-bugs.md#b13`` -> ``B13``; any
+    other link as it is."""
+    anchor = link.rpartition("#")[2]
+    return anchor.upper() if link.startswith("docs/sglang-bugs.md#") and anchor[:1].isalpha() \
+        and anchor[1:].isdigit() else link
+
+
+def known_mark(cell: CellResult) -> str:
+    """``known B13: `` for a non-PASS cell whose verdict its expectations file expects, else ""."""
+    if cell.verdict == "PASS" or not cell.as_expected:
+        return ""
+    return f"known {bug_id(cell.expected_link)}: " if cell.expected_link else "known: "
+
+
+def closing_line(run: RunResult) -> str:
+    """The run in one line: ``88 cells: all as expected, 30 known (24 FAIL, 4 WARN, 2 UNSUPPORTED)``,
+    or the regressions and fixes first when there are any."""
+    from collections import Counter
+
+    from harness.judge.expectations import fixes, regressions
+
+    known = Counter(str(c.verdict) for c in run.cells if c.verdict != "PASS" and c.as_expected)
+    worse, better = len(regressions(run)), len(fixes(run))
+    head = "all as expected" if not (worse or better) else ", ".join(
+        part for part in (f"{worse} regression{'s' * (worse != 1)}" if worse else "",
+                          f"{better} fixed" if better else "") if part)
+    tail = f", {sum(known.values())} known ({', '.join(f'{n} {v}' for v, n in sorted(known.items()))})" if known else ""
+    return f"{len(run.cells)} cell{'s' * (len(run.cells) != 1)}: {head}{tail}"
+
+
 def reasons(run: RunResult) -> list[str]:
-    """For each cell that did not PASS: why, its first divergence from the reference
-    (harness.judge.divergence) and the command that reproduces it."""
+    """For each cell that did not PASS: why (marked ``known B<n>`` when its expectations file
+    expects it), its first divergence from the reference (harness.judge.divergence) and the
+    command that reproduces it."""
     lines = []
     for c in run.cells:
         if c.verdict == "PASS":
             continue
-        lines.append(f"{c.scenario} x {c.impl}: {c.verdict}: {c.reason}")
+        lines.append(f"{c.scenario} x {c.impl}: {known_mark(c)}{c.verdict}: {c.reason}")
         if c.divergence:
             lines.append(f"    {describe_divergence(c.divergence)}")
         lines.append(f"    reproduce: {reproduce_command(run, c)}")
