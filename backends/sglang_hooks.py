@@ -116,7 +116,7 @@ class CommonHooks:
                 return None
 
         with self._acks_lock:
-            self._acks.append({"room": field(1), "generation": field(3), "t": time.time()})
+            self._acks.append({"room": field(1), "generation": field(3), "sender": field(2), "t": time.time()})
 
     def abort_acks(self) -> list[dict]:
         with self._acks_lock:

@@ -80,8 +80,9 @@ def steps(seed: int):
 
 
 def acks_safe(room: int, prefill: str = "prefill", decode: str = "decode", delay_s: float = DELAY_S):
-    """ABORT_ACKs for ``room`` reached ``decode`` at most once (R-ABORT-2: exactly once per
-    room generation; a second copy of the same generation FAILs too, whatever the decode
+    """ABORT_ACKs for ``room`` reached ``decode`` at most once from each prefill rank or
+    stage (R-ABORT-2: exactly once per room generation; a second copy of the same generation
+    from the same sender FAILs too, whatever the decode
     does with it), and none before every delayed write ``prefill``'s engine issued before
     it (any room) could have completed.  Needs the engine's fault log: a cell without one
     cannot tell."""
@@ -95,9 +96,10 @@ def acks_safe(room: int, prefill: str = "prefill", decode: str = "decode", delay
         if len(generations) > 1:
             return False, (f"{decode} received ABORT_ACKs for room {room} naming {len(generations)} generations "
                            f"({', '.join(map(str, generations))}), expected one")
-        if len(acks) > 1:
+        senders = [a.get("sender") for a in acks]  # each prefill rank or stage ACKs for itself
+        if len(senders) > len(set(senders)):
             return False, (f"{decode} received {len(acks)} ABORT_ACKs for room {room} generation "
-                           f"{generations[0]}, expected exactly one")
+                           f"{generations[0]} from {len(set(senders))} sender(s), expected exactly one each")
         if not acks:
             return True, f"no ABORT_ACK for room {room}, so none came early"
         ack_t = min(a["t"] for a in acks)

@@ -3,6 +3,9 @@
 PASS iff both sides reach Success and every byte is where it belongs: decode
 layer l's K (V) destination pages hold prefill layer l's K (V) source pages, the
 aux slot holds the prefill's aux slot, and every other page and slot is untouched.
+Then both schedulers release the request (``clear``), as they do after a Success, so the
+generic post-condition no-residue-after-clear (R-RESIDUE-1) judges what a finished
+room leaves behind.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import random
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
+from harness.spec.steps import AwaitStatus, Clear, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
 from scenarios import _flows as flows
 
 LAYOUT = flows.LAYOUT
@@ -45,6 +48,8 @@ def steps(seed: int):
         # Success is terminal: polling again, after the pools were read, still says Success.
         AwaitStatus(room, "prefill", (KVPoll.Success, KVPoll.Failed), timeout_s=0.0, must_come=False),
         AwaitStatus(room, "decode", (KVPoll.Success, KVPoll.Failed), timeout_s=0.0, must_come=False),
+        Clear(room, "prefill"),
+        Clear(room, "decode"),
     ]
 
 

@@ -3,10 +3,12 @@ room number was reused changes nothing in the new lifecycle (R-REUSE-1).
 
 Lifecycle 1 of the room is aborted by the decode; the ABORT its own code sent is
 captured (CaptureFrames: ``abort_frames`` after the abort, so with the generation the
-decode armed for it).  Both sides clear, the prefill opens lifecycle 2's sender, and the
-old ABORT is delivered again (InjectCaptured): what an ABORT held up on the network
-delivers, and where the control socket's per-connection order allows it (before the
-decode's new registration, which would follow it on the same connection).  The new
+decode armed for it).  Both sides clear, the prefill opens lifecycle 2's sender, and a
+copy of the old ABORT is delivered again (InjectCaptured), where the control socket's
+per-connection order allows an ABORT held up on the network to arrive (before the
+decode's new registration, which would follow it on the same connection).  The original
+was delivered on time; a side that remembers the ended generation (R-REUSE-1 allows it)
+drops the copy as it would drop the held-up original.  The new
 sender must still be Bootstrapping, then serve lifecycle 2 to Success with its bytes.
 The late STATUS at the decode is scenario late-old-status.
 """

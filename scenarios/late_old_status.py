@@ -3,9 +3,10 @@ room number was reused changes nothing in the new lifecycle (R-REUSE-1).
 
 Lifecycle 1 of the room completes; the Success STATUS the prefill's own code builds for
 it is captured (CaptureFrames: ``status_frames``, the backend's own encoder).  Both sides
-clear, the decode opens and requests lifecycle 2, and the old Success is delivered again
-(InjectCaptured) before the prefill has opened lifecycle 2, so before anything of
-lifecycle 2 on the prefill's connection: an order a real network can produce.  The decode
+clear, the decode opens and requests lifecycle 2, and a copy of the old Success is
+delivered again (InjectCaptured) before the prefill has opened lifecycle 2, so before
+anything of lifecycle 2 on the prefill's connection: where a Success held up on the
+network could arrive (the original was delivered on time).  The decode
 must still be WaitingForInput (a Success there would hand the request pages nothing was
 written to), then complete lifecycle 2 with its own bytes.  Where an implementation cannot
 build its status message (sglang 0.5.17 here), the cell is UNSUPPORTED with the reason.

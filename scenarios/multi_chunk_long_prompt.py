@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import InitSender, SendChunk, StartRoles
+from harness.spec.steps import Clear, InitSender, SendChunk, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, room_succeeds, verify
 
 POOL = replace(LAYOUT, num_pages=128)
@@ -42,6 +42,8 @@ def steps(seed: int):
         *await_done(long),
         *await_done(short),
         verify([long, short]),
+        # released on both sides, as after any Success: no-residue-after-clear judges what is left
+        *[Clear(p.room, role) for p in (long, short) for role in ("prefill", "decode")],
     ]
 
 

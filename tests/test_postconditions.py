@@ -140,3 +140,14 @@ def test_rooms_not_cleared_everywhere_are_not_judged_and_a_partial_walk_cannot_t
     _room_life(partial, 7)
     _observed(partial, "prefill", {}, incomplete="depth limit reached at manager.a.b")
     assert pc.no_residue_after_clear(partial.events)[0] is None
+
+
+def test_a_role_whose_last_observation_failed_is_not_judged_on_an_older_one():
+    """Planted: the prefill held room 7 at the first observation, then died while it was
+    observed again; no-dead-thread reports the death, residue does not blame the old view."""
+    h = History()
+    _room_life(h, 7)
+    _observed(h, "prefill", {7: ["transfer_infos[7]"]})
+    h.record("fail", "observe", "prefill", None, args={}, error="prefill cannot be observed: its process ended")
+    _observed(h, "decode", {})
+    assert pc.no_residue_after_clear(h.events)[0] is True

@@ -62,3 +62,41 @@ def test_a_pre_release_is_judged_by_its_own_release(version):
 def test_a_release_candidate_of_a_covered_release_is_covered():
     assert rc.strategy_for("0.5.23rc1").name == "published-runtime-context"
     assert rc.strategy_for("0.5.17rc0").name == "parallel-state-globals"
+
+
+_STAGE = """
+import sys, time
+from harness.target.role_context import StagePPGroup
+group = StagePPGroup(2, int(sys.argv[1]), sys.argv[2])
+got = group.broadcast_object({"from": "stage 0"} if group.rank_in_group == 0 else None, src=0)
+print("got", got["from"], group.is_first_rank, group.is_last_rank, flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_the_pp_group_of_two_stage_processes_broadcasts_and_listens_on_loopback_only():
+    """StagePPGroup: a real gloo group of two processes; stage 0's store socket is bound to the
+    rendezvous host (torch's own TCPStore would listen on every interface)."""
+    import subprocess
+    import sys
+
+    from harness import ROOT
+    from harness.drive.ports import free_port_block
+
+    port = free_port_block(1)
+    rendezvous = f"tcp://127.0.0.1:{port}"
+    stages = [subprocess.Popen([sys.executable, "-c", _STAGE, str(rank), rendezvous, "3" if rank == 0 else "0"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for rank in (0, 1)]
+    try:
+        out1, err1 = stages[1].communicate(timeout=60)
+        assert stages[1].returncode == 0, err1[-2000:]
+        assert out1.split() == ["got", "stage", "0", "False", "True"]
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+        assert listening.strip() and all(line.split()[3].startswith("127.0.0.1:") for line in listening.splitlines())
+        out0, err0 = stages[0].communicate(timeout=60)
+        assert stages[0].returncode == 0 and "got stage 0 True False" in out0, err0[-2000:]
+    finally:
+        for p in stages:
+            p.kill()
+            p.wait()

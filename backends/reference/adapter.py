@@ -331,9 +331,9 @@ class ReferenceRole(RoleAdapter):
                                                  stage))
         elif tag == "ABORT_ACK":
             room, generation = int(f[0]), int(f[1])
-            self.acks.append({"room": room, "generation": generation, "t": time.time()})
-            self._decode_event(dc.AbortAckReceived(room, generation,
-                                                   self._stage(room, f[2].decode("ascii", "replace") if len(f) > 2 else "")))
+            stage = self._stage(room, f[2].decode("ascii", "replace") if len(f) > 2 else "")
+            self.acks.append({"room": room, "generation": generation, "sender": stage, "t": time.time()})
+            self._decode_event(dc.AbortAckReceived(room, generation, stage))
         else:
             raise MalformedFrame(f"{tag} is not a message a decode receives")
 

@@ -10,7 +10,9 @@ bootstrap port (``bind_address()``)::
 
 as sglang's bootstrap server answers a decode's ``/route`` only once every prefill rank
 has registered (common/conn.py ``CommonKVBootstrapServer._is_ready``).  Every wait on it
-is bounded (tenacity).
+is bounded (tenacity).  The decode's heartbeat probes stage 0's ``/health`` only, as
+sglang's decode probes a prefill's bootstrap address: a stage > 0 that dies alone is seen
+through its writes failing or the waiting timeout, not R-HB-1 (no scenario kills one stage).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tenacity import retry_if_exception_type, stop_after_delay, wait_fixed
-from tenacity import Retrying
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
+from harness.spec.protocol import Layout
 from harness.target.role_context import bind_address
 
 POLL_S = 0.05  # between two tries of a bootstrap call (seconds)
@@ -59,16 +61,16 @@ class BootstrapServer:
             def do_POST(self):  # noqa: N802
                 try:
                     stage = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                    rank = int(stage["pp_rank"])
-                except (ValueError, KeyError, TypeError):
+                    rank, endpoint, layout = int(stage["pp_rank"]), str(stage["endpoint"]), dict(stage["layout"])
+                    Layout(**layout)  # a layout the decode could not read is refused here, not there
+                except (ValueError, KeyError, TypeError, AttributeError):
                     self._reply(400, b"not a stage registration")
                     return
                 if self.path != "/register" or not 0 <= rank < server.pp_size:
                     self._reply(400, b"no such stage")
                     return
                 with lock:
-                    server.stages[rank] = {"pp_rank": rank, "endpoint": str(stage["endpoint"]),
-                                           "layout": stage["layout"]}
+                    server.stages[rank] = {"pp_rank": rank, "endpoint": endpoint, "layout": layout}
                 self._reply(200, b"ok")
 
             def _reply(self, code: int, body: bytes) -> None:
@@ -92,8 +94,13 @@ class BootstrapServer:
 
 
 def _retrying(timeout_s: float) -> Retrying:
+    """Tries until ``timeout_s``: while the server is not up (OSError) or not ready (503), never
+    after a refusal (another HTTP error, which is raised at once)."""
+    def worth_retrying(exc: BaseException) -> bool:
+        return isinstance(exc, OSError) and not (isinstance(exc, urllib.error.HTTPError) and exc.code != 503)
+
     return Retrying(stop=stop_after_delay(timeout_s), wait=wait_fixed(POLL_S), reraise=True,
-                    retry=retry_if_exception_type(OSError))
+                    retry=retry_if_exception(worth_retrying))
 
 
 def register_stage(bootstrap_addr: str, pp_rank: int, endpoint: str, layout: dict, timeout_s: float) -> None:
@@ -117,7 +124,9 @@ def fetch_stages(bootstrap_addr: str, timeout_s: float) -> list[dict]:
             with urllib.request.urlopen(f"http://{bootstrap_addr}/bootstrap", timeout=CALL_TIMEOUT_S) as reply:
                 return json.loads(reply.read())["stages"]
         except urllib.error.HTTPError as exc:
-            raise NotReady(f"bootstrap answered {exc.code}") from exc
+            if exc.code != 503:
+                raise
+            raise NotReady(f"bootstrap answered {exc.code}: stages still registering") from exc
 
     try:
         return _retrying(timeout_s)(once)

@@ -102,7 +102,9 @@ def parse(frames: list[bytes]) -> tuple[str, list[bytes]]:
         raise MalformedFrame(f"unknown tag {frames[0][:32]!r}" if frames else "empty message")
     least = arity[frames[0]]
     if not least <= len(frames) - 1 <= least + optional.get(frames[0], 0):
-        raise MalformedFrame(f"{frames[0].decode()} with {len(frames) - 1} fields, expected {least}")
+        most = least + optional.get(frames[0], 0)
+        raise MalformedFrame(f"{frames[0].decode()} with {len(frames) - 1} fields, expected {least}"
+                             + (f" or {most}" if most != least else ""))
     return frames[0].decode(), frames[1:]
 
 

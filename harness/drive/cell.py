@@ -36,8 +36,9 @@ from harness.spec.scenario import Scenario, get_scenario
 
 
 #: quiescence before residue is judged (R-RESIDUE-1): while a role still holds state of a room
-#: cleared on every side, it is observed again every RESIDUE_POLL_S seconds for up to this
-#: long (seconds), so work still draining is not taken for residue
+#: cleared on every side, it is observed again every RESIDUE_POLL_S seconds until this long
+#: (seconds) has passed, so work still draining is not taken for residue; a round of
+#: observations that started in time runs to its end (each call bounded at 10 s)
 RESIDUE_SETTLE_S = 2.0
 RESIDUE_POLL_S = 0.25
 

@@ -14,8 +14,10 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
 * ``no-residue-after-clear`` (R-RESIDUE-1): every room whose lifecycle ended with a
   ``clear`` on every role that named it (harness.spec.history.rooms_cleared_everywhere)
   has no per-room state left in any role at the end of the cell.  Quiescence: the cell
-  observes such a role again, for up to ``harness.drive.cell.RESIDUE_SETTLE_S``, while it
-  still holds state of such a room (work in flight may still be draining), and the
+  observes such a role again, every RESIDUE_POLL_S for ``harness.drive.cell.RESIDUE_SETTLE_S``
+  (plus the last observation call, itself bounded), while it still holds state of such a
+  room (work in flight may still be draining); a role whose last observation failed is
+  not judged on an older one; and the
   memory of ended generations that R-REUSE-1 allows (an adapter's ``remembered``) is
   not residue until the bootstrap timeout has passed, which the no-residue scenario
   waits out and judges itself.
@@ -98,8 +100,12 @@ def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str]:
     if not rooms:
         return True, "no room was cleared on every role that used it, so no residue to judge"
     observed, _ = c.observations(events)  # a role that could not be observed fails no-dead-thread
+    last = {e["role"]: e["type"] for e in events if e["op"] == Op.OBSERVE and e["type"] in (Event.OK, Event.FAIL)}
+    stale = {role for role, kind in last.items() if kind == Event.FAIL}  # judged on no older observation
     left, partial = [], []
     for role, value in sorted(observed.items()):
+        if role in stale:
+            continue
         for room, paths in sorted((value.get("rooms") or {}).items(), key=lambda kv: str(kv[0])):
             if int(room) in rooms:
                 left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")

@@ -233,7 +233,8 @@ class RoleAdapter(ABC):
 
     def abort_acks(self) -> list[dict]:
         """Every ABORT_ACK this decode received: ``room``, ``generation`` (None when the
-        message names none) and ``t`` (wall clock, seconds).  Empty by default."""
+        message names none), ``sender`` (the prefill rank or pipeline stage that sent it, None
+        when unknown: each sends its own) and ``t`` (wall clock, seconds).  Empty by default."""
         return []
 
     # ---- layout planning (harness.spec.layouts) -------------------------------

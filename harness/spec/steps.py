@@ -284,6 +284,12 @@ class CaptureFrames:
     kind: str = "abort"
     status: int | None = None
 
+    def __post_init__(self):
+        if self.kind not in ("abort", "status"):
+            raise ValueError(f"CaptureFrames kind {self.kind!r}: abort or status")
+        if (self.kind == "status") != (self.status is not None):
+            raise ValueError("CaptureFrames: a status capture needs its KVPoll status, an abort capture none")
+
 
 @dataclass(frozen=True)
 class InjectCaptured:

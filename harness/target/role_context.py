@@ -85,29 +85,47 @@ class RoleSettings:
     pp_rendezvous: str = ""
 
 
-#: seconds the stages of one prefill wait for each other to join their group (a stage that
-#: never comes fails the role's start with torch.distributed's timeout error)
-PP_JOIN_TIMEOUT_S = 60.0
+#: seconds the stages of one prefill wait for each other to join their group: well under the
+#: driver's bound on a role's start (harness.drive.executors.lifecycle.START_TIMEOUT_S), so a
+#: stage that never comes fails the others' start with torch's own error, not a driver timeout
+PP_JOIN_TIMEOUT_S = 20.0
 
 
 class StagePPGroup:
     """Stands for sglang's pipeline-parallel ``GroupCoordinator`` across ``pp_size``
-    prefill stages, one role process each: a real gloo process group
-    (``torch.distributed.init_process_group`` through a TCP store at ``rendezvous``,
-    rank 0 listening), with the members the prefill managers use: ``is_first_rank``,
-    ``is_last_rank``, ``world_size``, ``rank_in_group`` and ``broadcast_object``
-    (``disaggregation/pp_consensus_store.py``).  RuntimeError (torch's) when a stage
-    does not join within :data:`PP_JOIN_TIMEOUT_S`."""
+    prefill stages, one role process each: a real gloo process group over a TCP store at
+    ``rendezvous`` (``tcp://host:port``, stage 0 the store's server), with the members the
+    prefill managers use: ``is_first_rank``, ``is_last_rank``, ``world_size``,
+    ``rank_in_group`` and ``broadcast_object`` (``disaggregation/pp_consensus_store.py``).
+
+    Everything listens on the rendezvous host only (:func:`bind_address`, loopback unless
+    ``run --bind``): stage 0 binds the store's socket itself and hands it over
+    (``master_listen_fd``; torch's own store would listen on every interface), and gloo's
+    sockets use the loopback interface.  RuntimeError (torch's) when a stage does not join
+    within :data:`PP_JOIN_TIMEOUT_S`; OSError when the port cannot be bound."""
 
     def __init__(self, pp_size: int, pp_rank: int, rendezvous: str):
         import datetime
+        import socket
 
         import torch.distributed as dist
 
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets on loopback too
+        host, _, port = rendezvous.removeprefix("tcp://").rpartition(":")
+        timeout = datetime.timedelta(seconds=PP_JOIN_TIMEOUT_S)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if pp_rank == 0:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, int(port)))
+            listener.listen(pp_size)
+            # detached: the store's daemon owns the descriptor for the life of the process (Python
+            # closing it at exit, under the daemon's poll, aborts the process)
+            store = dist.TCPStore(host, int(port), pp_size, True, timeout, master_listen_fd=listener.detach(),
+                                  use_libuv=False)
+        else:
+            store = dist.TCPStore(host, int(port), pp_size, False, timeout)
         if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method=rendezvous, world_size=pp_size, rank=pp_rank,
-                                    timeout=datetime.timedelta(seconds=PP_JOIN_TIMEOUT_S))
+            dist.init_process_group("gloo", store=store, world_size=pp_size, rank=pp_rank, timeout=timeout)
         self.world_size, self.rank_in_group = pp_size, pp_rank
         self.rank, self.ranks = pp_rank, list(range(pp_size))
         self.is_first_rank, self.is_last_rank = pp_rank == 0, pp_rank == pp_size - 1

@@ -49,7 +49,13 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
 
 
 def _next_port(d: "CellDriver") -> int:
-    port = d.base_port + d.prefills_started  # the cell's own block (harness.drive.ports), one port each
+    """The next port of the cell's own block (harness.drive.ports), one per prefill and per
+    PP rendezvous; CellAborted when the block is used up (it would take a neighbour's)."""
+    from harness.drive.ports import PORT_BLOCK
+
+    if d.prefills_started >= PORT_BLOCK:
+        raise CellAborted(f"the cell has used all {PORT_BLOCK} ports of its block (harness.drive.ports.PORT_BLOCK)")
+    port = d.base_port + d.prefills_started
     d.prefills_started += 1
     return port
 

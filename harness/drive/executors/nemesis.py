@@ -51,12 +51,12 @@ def inject_abort(d: "CellDriver", step: s.InjectAbort) -> None:
 def capture_frames(d: "CellDriver", step: s.CaptureFrames) -> None:
     """Record the message ``step.role``'s implementation builds (hex frames, on the nemesis
     channel under ``step.label``); the cell is UNSUPPORTED where it cannot build it."""
+    if any(e["op"] == Op.CAPTURE and e["args"].get("label") == step.label for e in d.history.events):
+        raise CellAborted(f"CaptureFrames: the label {step.label!r} is already taken in this cell")
     if step.kind == "abort":
         frames = _build(d, step, "abort_frames", room=step.room)
-    elif step.kind == "status":
+    else:  # "status" (CaptureFrames checks its kind and status)
         frames = _build(d, step, "status_frames", room=step.room, status=int(step.status))
-    else:
-        raise CellAborted(f"CaptureFrames: unknown kind {step.kind!r} (abort or status)")
     d.record(Event.NEMESIS, Op.CAPTURE, step.role,
              args={"label": step.label, "room": step.room, "kind": step.kind, "status": step.status},
              value=[bytes(f).hex() for f in frames])
