@@ -120,13 +120,13 @@ def test_bench_engine_buffers_beyond_memory_are_a_usage_error():
 def test_a_known_bug_is_judged_against_the_shipped_expectations_by_default(tmp_path):
     """No --expectations: the file shipped for sglang 0.5.23 applies, so a documented bug is
     'known B13' and exits 0 (run and repro); --expectations none makes it a regression."""
-    cell = ["--impl", "mooncake", "--out", str(tmp_path / "out")]
-    ran = pdconform("run", "--scenario", "late-old-status", *cell)
+    ran = pdconform("run", "--scenario", "late-old-status", "--impl", "mori", "--out", str(tmp_path / "out"))
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-    assert "late-old-status x mooncake: known B13: FAIL" in ran.stdout
-    assert ran.stdout.rstrip().splitlines()[-2] == "1 cell: all as expected, 1 known (1 FAIL)"
-    assert "expectations/sglang-0.5.23.toml" in ran.stderr
-    strict = pdconform("run", "--scenario", "late-old-status", *cell, "--expectations", "none")
-    assert strict.returncode == 1 and "1 regression" in strict.stdout
-    repro = pdconform("repro", "late-old-status", "--impl", "mooncake", "--out", str(tmp_path / "repro"))
-    assert repro.returncode == 0 and "known B13: FAIL" in repro.stdout, repro.stdout[-2000:]
+    assert "late-old-status x mori: known B13: FAIL" in ran.stdout
+    lines = ran.stdout.rstrip().splitlines()
+    assert lines[-3].startswith("expectations: expectations/sglang-0.5.23.toml (shipped")
+    assert lines[-2] == "1 cell: all as expected, 1 known (1 FAIL)"
+    strict = pdconform("repro", "late-old-status", "--impl", "mori", "--out", str(tmp_path / "repro"),
+                       "--expectations", "none")
+    assert strict.returncode == 1 and "FAIL (expected PASS)" in strict.stdout, strict.stdout[-2000:]
+    assert strict.stdout.rstrip().splitlines()[-1] == "expectations: none, every cell expected to PASS"

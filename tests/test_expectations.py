@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import tomllib
 import sys
 from pathlib import Path
 
@@ -112,3 +113,77 @@ def test_run_exit_codes(tmp_path):
     bad.write_text('[[expect]]\nimpl = "selftest"\n')
     out = _run(tmp_path, bad, "selftest-noop")
     assert out.returncode == 2 and "missing required field" in out.stderr and "Traceback" not in out.stderr
+
+
+UPDATE_FILE = """# header comment kept
+sglang = "0.5.23"
+
+[[expect]]
+scenario = "slow-aux"
+impl = "mori"
+verdict = "FAIL"
+reason = "B12: aux after Success"
+link = "docs/sglang-bugs.md#b12"
+
+[[expect]]
+scenario = "room-reuse"
+impl = "mooncake"
+verdict = "FAIL"
+reason = "B6: reused room corrupted"
+link = "docs/sglang-bugs.md#b6"
+
+[[expect]]
+scenario = "room-reuse"
+impl = "nixl"
+verdict = "FAIL"
+reason = "B6 on NIXL"
+link = "docs/sglang-bugs.md#b6"
+"""
+
+
+def _update_run():
+    from harness.judge.results import CellResult, RunResult
+    from harness.target.sglang import SglangInfo
+
+    def cell(impl, scenario, verdict, expected):
+        return CellResult(impl=impl, scenario=scenario, verdict=verdict, expected=expected)
+
+    return RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[
+        cell("mori", "slow-aux", "PASS", "FAIL"),  # fixed: its entry goes
+        cell("mooncake", "room-reuse", "WARN", "FAIL"),  # better, not PASS: its verdict changes
+        cell("nixl", "room-reuse", "FAIL", "FAIL"),  # as expected: untouched
+        cell("mooncake", "happy-path", "FAIL", "PASS")])  # a regression: never written
+
+
+def test_update_removes_fixed_entries_and_keeps_every_other_line():
+    from harness.judge.expectations import updated_text
+
+    new, changes = updated_text(UPDATE_FILE, _update_run())
+    assert changes == ["removed slow-aux x mori: PASS now (was expected FAIL)",
+                       "room-reuse x mooncake: expected FAIL -> WARN"]
+    assert "slow-aux" not in new and "happy-path" not in new
+    assert new.startswith("# header comment kept\nsglang = \"0.5.23\"\n")
+    kept = new.split("[[expect]]")
+    assert 'verdict = "WARN"\nreason = "B6: reused room corrupted"' in kept[1]
+    assert kept[2] == UPDATE_FILE.split("[[expect]]")[3]  # the NIXL entry byte for byte
+    assert len(tomllib.loads(new)["expect"]) == 2
+
+
+def test_the_update_command_rewrites_the_file_the_run_was_judged_against(tmp_path):
+    from harness.judge.results import dump_run
+
+    run = _update_run()
+    path = tmp_path / "expect.toml"
+    path.write_text(UPDATE_FILE)
+    run.expectations = str(path)
+    (tmp_path / "run").mkdir()
+    dump_run(run, tmp_path / "run" / "results.json")
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "expectations", "update", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "2 entries updated" in out.stdout and "not written: happy-path x mooncake" in out.stdout
+    assert "slow-aux" not in path.read_text() and sorted(p.name for p in tmp_path.iterdir()) == ["expect.toml", "run"]
+    written = path.read_text()
+    again = subprocess.run([sys.executable, "-m", "harness.cli", "expectations", "update", str(tmp_path / "run"),
+                            "--file", str(path)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "nothing to update" in again.stdout and path.read_text() == written

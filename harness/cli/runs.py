@@ -56,8 +56,9 @@ def _load_results(path: Path):
         raise _usage_error(f"{path} is not a pdconform results.json: {exc}")
 
 
-def _print_verdicts(result, expectations_path) -> None:
-    """The matrix, each non-PASS cell's reason, and the cells not as expected."""
+def _print_verdicts(result, expectations_path, expectations_line: str = "") -> None:
+    """The matrix, each non-PASS cell's reason, the cells not as expected, which expectations
+    were used, and the closing line."""
     from harness.judge.expectations import fixes, regressions
     from harness.report.terminal import closing_line, matrix_table, reasons, reproduce_command
 
@@ -72,14 +73,23 @@ def _print_verdicts(result, expectations_path) -> None:
             for c in cells:
                 console.print(terminal(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
                                        f"({reproduce_command(result, c)})"), markup=False, highlight=False)
+    if expectations_line:
+        console.print(terminal(expectations_line), markup=False, highlight=False)
     console.print(terminal(closing_line(result)), markup=False, highlight=False)
 
 
-def _note_expectations(loaded, given: Optional[Path]) -> None:
-    """Say on stderr which expectations the cells are judged against when none was named."""
-    if given is None and loaded is not None:
-        err.print(f"[dim]expectations: {escape(loaded.path)} (shipped for sglang {escape(str(loaded.sglang))}; "
-                  "--expectations none judges every cell against PASS)[/]", highlight=False)
+def _expectations_line(loaded, given: Optional[Path]) -> str:
+    """Which expectations the cells were judged against, in one line (stdout, after the cells)."""
+    if loaded is None:
+        return ("expectations: none, every cell expected to PASS" if given is not None
+                else "expectations: none shipped for this sglang, every cell expected to PASS")
+    path = Path(loaded.path)
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    shipped = " (shipped for this sglang; --expectations none judges every cell against PASS)" if given is None else ""
+    return f"expectations: {path}{shipped}"
 
 
 def _run_session(config, callbacks=None, progress=None):
@@ -137,7 +147,6 @@ def run(
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
     loaded = _expectations(expectations, target.info.version)
     hint = duration_hint(out / LATEST / "results.json", scenarios, impls, seed, loaded)
-    _note_expectations(loaded, expectations)
     if loaded and loaded.sglang and loaded.sglang != target.info.version:
         err.print(f"[yellow]note:[/] {escape(loaded.path)} was written for sglang {escape(loaded.sglang)}, "
                   f"this run uses {escape(str(target.info.version))}")
@@ -154,7 +163,7 @@ def run(
                               on_cell=lambda i, n, cell: progress.advance(task),
                               on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
         result = _run_session(config, callbacks, progress)
-    _print_verdicts(result, loaded.path if loaded else None)
+    _print_verdicts(result, loaded.path if loaded else None, _expectations_line(loaded, expectations))
     console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
                   f"index.html  (latest: {out / 'latest'})", highlight=False)
     raise typer.Exit(code=0 if result.all_as_expected else 1)
@@ -193,7 +202,6 @@ def repro(
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)
     loaded = _expectations(expectations, target.info.version)
-    _note_expectations(loaded, expectations)
     console.print(f"[bold]{escape(sc.id)}[/] x [bold]{escape(impl)}[/], seed {seed}, sglang "
                   f"{escape(str(target.info.version))} ({target.info.source}: {escape(str(target.info.path))})",
                   highlight=False)
@@ -217,6 +225,7 @@ def repro(
     for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
     console.print(f"cell directory: {terminal(cell.workdir)}", highlight=False, markup=False)
+    console.print(terminal(_expectations_line(loaded, expectations)), highlight=False, markup=False)
     raise typer.Exit(code=0 if cell.as_expected else 1)
 
 
@@ -273,3 +282,50 @@ def diff(
     else:
         console.print(changes_table(runs[0], runs[1], changes))
     raise typer.Exit(code=1 if any(c.worse for c in changes) else 0)
+
+
+expectations_app = typer.Typer(no_args_is_help=True, help="Keep an expectations file in step with the runs.")
+app.add_typer(expectations_app, name="expectations")
+
+
+@expectations_app.command("update")
+def expectations_update(
+    run_dir: Path = typer.Argument(DEFAULT_OUT, help="A stored run: its run folder or an --out folder (its latest run)."),
+    file: Optional[Path] = typer.Option(None, "--file", help="The expectations file to rewrite (default: the one "
+                                        "the run was judged against)."),
+) -> None:
+    """Rewrite the expectations file after a fix: the entry of a cell the run saw PASS is
+    removed, one that got better but not PASS gets its new verdict; every other entry, its
+    reason, link and the file's comments stay.  Regressions are listed, never written (a new
+    bug needs a reason and a link).  Exit 0 when the file is up to date, 2 on bad input."""
+    import tomllib
+
+    from harness.judge.expectations import regressions, updated_text
+    from harness.judge.results import write_atomic
+
+    result = _load_results(run_dir)
+    path = file or (Path(result.expectations) if result.expectations else None)
+    if path is None:
+        raise _usage_error("the run was judged against no expectations file: name one with --file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _usage_error(f"cannot read {path}: {exc}")
+    new, changes = updated_text(text, result)
+    try:
+        tomllib.loads(new)
+    except tomllib.TOMLDecodeError as exc:  # an entry written in a shape the updater does not know
+        raise _usage_error(f"{path}: the updated file would not parse ({exc}); edit it by hand")
+    for line in changes:
+        console.print(terminal(f"  {line}"), markup=False, highlight=False)
+    for c in regressions(result):
+        console.print(terminal(f"  not written: {c.scenario} x {c.impl} is {c.verdict}, expected {c.expected} "
+                               "(a regression: add its entry with a reason and a link by hand)"),
+                      markup=False, highlight=False)
+    if changes:
+        try:
+            write_atomic(path, new.encode("utf-8"))
+        except OSError as exc:
+            raise _usage_error(f"cannot write {path}: {exc.strerror or exc}")
+    console.print(terminal(f"{path}: {len(changes)} entr{'y' if len(changes) == 1 else 'ies'} updated"
+                           if changes else f"{path}: nothing to update"), markup=False, highlight=False)

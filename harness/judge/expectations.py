@@ -24,6 +24,7 @@ worse than expected, in the order PASS < WARN < UNSUPPORTED < FAIL < ERROR); or 
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Iterable
@@ -129,3 +130,25 @@ def regressions(run: RunResult) -> list[CellResult]:
 
 def fixes(run: RunResult) -> list[CellResult]:
     return [c for c in run.cells if is_fix(c)]
+
+
+def updated_text(text: str, run: RunResult) -> tuple[str, list[str]]:
+    """The text of an expectations file brought up to date with ``run``'s fixes (``pdconform
+    expectations update``): the entry of a cell that now PASSes is removed; one whose verdict
+    got better but is still not PASS gets that verdict, its reason and link kept; every other
+    entry, comment and line stays as it is.  Returns (new text, one line per change).
+    Regressions are never written: a new bug needs its reason and link from a person."""
+    fixed = {(c.impl, c.scenario): c for c in fixes(run)}
+    head, *blocks = re.split(r"(?m)^(?=\[\[expect\]\][ \t]*$)", text)
+    out, changes = [head], []
+    for block in blocks:
+        fields = dict(re.findall(r'(?m)^(impl|scenario|verdict)\s*=\s*"([^"]*)"', block))
+        cell = fixed.get((fields.get("impl"), fields.get("scenario")))
+        if cell is None or fields.get("verdict") == str(cell.verdict):  # not a fix, or already written
+            out.append(block)
+        elif cell.verdict == Verdict.PASS:
+            changes.append(f"removed {cell.scenario} x {cell.impl}: PASS now (was expected {cell.expected})")
+        else:
+            out.append(re.sub(r'(?m)^verdict\s*=\s*"[^"]*"', f'verdict = "{cell.verdict}"', block, count=1))
+            changes.append(f"{cell.scenario} x {cell.impl}: expected {cell.expected} -> {cell.verdict}")
+    return "".join(out), changes
