@@ -44,7 +44,8 @@ class RunConfig:
     an unnamed setting keeps its default), ``expectations`` (None: every cell expected to
     PASS), ``duration_hint`` (harness.drive.scheduler.Schedule), ``reports`` (False: only
     results.json and the cells' cell.json, as bench wants), ``bind`` (the IPv4 address roles
-    listen on; None: loopback, :func:`cell_network`)."""
+    listen on; None: loopback, :func:`cell_network`), ``docs_url`` (the base the reports'
+    links to docs/ are made absolute with; "" keeps them relative)."""
 
     impls: list[str]
     scenarios: list[Scenario]
@@ -59,6 +60,7 @@ class RunConfig:
     duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
     reports: bool = True
     bind: str | None = None
+    docs_url: str = ""
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
@@ -108,7 +110,8 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
     target = SglangTarget(python=target.python, info=target.info,
                           env={**target.env, **settings_env(settings), **network_env})
     meta = RunResult(sglang=target.info, seed=config.seed, engine_settings=settings, full_waits=config.full_waits,
-                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), network=network)
+                     started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), network=network,
+                     docs_url=config.docs_url)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)

@@ -43,7 +43,7 @@ def test_junit_one_case_per_cell_classname_impl_name_scenario(tmp_path):
     assert isinstance(failure, Failure) and failure.message.startswith("R-HB-1")
     assert "step 7" in failure.text and "AwaitStatus" in failure.text  # the first divergence
     (known,) = cases[("nixl", "dead-prefill")].result
-    assert isinstance(known, Skipped) and "expected FAIL: known bug" in known.message
+    assert isinstance(known, Skipped) and "known FAIL: known bug" in known.message and known.type == "known-fail"
     assert isinstance(cases[("mori", "dead-prefill")].result[0], Error)
     (fixed,) = cases[("mooncake", "room-reuse")].result
     assert isinstance(fixed, Failure) and "fixed" in fixed.message  # better than expected also fails the gate
@@ -53,6 +53,26 @@ def test_junit_one_case_per_cell_classname_impl_name_scenario(tmp_path):
     assert "pdconform repro dead-prefill --impl mooncake --seed 4 --sglang-src /src/python" in \
         cases[("mooncake", "dead-prefill")].system_out
     assert suite.failures == 3 and suite.errors == 1 and suite.skipped == 2
+    (unsupported,) = cases[("nixl", "room-reuse")].result
+    assert unsupported.type == "known-unsupported"  # a known UNSUPPORTED is told from a known FAIL by its type
+
+
+def test_reports_for_a_pull_request_carry_no_local_path_and_the_wall_time():
+    """junit.xml's suite: no local path in its name, the run's wall time (12.5 s), not the sum
+    of its cells (3 s); summary.md: no local path, links absolute with the run's docs_url."""
+    run = sample_run()
+    (suite,) = list(junit_xml(run))
+    assert "/src/python" not in suite.name and "sglang 0.5.23 (src, commit 0123456789ab)" in suite.name
+    assert float(suite.time) == 12.5
+    text = summary_markdown(run)
+    assert "/src/python" not in text and "--sglang-src SGLANG_CHECKOUT" in text
+    assert "(docs/sglang-bugs.md#b1)" in text  # relative without a docs URL
+    run.docs_url = "https://github.com/example/pdconform/blob/main/"
+    linked = summary_markdown(run)
+    assert "[B1](https://github.com/example/pdconform/blob/main/docs/sglang-bugs.md#b1)" in linked
+    (suite,) = list(junit_xml(run))
+    known = {(c.classname, c.name): c for c in suite}[("nixl", "dead-prefill")].result[0]
+    assert "https://github.com/example/pdconform/blob/main/docs/sglang-bugs.md#b1" in known.message
 
 
 def test_summary_lists_the_unexpected_cells_with_divergence_and_repro():

@@ -78,6 +78,14 @@ def _print_verdicts(result, expectations_path, expectations_line: str = "") -> N
     console.print(terminal(closing_line(result)), markup=False, highlight=False)
 
 
+def _docs_url(url: str) -> str:
+    """The --docs-url, checked: an http(s) URL or nothing; anything else exits 2."""
+    url = url.strip()
+    if url and not url.startswith(("https://", "http://")):
+        raise _usage_error(f"--docs-url {url}: give an http(s) URL, e.g. https://github.com/ORG/pdconform/blob/main")
+    return url
+
+
 def _expectations_line(loaded, given: Optional[Path]) -> str:
     """Which expectations the cells were judged against, in one line (stdout, after the cells)."""
     if loaded is None:
@@ -132,6 +140,9 @@ def run(
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     full_waits: bool = FULL_WAITS_OPTION,
     bind: Optional[str] = BIND_OPTION,
+    docs_url: str = typer.Option("", "--docs-url", help="Base URL of pdconform's docs/ (for example its repository's "
+                                 "blob URL): summary.md and junit.xml then link bug entries and requirements "
+                                 "absolutely, so they resolve from a pull request."),
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
@@ -153,7 +164,7 @@ def run(
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
                        engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
-                       bind=bind)
+                       bind=bind, docs_url=_docs_url(docs_url))
     # Progress only on a terminal: CI logs get the matrix and nothing else.
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)

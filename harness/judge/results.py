@@ -79,6 +79,9 @@ class RunResult(msgspec.Struct, kw_only=True):
     full_waits: bool = False  # no fail-fast cut of waits after a stuck step (harness.spec.steps.STALL_CUT_S)
     # the cells' network: each in a private loopback-only namespace, or the host's and why (harness.drive.contain)
     network: str = ""
+    # where the reports' relative links (docs/protocol.md#..., docs/sglang-bugs.md#...) point:
+    # "" keeps them relative to the checkout; a URL (run --docs-url) makes them absolute
+    docs_url: str = ""
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property

@@ -27,7 +27,7 @@ from harness.judge.expectations import fixes, is_fix, regressions
 from harness.judge.results import VERDICTS, CellResult, RunResult, write_atomic
 from harness.report.html import write_index_html
 from harness.report.safe import md, md_code
-from harness.report.terminal import engine_settings_line, reproduce_command
+from harness.report.terminal import bug_id, engine_settings_line, reproduce_command
 
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
 SUMMARY_LIMIT = 60_000
@@ -58,16 +58,38 @@ def _requirement(cell: CellResult) -> str:
     return failed[0] if failed else ""
 
 
-def sglang_line(run: RunResult) -> str:
-    """``sglang 0.5.23 (installed, /path)`` with the commit for a checkout."""
+def sglang_line(run: RunResult, path: bool = True) -> str:
+    """``sglang 0.5.23 (installed, /path)`` with the commit for a checkout; ``path`` False
+    leaves the local path out (reports read on another machine, a pull request)."""
     s = run.sglang
     commit = f", commit {s.commit[:12]}" if s.commit else ""
-    return f"sglang {s.version} ({s.source}{commit}, {s.path})"
+    return f"sglang {s.version} ({s.source}{commit}{f', {s.path}' if path else ''})"
+
+
+def doc_link(run: RunResult, link: str) -> str:
+    """``link`` as a reader of the report can follow it: a link into the checkout's docs/
+    (``docs/sglang-bugs.md#b3``) made absolute with the run's ``docs_url`` when it has one;
+    any other link as it is."""
+    if run.docs_url and link.startswith("docs/"):
+        return f"{run.docs_url.rstrip('/')}/{link}"
+    return link
+
+
+def expectations_name(run: RunResult) -> str:
+    """The expectations file, without the local path: relative to the checkout when it is
+    one of the shipped files, else its file name."""
+    from harness import ROOT
+
+    path = Path(run.expectations or "")
+    try:
+        return str(path.resolve().relative_to(ROOT.resolve()))
+    except ValueError:
+        return path.name
 
 
 def junit_xml(run: RunResult) -> JUnitXml:
     """The run as one JUnit test suite (junitparser objects; ``.write(path)`` writes it)."""
-    suite = TestSuite(f"pdconform: {sglang_line(run)}, seed {run.seed}")
+    suite = TestSuite(f"pdconform: {sglang_line(run, path=False)}, seed {run.seed}")
     for cell in run.cells:
         case = TestCase(cell.scenario, classname=cell.impl, time=cell.duration_s)
         text = failure_text(cell)
@@ -76,8 +98,9 @@ def junit_xml(run: RunResult) -> JUnitXml:
             head = f"{requirement}: {head}"
         out = [f"verdict {cell.verdict} (expected {cell.expected}), engine {cell.engine}, "
                f"{cell.bytes_verified} bytes verified", f"reproduce: {reproduce_command(run, cell)}"]
-        if cell.verdict != "PASS" and cell.verdict == cell.expected:
-            result = Skipped(f"expected {cell.expected}: {cell.expected_reason} ({cell.expected_link})")
+        if cell.verdict != "PASS" and cell.verdict == cell.expected:  # known: its type says which verdict
+            result = Skipped(f"known {cell.expected}: {cell.expected_reason} ({doc_link(run, cell.expected_link)})",
+                             f"known-{str(cell.expected).lower()}")
             result.text = text
             case.result = [result]
         elif cell.verdict == "FAIL" or (cell.verdict == "PASS" and is_fix(cell)):
@@ -104,6 +127,7 @@ def junit_xml(run: RunResult) -> JUnitXml:
         case.system_out = xml_safe(case.system_out or "")
     xml = JUnitXml()
     xml.add_testsuite(suite)
+    suite.time = xml.time = round(run.duration_s, 3)  # the run's wall time, not the sum of its cells
     return xml
 
 
@@ -134,8 +158,10 @@ def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
     for line in failure_text(cell).splitlines():
         lines.append(f"  - {md(line)}")
     if cell.expected_reason:
-        lines.append(f"  - expected because: {md(cell.expected_reason)} ({md(cell.expected_link)})")
-    lines.append(f"  - reproduce: {md_code(reproduce_command(run, cell))}")
+        link = doc_link(run, cell.expected_link)
+        shown = f"[{md(bug_id(cell.expected_link))}]({link})" if re.match(r"^(https?://|docs/)", link) else md(link)
+        lines.append(f"  - expected because: {md(cell.expected_reason)} ({shown})")
+    lines.append(f"  - reproduce: {md_code(reproduce_command(run, cell, portable=True))}")
     return lines
 
 
@@ -150,9 +176,9 @@ def summary_markdown(run: RunResult) -> str:
     else:
         status = "no expectations file: every cell expected to PASS"
     lines = [f"## pdconform: {status}", "",
-             f"{md(sglang_line(run))}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
+             f"{md(sglang_line(run, path=False))}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
              + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-             + (f"; expectations {md_code(run.expectations)}" if run.expectations else ""), ""]
+             + (f"; expectations {md_code(expectations_name(run))}" if run.expectations else ""), ""]
     if engine_settings_line(run):
         lines[-1:-1] = ["", md(engine_settings_line(run))]
     lines += _matrix_markdown(run)

@@ -57,12 +57,14 @@ def matrix_table(run: RunResult) -> Table:
     return table
 
 
-def reproduce_command(run: RunResult, cell: CellResult) -> str:
-    """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed."""
+def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False) -> str:
+    """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed;
+    ``portable``: no local path in it (a checkout of sglang is named ``SGLANG_CHECKOUT``)."""
     target = ""
     if run.sglang.source == "src" and run.sglang.path:
         # the folder that holds the sglang package: --sglang-src accepts it like the checkout
-        target = f" --sglang-src {shlex.quote(str(Path(run.sglang.path).parent))}"
+        where = "SGLANG_CHECKOUT" if portable else shlex.quote(str(Path(run.sglang.path).parent))
+        target = f" --sglang-src {where}"
     elif run.sglang.source == "venv" and run.sglang.version:
         target = f" --sglang {run.sglang.version}"
     impl = registered().get(cell.impl)
