@@ -125,8 +125,28 @@ def test_a_known_bug_is_judged_against_the_shipped_expectations_by_default(tmp_p
     assert "late-old-status x mori: known B13: FAIL" in ran.stdout
     lines = ran.stdout.rstrip().splitlines()
     assert lines[-3].startswith("expectations: expectations/sglang-0.5.23.toml (shipped")
+    assert ran.stderr.splitlines()[-1].startswith("[1/1] late-old-status x mori: known B13: FAIL, ")  # off a terminal
+    assert f"{sys.executable} -m harness.cli repro late-old-status --impl mori" in ran.stdout  # pasteable
     assert lines[-2] == "1 cell: all as expected, 1 known (1 FAIL)"
     strict = pdconform("repro", "late-old-status", "--impl", "mori", "--out", str(tmp_path / "repro"),
                        "--expectations", "none")
     assert strict.returncode == 1 and "FAIL (expected PASS)" in strict.stdout, strict.stdout[-2000:]
     assert strict.stdout.rstrip().splitlines()[-1] == "expectations: none, every cell expected to PASS"
+
+
+def test_reproduce_commands_name_the_pdconform_that_ran(tmp_path, monkeypatch):
+    """A pasted reproduce command runs: `pdconform` only when that is the one on PATH."""
+    from harness.cli import this_program
+
+    exe = tmp_path / "venv" / "bin" / "pdconform"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(exe)])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert this_program() == "venv/bin/pdconform"
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{exe.parent}:/usr/bin:/bin")
+    assert this_program() == "pdconform"
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    assert this_program() == f"{sys.executable} -m harness.cli"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -81,6 +82,23 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]]):
     if missing:
         raise _usage_error(f"unknown --scenario {', '.join(missing)} (known: {', '.join(known)}; see `pdconform list`)")
     return impls, [known[s] for s in wanted]
+
+
+def this_program() -> str:
+    """How this pdconform was called, as a command that runs when pasted: ``pdconform`` when
+    that is the one on PATH, else its path (``.venv/bin/pdconform``, relative to the current
+    folder when inside it), else ``python -m harness.cli`` with this interpreter."""
+    import shutil
+
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if argv0 is None or argv0.name != "pdconform" or not argv0.is_file():
+        return f"{shlex.quote(sys.executable)} -m harness.cli"
+    if shutil.which("pdconform") and Path(shutil.which("pdconform")).resolve() == argv0.resolve():
+        return "pdconform"
+    try:
+        return shlex.quote(str(argv0.resolve().relative_to(Path.cwd().resolve())))
+    except ValueError:
+        return shlex.quote(str(argv0.resolve()))
 
 
 #: ``--expectations none``: no expectations file, every cell expected to PASS

@@ -25,6 +25,7 @@ from harness.cli import (
     _settings,
     _stop_on_signals,
     _target,
+    this_program,
     _usage_error,
     app,
     console,
@@ -63,7 +64,7 @@ def _print_verdicts(result, expectations_path, expectations_line: str = "") -> N
     from harness.report.terminal import closing_line, matrix_table, reasons, reproduce_command
 
     console.print(matrix_table(result))
-    for line in reasons(result):
+    for line in reasons(result, prog=this_program()):
         console.print(f"  {line}", markup=False, highlight=False)
     for title, cells in (("regressions (worse than expected)", regressions(result)),
                          (f"fixed (better than expected: update {expectations_path or 'the expectations'})",
@@ -72,7 +73,8 @@ def _print_verdicts(result, expectations_path, expectations_line: str = "") -> N
             console.print(f"[bold red]{len(cells)} {escape(title)}:[/]")
             for c in cells:
                 console.print(terminal(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
-                                       f"({reproduce_command(result, c)})"), markup=False, highlight=False)
+                                       f"({reproduce_command(result, c, prog=this_program())})"), markup=False,
+                               highlight=False)
     if expectations_line:
         console.print(terminal(expectations_line), markup=False, highlight=False)
     console.print(terminal(closing_line(result)), markup=False, highlight=False)
@@ -146,10 +148,8 @@ def run(
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from harness.cli.progress import RunProgress
     from harness.drive.runner import default_jobs
-    from harness.drive.scheduler import Callbacks
     from harness.session import RunConfig
 
     impls, scenarios = _select(impl, scenario)
@@ -165,14 +165,9 @@ def run(
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
                        engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
                        bind=bind, docs_url=_docs_url(docs_url))
-    # Progress only on a terminal: CI logs get the matrix and nothing else.
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
-    with progress:
-        task = progress.add_task("starting", total=len(impls) * len(scenarios))
-        callbacks = Callbacks(on_start=lambda i, n, name, sc: progress.update(task, description=f"{sc.id} x {name}"),
-                              on_cell=lambda i, n, cell: progress.advance(task),
-                              on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
+    # stderr: a live view on a terminal, a line per finished cell off one (harness/cli/progress.py)
+    with RunProgress(err, len(impls) * len(scenarios), seed, loaded, {sc.id: sc for sc in scenarios}) as progress:
+        callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
         result = _run_session(config, callbacks, progress)
     _print_verdicts(result, loaded.path if loaded else None, _expectations_line(loaded, expectations))
     console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
@@ -233,7 +228,7 @@ def repro(
         line = Text.from_markup(f"  {mark} ")
         line.append(terminal(f"{check.get('requirement')} {check.get('name')}: {check.get('detail', '')}"))
         console.print(line, highlight=False)
-    for line in reasons(result):
+    for line in reasons(result, prog=this_program()):
         console.print(f"  {line}", markup=False, highlight=False)
     console.print(f"cell directory: {terminal(cell.workdir)}", highlight=False, markup=False)
     console.print(terminal(_expectations_line(loaded, expectations)), highlight=False, markup=False)

@@ -57,9 +57,11 @@ def matrix_table(run: RunResult) -> Table:
     return table
 
 
-def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False) -> str:
+def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, prog: str = "pdconform") -> str:
     """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed;
-    ``portable``: no local path in it (a checkout of sglang is named ``SGLANG_CHECKOUT``)."""
+    ``portable``: no local path in it (a checkout of sglang is named ``SGLANG_CHECKOUT``);
+    ``prog``: how to call pdconform (the terminal says it as it was called, so a pasted
+    command runs: harness.cli.this_program)."""
     target = ""
     if run.sglang.source == "src" and run.sglang.path:
         # the folder that holds the sglang package: --sglang-src accepts it like the checkout
@@ -74,7 +76,7 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False) 
             target += f" --engine-setting {setting.name}={value}"
     if run.full_waits:
         target += " --full-waits"
-    return f"pdconform repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
+    return f"{prog} repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
 
 
 def engine_settings_line(run: RunResult) -> str:
@@ -117,7 +119,7 @@ def closing_line(run: RunResult) -> str:
     return f"{len(run.cells)} cell{'s' * (len(run.cells) != 1)}: {head}{tail}"
 
 
-def reasons(run: RunResult) -> list[str]:
+def reasons(run: RunResult, prog: str = "pdconform") -> list[str]:
     """For each cell that did not PASS: why (marked ``known B<n>`` when its expectations file
     expects it), its first divergence from the reference (harness.judge.divergence) and the
     command that reproduces it."""
@@ -128,7 +130,7 @@ def reasons(run: RunResult) -> list[str]:
         lines.append(f"{c.scenario} x {c.impl}: {known_mark(c)}{c.verdict}: {c.reason}")
         if c.divergence:
             lines.append(f"    {describe_divergence(c.divergence)}")
-        lines.append(f"    reproduce: {reproduce_command(run, c)}")
+        lines.append(f"    reproduce: {reproduce_command(run, c, prog=prog)}")
     return [terminal(line) for line in lines]
 
 
