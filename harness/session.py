@@ -45,7 +45,8 @@ class RunConfig:
     PASS), ``duration_hint`` (harness.drive.scheduler.Schedule), ``reports`` (False: only
     results.json and the cells' cell.json, as bench wants), ``bind`` (the IPv4 address roles
     listen on; None: loopback, :func:`cell_network`), ``docs_url`` (the base the reports'
-    links to docs/ are made absolute with; "" keeps them relative)."""
+    links to docs/ are made absolute with; "" keeps them relative), ``baseline`` (a stored
+    run each cell is marked new / fixed / same against, check by check)."""
 
     impls: list[str]
     scenarios: list[Scenario]
@@ -61,6 +62,7 @@ class RunConfig:
     reports: bool = True
     bind: str | None = None
     docs_url: str = ""
+    baseline: tuple[Path, RunResult] | None = None  # run --baseline: where it was read, and the run
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
@@ -118,6 +120,12 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
     meta.duration_s = duration
     result, histories = judge_tree(meta, folder, cells_of(cells), {s.id: s for s in config.scenarios},
                                    config.expectations)
+    if config.baseline is not None:
+        from harness.report.run_diff import baseline_marks
+
+        path, baseline = config.baseline
+        result.baseline = {"path": str(path), "sglang": baseline.sglang.version,
+                           "marks": baseline_marks(baseline, result)}
     write_tree(result, folder, histories, reports=config.reports)
     return result
 

@@ -145,11 +145,15 @@ def run(
     docs_url: str = typer.Option("", "--docs-url", help="Base URL of pdconform's docs/ (for example its repository's "
                                  "blob URL): summary.md and junit.xml then link bug entries and requirements "
                                  "absolutely, so they resolve from a pull request."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A stored run (another release's, the last "
+                                            "one's): each cell is marked new, fixed or same against it, check by "
+                                            "check, on the terminal and in summary.md."),
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
     from harness.cli.progress import RunProgress
     from harness.drive.runner import default_jobs
+    from harness.report.terminal import baseline_lines
     from harness.session import RunConfig
 
     impls, scenarios = _select(impl, scenario)
@@ -164,12 +168,15 @@ def run(
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
                        engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
-                       bind=bind, docs_url=_docs_url(docs_url))
+                       bind=bind, docs_url=_docs_url(docs_url),
+                       baseline=(baseline, _load_results(baseline)) if baseline is not None else None)
     # stderr: a live view on a terminal, a line per finished cell off one (harness/cli/progress.py)
     with RunProgress(err, len(impls) * len(scenarios), seed, loaded, {sc.id: sc for sc in scenarios}) as progress:
         callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
         result = _run_session(config, callbacks, progress)
     _print_verdicts(result, loaded.path if loaded else None, _expectations_line(loaded, expectations))
+    for line in baseline_lines(result):
+        console.print(line, markup=False, highlight=False)
     console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
                   f"index.html  (latest: {out / 'latest'})", highlight=False)
     raise typer.Exit(code=0 if result.all_as_expected else 1)
@@ -272,21 +279,28 @@ def diff(
                                  "(its latest run)."),
     run_b: Path = typer.Argument(..., help="The second run, as the first."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown (for a PR comment) instead of a table."),
+    all_cells: bool = typer.Option(False, "--all", help="Also list the cells only one run has (default: the cells "
+                                   "both runs have)."),
 ) -> None:
-    """The cells whose verdict changed between two runs (for example sglang before and after a PR).
+    """The cells whose verdict, or failing checks, changed between two runs (for example sglang
+    before and after a PR), check by check; only the cells both runs have unless --all.
 
-    Exit 0 when no cell got worse (a cell of the first run missing from the second counts as
-    worse), 1 when some cell got worse, 2 on bad input.
+    Exit 0 when no cell got worse (with --all, a cell of the first run missing from the second
+    counts as worse), 1 when some cell got worse, 2 on bad input.
     """
     from harness.report.run_diff import changed_cells, changes_markdown, changes_table
 
     _registry()
     runs = [_load_results(run_a), _load_results(run_b)]
-    changes = changed_cells(*runs)
+    changes = changed_cells(*runs, all_cells=all_cells)
     if markdown:
         console.print(changes_markdown(runs[0], runs[1], changes), markup=False, highlight=False, soft_wrap=True)
     else:
         console.print(changes_table(runs[0], runs[1], changes))
+    keys = [{(c.scenario, c.impl) for c in run.cells} for run in runs]
+    only_a, only_b = len(keys[0] - keys[1]), len(keys[1] - keys[0])
+    if not all_cells and (only_a or only_b):
+        console.print(f"{only_a} cell(s) only in A, {only_b} only in B (--all lists them)", highlight=False)
     raise typer.Exit(code=1 if any(c.worse for c in changes) else 0)
 
 

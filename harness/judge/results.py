@@ -82,6 +82,9 @@ class RunResult(msgspec.Struct, kw_only=True):
     # where the reports' relative links (docs/protocol.md#..., docs/sglang-bugs.md#...) point:
     # "" keeps them relative to the checkout; a URL (run --docs-url) makes them absolute
     docs_url: str = ""
+    # run --baseline: {"path", "sglang", "marks": {"SCENARIO x IMPL": {"mark", "before", "checks"}}}
+    # (harness.report.run_diff.baseline_marks); {} without a baseline
+    baseline: dict[str, Any] = msgspec.field(default_factory=dict)
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property

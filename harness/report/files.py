@@ -165,6 +165,22 @@ def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
     return lines
 
 
+def _baseline_markdown(run: RunResult) -> list[str]:
+    """``run --baseline``: the counts, then every new or fixed cell, check by check."""
+    if not run.baseline:
+        return []
+    marks = run.baseline.get("marks", {})
+    counts = {k: sum(m["mark"] == k for m in marks.values()) for k in ("new", "fixed", "same", "not in baseline")}
+    verdicts = {f"{c.scenario} x {c.impl}": c.verdict for c in run.cells}
+    lines = ["", f"### Against the baseline (sglang {md(str(run.baseline.get('sglang')))})", "",
+             ", ".join(f"{n} {k}" for k, n in counts.items() if n), ""]
+    for key, m in marks.items():
+        if m["mark"] in ("new", "fixed") or m["checks"]:
+            checks = f": {md('; '.join(m['checks']))}" if m["checks"] else ""
+            lines.append(f"- **{m['mark']}** {md(key)}: {m['before']} -> {verdicts.get(key, '?')}{checks}")
+    return lines
+
+
 def summary_markdown(run: RunResult) -> str:
     """The run as Markdown for a pull-request comment (at most SUMMARY_LIMIT characters)."""
     counts = {v: sum(c.verdict == v for c in run.cells) for v in VERDICTS}
@@ -182,6 +198,7 @@ def summary_markdown(run: RunResult) -> str:
     if engine_settings_line(run):
         lines[-1:-1] = ["", md(engine_settings_line(run))]
     lines += _matrix_markdown(run)
+    lines += _baseline_markdown(run)
     if regs or fixed:
         lines += ["", "### Not as expected", ""]
         for cell in regs + fixed:

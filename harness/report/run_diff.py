@@ -1,9 +1,12 @@
-"""``pdconform diff``: the cells whose verdict changed between two runs.
+"""``pdconform diff`` and ``run --baseline``: what changed between two runs, cell by cell and
+check by check.
 
 Typical use: the same matrix against sglang before and after a pull request (or
-0.5.17 against 0.5.23).  A cell present in only one run is listed too, as
-``missing`` on the other side; one that run B lost counts as worse.  Worse/better follows the verdict order of
-harness.judge.expectations (PASS < WARN < UNSUPPORTED < FAIL < ERROR).
+0.5.17 against 0.5.23).  Only the cells both runs have are compared, unless asked
+(``all_cells``): then a cell present in only one run is listed too, as ``missing`` on
+the other side, and one that run B lost counts as worse.  Worse/better follows the
+verdict order of harness.judge.expectations (PASS < WARN < UNSUPPORTED < FAIL < ERROR).
+A cell whose verdict stayed but whose failing checks changed is listed too.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class CellChange:
     before: str
     after: str
     reason: str  # run B's reason for its verdict ("" when PASS or missing)
+    checks: tuple[str, ...] = ()  # "fails now: NAME" / "passes now: NAME", check by check
 
     @property
     def worse(self) -> bool:
@@ -47,20 +51,57 @@ class CellChange:
             return "only in A: worse"
         if self.before == MISSING:
             return "only in B"
+        if self.before == self.after:
+            return "same verdict, checks changed"
         return "worse" if self.worse else "better"
 
 
-def changed_cells(run_a: RunResult, run_b: RunResult) -> list[CellChange]:
-    """Cells whose verdict differs between ``run_a`` and ``run_b``, in run A's order then B's new cells."""
+def _failing(cell) -> set[str]:
+    return {c["name"] for c in cell.checks if c.get("ok") is False}
+
+
+def check_changes(before, after) -> tuple[str, ...]:
+    """The checks of one cell whose outcome differs between two runs (``before``/``after``
+    are CellResults), as ``fails now: NAME`` and ``passes now: NAME`` (a check only one run
+    has is left out)."""
+    names = {c["name"] for c in before.checks} & {c["name"] for c in after.checks}
+    was, now = _failing(before) & names, _failing(after) & names
+    return tuple([f"fails now: {n}" for n in sorted(now - was)] + [f"passes now: {n}" for n in sorted(was - now)])
+
+
+def changed_cells(run_a: RunResult, run_b: RunResult, all_cells: bool = False) -> list[CellChange]:
+    """Cells whose verdict, or set of failing checks, differs between ``run_a`` and ``run_b``,
+    in run A's order; with ``all_cells`` also the cells only one run has (B's new ones last)."""
     a = {(c.scenario, c.impl): c for c in run_a.cells}
     b = {(c.scenario, c.impl): c for c in run_b.cells}
+    keys = [k for k in a if k in b] if not all_cells else list(a) + [k for k in b if k not in a]
     changes = []
-    for key in list(a) + [k for k in b if k not in a]:
+    for key in keys:
         before = a[key].verdict if key in a else MISSING
         after = b[key].verdict if key in b else MISSING
-        if before != after:
-            changes.append(CellChange(key[0], key[1], before, after, b[key].reason if key in b else ""))
+        checks = check_changes(a[key], b[key]) if key in a and key in b else ()
+        if before != after or checks:
+            changes.append(CellChange(key[0], key[1], before, after, b[key].reason if key in b else "", checks))
     return changes
+
+
+def baseline_marks(baseline: RunResult, run: RunResult) -> dict[str, dict]:
+    """For ``run --baseline``: each cell of ``run`` against the same cell of ``baseline``,
+    keyed ``SCENARIO x IMPL``: ``{"mark": "new" | "fixed" | "same" | "not in baseline",
+    "before": verdict, "checks": [...]}`` (new: worse than the baseline; fixed: better;
+    same: the same verdict, its failing checks possibly changed)."""
+    base = {(c.scenario, c.impl): c for c in baseline.cells}
+    marks = {}
+    for cell in run.cells:
+        old = base.get((cell.scenario, cell.impl))
+        if old is None:
+            marks[f"{cell.scenario} x {cell.impl}"] = {"mark": "not in baseline", "before": MISSING, "checks": []}
+            continue
+        mark = ("new" if Verdict(cell.verdict) > Verdict(old.verdict) else
+                "fixed" if Verdict(cell.verdict) < Verdict(old.verdict) else "same")
+        marks[f"{cell.scenario} x {cell.impl}"] = {"mark": mark, "before": str(old.verdict),
+                                                   "checks": list(check_changes(old, cell))}
+    return marks
 
 
 def _label(run: RunResult) -> str:
@@ -71,13 +112,13 @@ def _label(run: RunResult) -> str:
 def changes_table(run_a: RunResult, run_b: RunResult, changes: list[CellChange]) -> Table:
     """The changes as a rich table (A's and B's sglang in the title)."""
     table = Table(title=Text(terminal(f"{len(changes)} cell(s) changed: A = {_label(run_a)}, B = {_label(run_b)}")))
-    for column in ("scenario", "impl", "A", "B", "", "B's reason"):
+    for column in ("scenario", "impl", "A", "B", "", "checks", "B's reason"):
         table.add_column(column)
     for c in changes:
         table.add_row(Text(terminal(c.scenario)), Text(terminal(c.impl)),
                       Text(c.before, style=VERDICT_STYLE.get(c.before, "")),
                       Text(c.after, style=VERDICT_STYLE.get(c.after, "")), Text(c.direction),
-                      Text(terminal(c.reason[:120])))
+                      Text(terminal("; ".join(c.checks))), Text(terminal(c.reason[:120])))
     return table
 
 
@@ -88,8 +129,8 @@ def changes_markdown(run_a: RunResult, run_b: RunResult, changes: list[CellChang
              ""]
     if not changes:
         return "\n".join(lines + ["No cell changed its verdict."]) + "\n"
-    lines += ["| scenario | impl | A | B | | B's reason |", "|---|---|---|---|---|---|"]
+    lines += ["| scenario | impl | A | B | | checks | B's reason |", "|---|---|---|---|---|---|---|"]
     for c in changes:
         lines.append(f"| {md_code(c.scenario)} | {md(c.impl)} | {c.before} | {c.after} | {c.direction} | "
-                     f"{md(c.reason[:200])} |")
+                     f"{md('; '.join(c.checks))} | {md(c.reason[:200])} |")
     return "\n".join(lines) + "\n"
