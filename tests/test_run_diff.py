@@ -108,20 +108,22 @@ def test_a_baseline_marks_each_cell_new_fixed_or_same_check_by_check():
 
     old = RunResult(sglang=SglangInfo(version="0.5.17", path=None), seed=0, cells=[
         cell("room-reuse", "mori", "FAIL", ["a-check"]), cell("slow-aux", "mori", "PASS"),
-        cell("happy-path", "nixl", "PASS"), cell("no-residue", "nixl", "FAIL", ["a-check"])])
+        cell("happy-path", "nixl", "PASS"), cell("no-residue", "nixl", "FAIL", ["a-check"]),
+        cell("clear-then-abort", "nixl", "UNSUPPORTED")])
     new = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[
         cell("room-reuse", "mori", "PASS"), cell("slow-aux", "mori", "FAIL", ["b-check"]),
         cell("happy-path", "nixl", "PASS"), cell("no-residue", "nixl", "FAIL", ["b-check"]),
-        cell("late-old-abort", "nixl", "FAIL", ["a-check"])])
+        cell("late-old-abort", "nixl", "FAIL", ["a-check"]), cell("clear-then-abort", "nixl", "FAIL", ["a-check"])])
     marks = baseline_marks(old, new)
     assert {k: m["mark"] for k, m in marks.items()} == {
         "room-reuse x mori": "fixed", "slow-aux x mori": "new", "happy-path x nixl": "same",
-        "no-residue x nixl": "same", "late-old-abort x nixl": "not in baseline"}
+        "no-residue x nixl": "same", "late-old-abort x nixl": "not in baseline",
+        "clear-then-abort x nixl": "now judged"}  # UNSUPPORTED then: neither new nor fixed
     assert marks["slow-aux x mori"]["checks"] == ["fails now: b-check"]
     assert marks["no-residue x nixl"]["checks"] == ["fails now: b-check", "passes now: a-check"]
     new.baseline = {"path": "old", "sglang": "0.5.17", "marks": marks}
     lines = baseline_lines(new)
-    assert lines[0] == "against baseline old (sglang 0.5.17): 1 new, 1 fixed, 2 same, 1 not in baseline"
+    assert lines[0] == "against baseline old (sglang 0.5.17): 1 new, 1 fixed, 1 now judged, 2 same, 1 not in baseline"
     assert "  fixed: room-reuse x mori: FAIL -> PASS (passes now: a-check)" in lines
     assert "**new** slow-aux x mori: PASS -> FAIL: fails now: b-check" in summary_markdown(new)
 

@@ -66,7 +66,8 @@ def check_changes(before, after) -> tuple[str, ...]:
     has is left out)."""
     names = {c["name"] for c in before.checks} & {c["name"] for c in after.checks}
     was, now = _failing(before) & names, _failing(after) & names
-    return tuple([f"fails now: {n}" for n in sorted(now - was)] + [f"passes now: {n}" for n in sorted(was - now)])
+    return tuple(f"{label}: {', '.join(sorted(group))}" for label, group in
+                 (("fails now", now - was), ("passes now", was - now)) if group)
 
 
 def changed_cells(run_a: RunResult, run_b: RunResult, all_cells: bool = False) -> list[CellChange]:
@@ -87,9 +88,11 @@ def changed_cells(run_a: RunResult, run_b: RunResult, all_cells: bool = False) -
 
 def baseline_marks(baseline: RunResult, run: RunResult) -> dict[str, dict]:
     """For ``run --baseline``: each cell of ``run`` against the same cell of ``baseline``,
-    keyed ``SCENARIO x IMPL``: ``{"mark": "new" | "fixed" | "same" | "not in baseline",
-    "before": verdict, "checks": [...]}`` (new: worse than the baseline; fixed: better;
-    same: the same verdict, its failing checks possibly changed)."""
+    keyed ``SCENARIO x IMPL``: ``{"mark", "before": verdict, "checks": [...]}``, the mark
+    one of ``new`` (worse than the baseline), ``fixed`` (better), ``same`` (the same
+    verdict, its failing checks possibly changed), ``now judged`` (UNSUPPORTED in the
+    baseline: nothing to compare with), ``no longer judged`` (UNSUPPORTED now) or ``not in
+    baseline``."""
     base = {(c.scenario, c.impl): c for c in baseline.cells}
     marks = {}
     for cell in run.cells:
@@ -97,8 +100,9 @@ def baseline_marks(baseline: RunResult, run: RunResult) -> dict[str, dict]:
         if old is None:
             marks[f"{cell.scenario} x {cell.impl}"] = {"mark": "not in baseline", "before": MISSING, "checks": []}
             continue
-        mark = ("new" if Verdict(cell.verdict) > Verdict(old.verdict) else
-                "fixed" if Verdict(cell.verdict) < Verdict(old.verdict) else "same")
+        before, after = Verdict(old.verdict), Verdict(cell.verdict)
+        mark = ("same" if before == after else "now judged" if before == Verdict.UNSUPPORTED else
+                "no longer judged" if after == Verdict.UNSUPPORTED else "new" if after > before else "fixed")
         marks[f"{cell.scenario} x {cell.impl}"] = {"mark": mark, "before": str(old.verdict),
                                                    "checks": list(check_changes(old, cell))}
     return marks
