@@ -102,7 +102,7 @@ def test_run_exit_codes(tmp_path):
     regression = write(tmp_path, {"impl": "selftest", "scenario": "selftest-role-dies", "verdict": "WARN"})
     out = _run(tmp_path, regression, "selftest-role-dies")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "1 regressions (worse than expected)" in out.stdout and "selftest-role-dies x selftest: FAIL" in out.stdout
+    assert "1 regression (worse than expected)" in out.stdout and "selftest-role-dies x selftest: FAIL" in out.stdout
 
     fixed = write(tmp_path, {"impl": "selftest", "scenario": "selftest-noop", "verdict": "FAIL"})
     out = _run(tmp_path, fixed, "selftest-noop")
@@ -187,3 +187,23 @@ def test_the_update_command_rewrites_the_file_the_run_was_judged_against(tmp_pat
     again = subprocess.run([sys.executable, "-m", "harness.cli", "expectations", "update", str(tmp_path / "run"),
                             "--file", str(path)], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "nothing to update" in again.stdout and path.read_text() == written
+
+
+def test_update_with_a_named_file_judges_the_run_against_that_file(tmp_path):
+    """--file: the cells' expected verdicts are that file's, not the ones the run was judged
+    against (here: none), so its entry for a cell the run saw PASS is removed."""
+    from harness.judge.results import dump_run
+
+    run = _update_run()
+    for cell in run.cells:
+        cell.expected = "PASS"  # as judged with --expectations none
+    run.expectations = None
+    (tmp_path / "run").mkdir()
+    dump_run(run, tmp_path / "run" / "results.json")
+    path = tmp_path / "expect.toml"
+    path.write_text(UPDATE_FILE)
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "expectations", "update", str(tmp_path / "run"),
+                          "--file", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "removed slow-aux x mori" in out.stdout and "slow-aux" not in path.read_text()
+    assert 'scenario = "room-reuse"\nimpl = "nixl"' in path.read_text()  # as expected there: kept

@@ -3,8 +3,9 @@
 Each command checks its options (bad usage: one line on stderr, exit 2), hands the work
 to the module that does it (harness.session for run/repro/judge, harness.bench.suite,
 harness.report.run_diff, harness.doctor, the reference's simulator) and prints.
-The commands live in harness/cli/runs.py (run, repro, judge, diff) and
-harness/cli/tools.py (doctor, list, bench, simulate).
+The commands live in harness/cli/runs.py (run, repro, judge, diff, expectations update)
+and harness/cli/tools.py (doctor, list, bench, simulate, soak, mutants); what ``run``
+shows while its cells run is harness/cli/progress.py.
 
 Exit codes: 0 every cell as expected (or the command succeeded), 1 some cell not as
 expected (or doctor found an unusable engine, or the simulator a violation), 2 bad

@@ -66,11 +66,11 @@ def _print_verdicts(result, expectations_path, expectations_line: str = "") -> N
     console.print(matrix_table(result))
     for line in reasons(result, prog=this_program()):
         console.print(f"  {line}", markup=False, highlight=False)
-    for title, cells in (("regressions (worse than expected)", regressions(result)),
-                         (f"fixed (better than expected: update {expectations_path or 'the expectations'})",
-                          fixes(result))):
+    for title, cells in (("regression{s} (worse than expected)", regressions(result)),
+                         (f"fixed (better than expected: `pdconform expectations update` rewrites "
+                          f"{expectations_path or 'the expectations'})", fixes(result))):
         if cells:
-            console.print(f"[bold red]{len(cells)} {escape(title)}:[/]")
+            console.print(f"[bold red]{len(cells)} {escape(title.replace('{s}', 's' * (len(cells) != 1)))}:[/]")
             for c in cells:
                 console.print(terminal(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
                                        f"({reproduce_command(result, c, prog=this_program())})"), markup=False,
@@ -327,6 +327,11 @@ def expectations_update(
     path = file or (Path(result.expectations) if result.expectations else None)
     if path is None:
         raise _usage_error("the run was judged against no expectations file: name one with --file")
+    if file is not None:  # the cells' expected verdicts are the named file's, not the run's
+        _registry()
+        named = _expectations(file)
+        for cell in result.cells:
+            cell.expected = named.verdict_for(cell.impl, cell.scenario)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -23,7 +23,7 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   waits out and judges itself.
 
 A scenario opts out of one only with a stated reason (harness.spec.scenario.Scenario
-``opt_out``, in the scenario's source; no scenario opts out today).
+``opt_out``, in the scenario's source; ``pdconform list`` shows every opt-out).
 """
 
 from __future__ import annotations

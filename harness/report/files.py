@@ -105,7 +105,8 @@ def junit_xml(run: RunResult) -> JUnitXml:
             case.result = [result]
         elif cell.verdict == "FAIL" or (cell.verdict == "PASS" and is_fix(cell)):
             result = Failure(head if cell.verdict == "FAIL" else
-                             f"fixed: PASS, expected {cell.expected} (update the expectations file)", "FAIL")
+                             f"fixed: PASS, expected {cell.expected} (pdconform expectations update rewrites the "
+                             "expectations file)", "FAIL" if cell.verdict == "FAIL" else "FIXED")
             result.text = text
             case.result = [result]
         elif cell.verdict == "ERROR":

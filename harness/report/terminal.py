@@ -76,7 +76,21 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, 
             target += f" --engine-setting {setting.name}={value}"
     if run.full_waits:
         target += " --full-waits"
+    target += _expectations_option(run, portable)
     return f"{prog} repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
+
+
+def _expectations_option(run: RunResult, portable: bool) -> str:
+    """The ``--expectations`` a repro needs to judge its cell as the run did: none when the
+    run used the file shipped for its sglang (repro's default), ``none`` when it used none."""
+    from harness import ROOT
+
+    if not run.expectations:
+        return " --expectations none"
+    shipped = ROOT / "expectations" / f"sglang-{run.sglang.version}.toml"
+    if Path(run.expectations).resolve() == shipped.resolve():
+        return ""
+    return f" --expectations {shlex.quote(Path(run.expectations).name if portable else run.expectations)}"
 
 
 def engine_settings_line(run: RunResult) -> str:
