@@ -4,7 +4,7 @@ finish and verify rooms.  Registers no scenario."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll, Layout
@@ -54,6 +54,14 @@ class RoomAllocator:
         parts = tuple(src[a:b] for a, b in zip(bounds, bounds[1:]))
         return RoomPlan(self.rng.randrange(1, 2**62), src, dst, self.rng.randrange(self.layout.aux_slots),
                         self.free_aux.pop(), parts, prefill, decode)
+
+
+def reused_room(seed: int) -> tuple[RoomPlan, RoomPlan]:
+    """Two lifecycles of one room number, with disjoint decode pages and aux slots (the
+    second is what a reuse of the number after ``clear`` brings)."""
+    planner = RoomAllocator(seed)
+    first = planner.room()
+    return first, replace(planner.room(), room=first.room)
 
 
 def open_and_request(p: RoomPlan) -> list:

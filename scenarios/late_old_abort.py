@@ -15,28 +15,21 @@ The late STATUS at the decode is scenario late-old-status.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import (Abort, AwaitStatus, CaptureFrames, Clear, InjectCaptured, OpenRoom, OpenSender,
                                 RequestKV, Sleep, StartRoles)
-from scenarios._flows import DONE, LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, \
-    room_succeeds, send_all, verify
+from scenarios._flows import (DONE, LAYOUT, await_done, open_and_request, pair_healthy, reused_room, room_succeeds,
+                              send_all, verify)
 
 SETTLE_S = 0.5  # after the injection, before the new lifecycle is read (its handling takes milliseconds)
 ANY = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed)
 
 
-def _plan(seed: int):
-    planner = RoomAllocator(seed)
-    first = planner.room()
-    return first, replace(planner.room(), room=first.room)
-
 
 def steps(seed: int):
-    first, second = _plan(seed)
+    first, second = reused_room(seed)
     room = first.room
     return [
         StartRoles(layout=LAYOUT),
@@ -61,7 +54,7 @@ def steps(seed: int):
 
 
 def checks(seed: int):
-    _, second = _plan(seed)
+    _, second = reused_room(seed)
     return [
         c.Check("old-lifecycle-aborted", "R-ABORT-1", c.status_at("first-aborted-decode", (KVPoll.Failed,))),
         c.Check("prefill-ignores-late-abort", "R-REUSE-1",

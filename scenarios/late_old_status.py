@@ -15,26 +15,19 @@ The late ABORT at the prefill is scenario late-old-abort.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, CaptureFrames, Clear, InjectCaptured, OpenRoom, OpenSender, RequestKV, \
     Sleep, StartRoles
-from scenarios._flows import LAYOUT, RoomAllocator, await_done, full_room, pair_healthy, room_succeeds, send_all, \
-    verify
+from scenarios._flows import (LAYOUT, await_done, full_room, pair_healthy, reused_room, room_succeeds, send_all,
+                              verify)
 from scenarios.late_old_abort import ANY, SETTLE_S
 
 
-def _plan(seed: int):
-    planner = RoomAllocator(seed)
-    first = planner.room()
-    return first, replace(planner.room(), room=first.room)
-
 
 def steps(seed: int):
-    first, second = _plan(seed)
+    first, second = reused_room(seed)
     room = first.room
     return [
         StartRoles(layout=LAYOUT),
@@ -57,7 +50,7 @@ def steps(seed: int):
 
 
 def checks(seed: int):
-    _, second = _plan(seed)
+    _, second = reused_room(seed)
     return [
         c.Check("decode-ignores-late-status", "R-REUSE-1",
                 c.status_at("after-late-status-decode", (KVPoll.WaitingForInput,))),

@@ -21,13 +21,11 @@ second; the delay ends before that second chunk starts; the polls after the slee
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, RequestKV, Sleep, StartRoles
-from scenarios._flows import DONE, LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, send_all, verify
+from scenarios._flows import (DONE, LAYOUT, await_done, open_and_request, pair_healthy, reused_room, send_all, verify)
 
 LATE_S = 2.0  # each write the prefill starts before lifecycle 2 opens waits this long in its engine
 # How long the driver waits for the prefill to report lifecycle 1 Transferring before it
@@ -51,15 +49,9 @@ SETTLE_S = 6 * LATE_S - DONE_BOUND_S + 1.0
 ANY = (KVPoll.WaitingForInput, KVPoll.Success, KVPoll.Failed)  # stop at a stale terminal status too
 
 
-def _plan(seed: int):
-    planner = RoomAllocator(seed)
-    first = planner.room()
-    second = replace(planner.room(), room=first.room)
-    return first, second
-
 
 def steps(seed: int):
-    first, second = _plan(seed)
+    first, second = reused_room(seed)
     room = first.room
     return [
         StartRoles(layout=LAYOUT),
@@ -95,7 +87,7 @@ def steps(seed: int):
 
 
 def checks(seed: int):
-    first, second = _plan(seed)
+    first, second = reused_room(seed)
     room = first.room
     return [
         c.Check("first-lifecycle-aborted", "R-ABORT-1", c.status_at("first-aborted-decode", (KVPoll.Failed,))),
