@@ -125,7 +125,7 @@ def test_cell_details_reason_checks_divergence_diff_history_reproduce():
     assert '<span class="add">+step 1 AwaitStatus: await_status on decode: Failed</span>' in details
     assert "TimeoutError: no answer in 5 s" in details  # the history table shows errors
     assert f'<pre class="repro">{reproduce_command(run, run.cells[1])}</pre>' in details
-    assert "--sglang-src /x --expectations none" in details  # the folder holding sglang/; judged with no file
+    assert "--expectations none --sglang-src /x" in details  # judged with no file; the folder holding sglang/
     # identical normalized histories say so; the ERROR cell has no history at all
     assert "identical (1 events)" in html[html.index('id="cell-happy-path--mori"'):]
     assert "No history recorded." in html[html.index('id="cell-dead-prefill--mori"'):]

@@ -76,8 +76,8 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, 
             target += f" --engine-setting {setting.name}={value}"
     if run.full_waits:
         target += " --full-waits"
-    target += _expectations_option(run, portable)
-    return f"{prog} repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{target}"
+    judged = _expectations_option(run, portable)
+    return f"{prog} repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{judged}{target}"
 
 
 def _expectations_option(run: RunResult, portable: bool) -> str:
