@@ -123,19 +123,13 @@ def _target(config: pytest.Config):
 
 
 def _expectations(config: pytest.Config, version: str | None):
-    """--expectations, by default the file shipped for the sglang under test (``none``: no file)."""
+    """--expectations, by default the file shipped for the sglang under test (``none``: no
+    file): harness.session.resolve_expectations."""
     from harness.judge.expectations import ExpectationsError
-    from harness.session import read_expectations, shipped_expectations
-
-    path = config.getoption("--expectations")
-    if path and str(path).strip().lower() == "none":
-        return None
-    path = path or shipped_expectations(version)
-    if not path:
-        return None
+    from harness.session import resolve_expectations
 
     try:
-        return read_expectations(path)
+        return resolve_expectations(config.getoption("--expectations"), version)
     except ExpectationsError as exc:
         raise pytest.UsageError(f"pdconform: {exc}") from None
 

@@ -140,11 +140,22 @@ def read_expectations(path: str | Path) -> Expectations:
 
 
 def shipped_expectations(version: str | None) -> Path | None:
-    """The expectations pdconform ships for sglang ``version`` (expectations/sglang-VERSION.toml), if any."""
-    from harness import ROOT
+    """The expectations pdconform ships for sglang ``version``, if any (harness.judge.expectations.shipped_path)."""
+    from harness.judge.expectations import shipped_path
 
-    path = ROOT / "expectations" / f"sglang-{version}.toml"
-    return path if version and path.is_file() else None
+    return shipped_path(version)
+
+
+def resolve_expectations(given: str | Path | None, version: str | None) -> Expectations | None:
+    """The expectations a run, repro or pytest session judges against: the file ``given``;
+    with none given the file shipped for sglang ``version`` when there is one; ``none``: no
+    file (every cell expected to PASS).  ExpectationsError for a bad file."""
+    from harness.judge.expectations import NO_EXPECTATIONS
+
+    if given is not None and str(given).strip().lower() == NO_EXPECTATIONS:
+        return None
+    path = given if given else shipped_expectations(version)
+    return read_expectations(path) if path else None
 
 
 def clean_clone_order(version: str | None, scenarios: list[Scenario], impls: list[str],

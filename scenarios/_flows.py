@@ -12,6 +12,8 @@ from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, Sen
 
 LAYOUT = Layout(num_layers=3, num_pages=16, page_size=4, page_bytes=256, aux_slots=4, aux_bytes=64)
 DONE = (KVPoll.Success, KVPoll.Failed)
+ANY_STATUS = tuple(KVPoll)  # a poll that reads whatever the room says now
+LATE_SETTLE_S = 0.5  # after a late message is delivered, before the room is read (its handling takes milliseconds)
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,8 @@ from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import (Abort, AwaitStatus, CaptureFrames, Clear, InjectCaptured, OpenRoom, OpenSender,
                                 RequestKV, Sleep, StartRoles)
-from scenarios._flows import (DONE, LAYOUT, await_done, open_and_request, pair_healthy, reused_room, room_succeeds,
-                              send_all, verify)
-
-SETTLE_S = 0.5  # after the injection, before the new lifecycle is read (its handling takes milliseconds)
-ANY = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed)
-
+from scenarios._flows import (ANY_STATUS, DONE, LATE_SETTLE_S, LAYOUT, await_done, open_and_request, pair_healthy,
+                              reused_room, room_succeeds, send_all, verify)
 
 
 def steps(seed: int):
@@ -42,8 +38,8 @@ def steps(seed: int):
         Clear(room, "prefill"),
         OpenSender(room),  # lifecycle 2 on the prefill: no registration yet
         InjectCaptured("old-abort", "prefill"),
-        Sleep(SETTLE_S),
-        AwaitStatus(room, "prefill", ANY, timeout_s=0.0, label="after-late-abort-prefill", must_come=False),
+        Sleep(LATE_SETTLE_S),
+        AwaitStatus(room, "prefill", ANY_STATUS, timeout_s=0.0, label="after-late-abort-prefill", must_come=False),
         OpenRoom(room, open_sender=False),
         RequestKV(room, second.dst, second.aux_dst),
         AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),

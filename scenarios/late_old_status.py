@@ -20,10 +20,8 @@ from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, CaptureFrames, Clear, InjectCaptured, OpenRoom, OpenSender, RequestKV, \
     Sleep, StartRoles
-from scenarios._flows import (LAYOUT, await_done, full_room, pair_healthy, reused_room, room_succeeds, send_all,
-                              verify)
-from scenarios.late_old_abort import ANY, SETTLE_S
-
+from scenarios._flows import (ANY_STATUS, LATE_SETTLE_S, LAYOUT, await_done, full_room, pair_healthy, reused_room,
+                              room_succeeds, send_all, verify)
 
 
 def steps(seed: int):
@@ -39,8 +37,8 @@ def steps(seed: int):
         RequestKV(room, second.dst, second.aux_dst),
         AwaitStatus(room, "decode", (KVPoll.WaitingForInput, KVPoll.Failed), label="second-opened-decode"),
         InjectCaptured("old-status", "decode"),
-        Sleep(SETTLE_S),
-        AwaitStatus(room, "decode", ANY, timeout_s=0.0, label="after-late-status-decode", must_come=False),
+        Sleep(LATE_SETTLE_S),
+        AwaitStatus(room, "decode", ANY_STATUS, timeout_s=0.0, label="after-late-status-decode", must_come=False),
         OpenSender(room),
         AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),
         *send_all(second),

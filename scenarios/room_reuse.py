@@ -49,7 +49,6 @@ SETTLE_S = 6 * LATE_S - DONE_BOUND_S + 1.0
 ANY = (KVPoll.WaitingForInput, KVPoll.Success, KVPoll.Failed)  # stop at a stale terminal status too
 
 
-
 def steps(seed: int):
     first, second = reused_room(seed)
     room = first.room

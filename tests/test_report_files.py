@@ -50,7 +50,7 @@ def test_junit_one_case_per_cell_classname_impl_name_scenario(tmp_path):
     assert cases[("reference", "dead-prefill")].result == []
     (warn,) = cases[("mori", "room-reuse")].result  # a WARN where PASS is expected is a regression too
     assert isinstance(warn, Failure) and warn.message.startswith("WARN, expected PASS: R-REASON-1")
-    assert "pdconform repro dead-prefill --impl mooncake --seed 4 --sglang-src /src/python" in \
+    assert "pdconform repro dead-prefill --impl mooncake --seed 4 --sglang-src SGLANG_CHECKOUT" in \
         cases[("mooncake", "dead-prefill")].system_out
     assert suite.failures == 3 and suite.errors == 1 and suite.skipped == 2
     (unsupported,) = cases[("nixl", "room-reuse")].result

@@ -172,11 +172,13 @@ class NixlRole(SglangCommonRole):
         prefill (``n_dst > n_src``) for decode-only speculative decoding and refuses it unless
         the decode's KV is VRAM; on a CPU machine it is registered as DRAM.  That is decode-only
         draft KV, and every stage of a multi-stage prefill sending to a whole-model decode."""
+        from harness.spec.layouts import whole_model_decode
+
         if spec["decode"][2] > spec["prefill"][2]:
             return ("NIXL refuses decode-only draft KV unless the decode's KV is VRAM (nixl/conn.py "
                     "_prepare_payload_xfer: 'HiSparse combined with decode-only speculative decoding'); "
                     "on a CPU machine the KV is registered as DRAM")
-        if spec["stages"] > 1 and spec["decode"][:2] == [0, spec["num_layers"]]:
+        if spec["stages"] > 1 and whole_model_decode(spec):
             return ("NIXL takes a whole-model decode fed by one of several prefill stages (more KV entries on "
                     "the decode than on the stage) for decode-only speculative decoding and refuses it unless "
                     "the decode's KV is VRAM (nixl/conn.py _prepare_payload_xfer); on a CPU machine it is DRAM")

@@ -27,11 +27,11 @@ from typing import Any
 
 from backends.reference import decode_core as dc
 from backends.reference import prefill_core as pc
-from backends.reference.bootstrap import BootstrapServer, fetch_stages, register_stage
+from backends.reference.bootstrap import REGISTER_TIMEOUT_S, BootstrapServer, fetch_stages, register_stage
 from backends.reference.shared_events import Clear
 from backends.reference.wire import (  # noqa: F401
-    HEALTH_TIMEOUT_S, ControlSide, MalformedFrame, abort_frame, csv, endpoint, env_flag, env_seconds, ints, parse,
-    status_frame)
+    HEALTH_TIMEOUT_S, ControlSide, MalformedFrame, abort_ack_frame, abort_frame, csv, endpoint, env_flag, env_seconds,
+    ints, parse, register_frame, status_frame)
 from harness.role import pattern
 from harness.role.adapter import RoleAdapter
 from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
@@ -147,7 +147,7 @@ class ReferenceRole(RoleAdapter):
             self.http.thread.start()
             self.threads.append(self.http.thread)
         else:
-            register_stage(addr, pp_rank, self.side.endpoint, layout, timeout_s=15.0)
+            register_stage(addr, pp_rank, self.side.endpoint, layout, timeout_s=REGISTER_TIMEOUT_S)
         worker.start()
         self.side.thread.start()
         self.points.hit("prefill-control-started", endpoint=self.side.endpoint)
@@ -163,8 +163,7 @@ class ReferenceRole(RoleAdapter):
                 self.side.send(action.decode, status_frame(action.room, action.generation, action.status, action.reason,
                                                            self.side.endpoint))
             elif isinstance(action, pc.SendAbortAck):
-                self.side.send(action.decode, [b"ABORT_ACK", str(action.room).encode(), str(action.generation).encode(),
-                                               self.side.endpoint.encode()])
+                self.side.send(action.decode, abort_ack_frame(action.room, action.generation, self.side.endpoint))
             elif isinstance(action, pc.StatusChanged):
                 self._record(action.room, action.status, action.reason)
             elif isinstance(action, pc.Log):
@@ -304,9 +303,8 @@ class ReferenceRole(RoleAdapter):
         for action in self.decode.handle(event):
             if isinstance(action, dc.SendRegistration):  # to every pipeline stage of the prefill
                 for stage in self.peer[action.room]:
-                    self.side.send(stage, [b"REGISTER", str(action.room).encode(), self.side.endpoint.encode(),
-                                           str(action.generation).encode(), csv(action.dst_pages),
-                                           str(action.aux_slot).encode()])
+                    self.side.send(stage, register_frame(action.room, self.side.endpoint, action.generation,
+                                                         action.dst_pages, action.aux_slot))
             elif isinstance(action, dc.SendAbort):
                 for stage in self.peer[action.room]:
                     self.side.send(stage, abort_frame(action.room, self.side.endpoint, action.generation))

@@ -30,6 +30,7 @@ from harness.target.role_context import bind_address
 
 POLL_S = 0.05  # between two tries of a bootstrap call (seconds)
 CALL_TIMEOUT_S = 2.0  # one HTTP call (seconds)
+REGISTER_TIMEOUT_S = 15.0  # a stage > 0 waits this long (seconds) for stage 0's server to take its registration
 
 
 class NotReady(OSError):
@@ -43,7 +44,7 @@ class BootstrapServer:
     def __init__(self, port: int, pp_size: int):
         self.pp_size = pp_size
         self.stages: dict[int, dict] = {}
-        lock = threading.Lock()
+        self.lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,7 +52,7 @@ class BootstrapServer:
                 if self.path == "/health":
                     self._reply(200, b"ok")
                 elif self.path == "/bootstrap":
-                    with lock:
+                    with server.lock:
                         ready = len(server.stages) == server.pp_size
                         body = json.dumps({"stages": [server.stages[r] for r in sorted(server.stages)]}).encode()
                     self._reply(200 if ready else 503, body if ready else b"stages still registering")
@@ -69,8 +70,7 @@ class BootstrapServer:
                 if self.path != "/register" or not 0 <= rank < server.pp_size:
                     self._reply(400, b"no such stage")
                     return
-                with lock:
-                    server.stages[rank] = {"pp_rank": rank, "endpoint": endpoint, "layout": layout}
+                server.register(rank, endpoint, layout)
                 self._reply(200, b"ok")
 
             def _reply(self, code: int, body: bytes) -> None:
@@ -85,10 +85,13 @@ class BootstrapServer:
         self.thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
 
     def register(self, pp_rank: int, endpoint: str, layout: dict) -> None:
-        """Stage ``pp_rank`` (this process's own) is served at ``endpoint`` with ``layout``."""
-        self.stages[pp_rank] = {"pp_rank": pp_rank, "endpoint": endpoint, "layout": layout}
+        """Stage ``pp_rank`` is served at ``endpoint`` with ``layout`` (stage 0 itself, or a
+        stage's POST /register)."""
+        with self.lock:
+            self.stages[pp_rank] = {"pp_rank": pp_rank, "endpoint": endpoint, "layout": layout}
 
     def shutdown(self) -> None:
+        """Stop serving and close the listening socket."""
         self.http.shutdown()
         self.http.server_close()
 
@@ -118,7 +121,8 @@ def register_stage(bootstrap_addr: str, pp_rank: int, endpoint: str, layout: dic
 
 def fetch_stages(bootstrap_addr: str, timeout_s: float) -> list[dict]:
     """The stages of the prefill at ``bootstrap_addr``, in stage order, once all have
-    registered; TimeoutError when that has not happened within ``timeout_s`` seconds."""
+    registered; TimeoutError when that has not happened within ``timeout_s`` seconds,
+    urllib.error.HTTPError when the server refused the request."""
     def once() -> list[dict]:
         try:
             with urllib.request.urlopen(f"http://{bootstrap_addr}/bootstrap", timeout=CALL_TIMEOUT_S) as reply:
@@ -130,6 +134,8 @@ def fetch_stages(bootstrap_addr: str, timeout_s: float) -> list[dict]:
 
     try:
         return _retrying(timeout_s)(once)
+    except urllib.error.HTTPError:  # refused at once (not 503): not a timeout
+        raise
     except OSError as exc:
         raise TimeoutError(f"prefill bootstrap at {bootstrap_addr} did not answer within {timeout_s:.0f} s "
                            f"({exc})") from exc

@@ -45,6 +45,17 @@ def abort_frame(room: int, decode_endpoint: str, generation: int) -> list[bytes]
     return [b"ABORT", str(room).encode(), decode_endpoint.encode(), str(generation).encode()]
 
 
+def abort_ack_frame(room: int, generation: int, prefill_endpoint: str) -> list[bytes]:
+    """P->D ``ABORT_ACK`` of the decode's lifecycle ``generation``, from the stage at ``prefill_endpoint``."""
+    return [b"ABORT_ACK", str(room).encode(), str(generation).encode(), prefill_endpoint.encode()]
+
+
+def register_frame(room: int, decode_endpoint: str, generation: int, dst_pages, aux_slot: int) -> list[bytes]:
+    """D->P ``REGISTER``: the decode's lifecycle ``generation`` of ``room`` wants ``dst_pages`` and ``aux_slot``."""
+    return [b"REGISTER", str(room).encode(), decode_endpoint.encode(), str(generation).encode(), csv(dst_pages),
+            str(aux_slot).encode()]
+
+
 def env_seconds(name: str, default: float) -> float:
     """A timeout knob from the role's environment (sglang's variable names, so one
     scenario setting reaches every implementation); ValueError names a bad value."""

@@ -102,26 +102,15 @@ def this_program() -> str:
         return shlex.quote(str(argv0.resolve()))
 
 
-#: ``--expectations none``: no expectations file, every cell expected to PASS
-NO_EXPECTATIONS = "none"
-
-
 def _expectations(path: Optional[Path], version: Optional[str] = None):
-    """The expectations to judge against: the --expectations file; with none given, the file
-    shipped for the sglang ``version`` under test (expectations/sglang-VERSION.toml) when
-    there is one; ``none``: no file (every cell expected to PASS).  A bad file exits 2."""
+    """The expectations to judge against (harness.session.resolve_expectations: the
+    --expectations file, else the one shipped for the sglang ``version`` under test,
+    ``none`` for none); a bad file exits 2."""
     from harness.judge.expectations import ExpectationsError
-    from harness.session import read_expectations, shipped_expectations
-
-    if path is not None and str(path).strip().lower() == NO_EXPECTATIONS:
-        return None
-    if path is None:
-        path = shipped_expectations(version)
-        if path is None:
-            return None
+    from harness.session import resolve_expectations
 
     try:
-        return read_expectations(path)
+        return resolve_expectations(path, version)
     except ExpectationsError as exc:
         raise _usage_error(str(exc))
 

@@ -23,7 +23,9 @@ from harness.report.terminal import known_mark
 
 class RunProgress:
     """Callbacks for harness.session.run that keep ``console`` (stderr) informed about
-    ``total`` cells of ``seed``, judged against ``expectations`` (or None)."""
+    ``total`` cells of ``seed``, judged against ``expectations`` (a loaded
+    harness.judge.expectations.Expectations, or None); ``scenarios``: scenario id ->
+    Scenario, to judge each finished cell.  A context manager (the live view)."""
 
     def __init__(self, console: Console, total: int, seed: int, expectations, scenarios: dict):
         self.console, self.seed, self.expectations, self.scenarios = console, seed, expectations, scenarios
@@ -44,9 +46,11 @@ class RunProgress:
         return self.bar.__exit__(*exc)
 
     def stop(self) -> None:
+        """End the live view now (an interrupted run prints its message after it)."""
         self.bar.stop()
 
     def callbacks(self, on_note) -> Callbacks:
+        """The harness.drive.scheduler.Callbacks of the run; ``on_note(text)`` for notes."""
         return Callbacks(on_start=self._started, on_cell=self._finished, on_note=on_note)
 
     def _describe(self, last: str) -> str:

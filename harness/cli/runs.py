@@ -288,7 +288,7 @@ def diff(
     Exit 0 when no cell got worse (with --all, a cell of the first run missing from the second
     counts as worse), 1 when some cell got worse, 2 on bad input.
     """
-    from harness.report.run_diff import changed_cells, changes_markdown, changes_table
+    from harness.report.run_diff import changed_cells, changes_markdown, changes_table, unmatched
 
     _registry()
     runs = [_load_results(run_a), _load_results(run_b)]
@@ -297,8 +297,7 @@ def diff(
         console.print(changes_markdown(runs[0], runs[1], changes), markup=False, highlight=False, soft_wrap=True)
     else:
         console.print(changes_table(runs[0], runs[1], changes))
-    keys = [{(c.scenario, c.impl) for c in run.cells} for run in runs]
-    only_a, only_b = len(keys[0] - keys[1]), len(keys[1] - keys[0])
+    only_a, only_b = unmatched(*runs)
     if not all_cells and (only_a or only_b):
         console.print(f"{only_a} cell(s) only in A, {only_b} only in B (--all lists them)", highlight=False)
     raise typer.Exit(code=1 if any(c.worse for c in changes) else 0)
@@ -328,10 +327,12 @@ def expectations_update(
     if path is None:
         raise _usage_error("the run was judged against no expectations file: name one with --file")
     if file is not None:  # the cells' expected verdicts are the named file's, not the run's
+        from harness.judge.expectations import NO_EXPECTATIONS, with_expectations
+
+        if str(file).strip().lower() == NO_EXPECTATIONS:
+            raise _usage_error("--file none: name the expectations file to rewrite")
         _registry()
-        named = _expectations(file)
-        for cell in result.cells:
-            cell.expected = named.verdict_for(cell.impl, cell.scenario)
+        with_expectations(result, _expectations(file))
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -60,7 +60,7 @@ class CellDriver:
         self.bootstrap_addr: dict[str, str] = {}
         self.control_endpoint: dict[str, str] = {}  # role -> its manager's control socket
         self.base_port = base_port
-        self.prefills_started = 0
+        self.ports_used = 0  # of the cell's port block: a bootstrap port per prefill, a rendezvous per PP prefill
         self.prefill_setup: dict[str, tuple[dict, int]] = {}  # prefill -> (layout, bootstrap port)
         self.role_env: dict[str, dict[str, str]] = {}  # role -> the environment it was started with
         self.step_index: int | None = None

@@ -36,6 +36,28 @@ from harness.judge.verdict import Verdict
 from harness.spec.inputs import InputError, read_input
 
 
+#: ``--expectations none``: no expectations file, every cell expected to PASS
+NO_EXPECTATIONS = "none"
+
+
+def shipped_path(version: str | None) -> Path | None:
+    """The expectations pdconform ships for sglang ``version`` (expectations/sglang-VERSION.toml), if any."""
+    from harness import ROOT
+
+    path = ROOT / "expectations" / f"sglang-{version}.toml"
+    return path if version and path.is_file() else None
+
+
+def with_expectations(run: RunResult, expectations: "Expectations | None") -> RunResult:
+    """``run`` with every cell's expected verdict, reason and link taken from ``expectations``
+    (None: every cell expected to PASS), in place; the run."""
+    for cell in run.cells:
+        entry = expectations.for_cell(cell.impl, cell.scenario) if expectations else None
+        cell.expected = Verdict(entry.verdict) if entry else Verdict.PASS
+        cell.expected_reason, cell.expected_link = (entry.reason, entry.link) if entry else ("", "")
+    return run
+
+
 class ExpectationsError(ValueError):
     """The expectations file is unusable; the message names the file and the entry."""
 

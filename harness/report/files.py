@@ -97,7 +97,7 @@ def junit_xml(run: RunResult) -> JUnitXml:
         if requirement and requirement not in head:
             head = f"{requirement}: {head}"
         out = [f"verdict {cell.verdict} (expected {cell.expected}), engine {cell.engine}, "
-               f"{cell.bytes_verified} bytes verified", f"reproduce: {reproduce_command(run, cell)}"]
+               f"{cell.bytes_verified} bytes verified", f"reproduce: {reproduce_command(run, cell, portable=True)}"]
         if cell.verdict != "PASS" and cell.verdict == cell.expected:  # known: its type says which verdict
             result = Skipped(f"known {cell.expected}: {cell.expected_reason} ({doc_link(run, cell.expected_link)})",
                              f"known-{str(cell.expected).lower()}")

@@ -86,6 +86,12 @@ def changed_cells(run_a: RunResult, run_b: RunResult, all_cells: bool = False) -
     return changes
 
 
+def unmatched(run_a: RunResult, run_b: RunResult) -> tuple[int, int]:
+    """How many cells only run A has, and only run B."""
+    a, b = ({(c.scenario, c.impl) for c in run.cells} for run in (run_a, run_b))
+    return len(a - b), len(b - a)
+
+
 def baseline_marks(baseline: RunResult, run: RunResult) -> dict[str, dict]:
     """For ``run --baseline``: each cell of ``run`` against the same cell of ``baseline``,
     keyed ``SCENARIO x IMPL``: ``{"mark", "before": verdict, "checks": [...]}``, the mark

@@ -83,12 +83,12 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, 
 def _expectations_option(run: RunResult, portable: bool) -> str:
     """The ``--expectations`` a repro needs to judge its cell as the run did: none when the
     run used the file shipped for its sglang (repro's default), ``none`` when it used none."""
-    from harness import ROOT
+    from harness.judge.expectations import shipped_path
 
     if not run.expectations:
         return " --expectations none"
-    shipped = ROOT / "expectations" / f"sglang-{run.sglang.version}.toml"
-    if Path(run.expectations).resolve() == shipped.resolve():
+    shipped = shipped_path(run.sglang.version)
+    if shipped is not None and Path(run.expectations).resolve() == shipped.resolve():
         return ""
     return f" --expectations {shlex.quote(Path(run.expectations).name if portable else run.expectations)}"
 

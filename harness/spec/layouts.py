@@ -75,10 +75,15 @@ def single_stage_specs():
     return layout_specs().filter(lambda s: s["stages"] == 1 and s["decode"][2] > 0)
 
 
+def whole_model_decode(spec: dict) -> bool:
+    """The decode holds every main layer (the decode a multi-stage prefill sends to)."""
+    return spec["decode"][:2] == [0, spec["num_layers"]]
+
+
 def multi_stage_specs():
     """Layouts whose prefill has several pipeline stages and whose decode holds the whole
-    model (the decode a multi-stage prefill sends to), with or without draft KV."""
-    return layout_specs().filter(lambda s: s["stages"] > 1 and s["decode"][:2] == [0, s["num_layers"]])
+    model, with or without draft KV."""
+    return layout_specs().filter(lambda s: s["stages"] > 1 and whole_model_decode(s))
 
 
 def stage_role_layouts(spec: dict):

@@ -98,10 +98,11 @@ class StagePPGroup:
     prefill managers use: ``is_first_rank``, ``is_last_rank``, ``world_size``,
     ``rank_in_group`` and ``broadcast_object`` (``disaggregation/pp_consensus_store.py``).
 
-    Everything listens on the rendezvous host only (:func:`bind_address`, loopback unless
-    ``run --bind``): stage 0 binds the store's socket itself and hands it over
+    Everything listens on the rendezvous host only (the driver gives the cell's
+    :func:`bind_address`): stage 0 binds the store's socket itself and hands it over
     (``master_listen_fd``; torch's own store would listen on every interface), and gloo's
-    sockets use the loopback interface.  RuntimeError (torch's) when a stage does not join
+    sockets use the loopback interface (``GLOO_SOCKET_IFNAME=lo``, unless already set), so
+    the stages of one prefill run on one host.  RuntimeError (torch's) when a stage does not join
     within :data:`PP_JOIN_TIMEOUT_S`; OSError when the port cannot be bound."""
 
     def __init__(self, pp_size: int, pp_rank: int, rendezvous: str):

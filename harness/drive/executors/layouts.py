@@ -70,16 +70,16 @@ def transfer_layouts(d: "CellDriver", step: s.TransferLayouts) -> None:
     single = sample(layouts.single_stage_specs(), step.count, step.seed)
     single += [spec for spec in shrunk if spec["stages"] == 1][:3]
     multi = sample(layouts.multi_stage_specs(), step.multi_stage, step.seed) if step.multi_stage else []
-    multi += [spec for spec in shrunk if spec["stages"] > 1 and spec["decode"][:2] == [0, spec["num_layers"]]][:2]
+    multi += [spec for spec in shrunk if spec["stages"] > 1 and layouts.whole_model_decode(spec)][:2]
     for i, spec in enumerate(single + multi):
-        _transfer_one(d, spec, i, step.seed + i, staged=i >= len(single))
+        _transfer_one(d, spec, i, step.seed + i, multi_stage=i >= len(single))
 
 
-def _transfer_one(d: "CellDriver", spec: dict, i: int, seed: int, staged: bool) -> None:
-    """Start this layout's roles (``staged``: one per prefill stage), run one room to its
+def _transfer_one(d: "CellDriver", spec: dict, i: int, seed: int, multi_stage: bool) -> None:
+    """Start this layout's roles (``multi_stage``: one per prefill PP stage), run one room to its
     end and verify it, then retire the roles; a start that fails is recorded as this
     layout's problem, not the cell's."""
-    if staged:
+    if multi_stage:
         stage_layouts, decode_layout = layouts.stage_role_layouts(spec)
         prefills = tuple(f"prefill-L{i}-pp{k}" for k in range(len(stage_layouts)))
         start = s.StartRoles(prefills=prefills, decodes=(f"decode-L{i}",), layout=stage_layouts[0],
@@ -92,9 +92,9 @@ def _transfer_one(d: "CellDriver", spec: dict, i: int, seed: int, staged: bool) 
     prefill, decode = prefills[0], f"decode-L{i}"
     why_not = d.call("prefill", "unsupported_layout", spec=spec) if "prefill" in d.clients else None
     d.record(Event.INFO, Op.LAYOUT_TRANSFER, prefill,
-             args={"layout": layouts.describe(spec) + (f"; all {len(prefills)} stages sent, one role each" if staged
+             args={"layout": layouts.describe(spec) + (f"; all {len(prefills)} stages sent, one role each" if multi_stage
                                                        else ""), "spec": spec, "skipped": why_not, "decode": decode,
-                   "stages": list(prefills) if staged else []})
+                   "stages": list(prefills) if multi_stage else []})
     if why_not:
         return
     try:
@@ -104,7 +104,7 @@ def _transfer_one(d: "CellDriver", spec: dict, i: int, seed: int, staged: bool) 
         d.retire([n for n in (*prefills, decode) if n in d.clients])
         return
     try:
-        for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=seed, stages=prefills if staged else ()):
+        for sub_step in layouts.transfer_steps(spec, prefill, decode, seed=seed, stages=prefills if multi_stage else ()):
             d.execute(sub_step)
     finally:
         d.retire([*prefills, decode])

@@ -53,10 +53,10 @@ def _next_port(d: "CellDriver") -> int:
     PP rendezvous; CellAborted when the block is used up (it would take a neighbour's)."""
     from harness.drive.ports import PORT_BLOCK
 
-    if d.prefills_started >= PORT_BLOCK:
+    if d.ports_used >= PORT_BLOCK:
         raise CellAborted(f"the cell has used all {PORT_BLOCK} ports of its block (harness.drive.ports.PORT_BLOCK)")
-    port = d.base_port + d.prefills_started
-    d.prefills_started += 1
+    port = d.base_port + d.ports_used
+    d.ports_used += 1
     return port
 
 
