@@ -31,7 +31,8 @@ from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
 from harness.drive.launcher import Launcher, LocalLauncher, RoleHandle
 from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
-from harness.spec.history import START_OPS, Event, History, Op, rooms_cleared_everywhere
+from harness.spec.history import (START_OPS, Event, History, Op, held_rooms, last_observations,
+                                  rooms_cleared_everywhere)
 from harness.spec.scenario import Scenario, get_scenario
 
 
@@ -182,12 +183,8 @@ class CellDriver:
 
     def _holding(self, rooms: set[int]) -> list[str]:
         """The roles whose last observation holds state of one of ``rooms``."""
-        last: dict[str, dict] = {}
-        for e in self.history.events:
-            if e["op"] == Op.OBSERVE and e["type"] in (Event.OK, Event.FAIL):
-                last[e["role"]] = e
-        return [role for role, e in last.items() if role in self.clients and e["type"] == Event.OK
-                and any(int(room) in rooms for room in (e.get("value") or {}).get("rooms") or {})]
+        return [role for role, e in last_observations(self.history.events).items()
+                if role in self.clients and e["type"] == Event.OK and held_rooms(e.get("value"), rooms)]
 
     def _observe_again(self, rooms: set[int]) -> list[str]:
         """Observe the roles still holding state of ``rooms`` again; those that still do."""

@@ -29,7 +29,7 @@ A scenario opts out of one only with a stated reason (harness.spec.scenario.Scen
 from __future__ import annotations
 
 from harness.judge import checks as c
-from harness.spec.history import Event, Op, rooms_cleared_everywhere
+from harness.spec.history import Event, Op, held_rooms, last_observations, rooms_cleared_everywhere
 from harness.spec.protocol import KVPoll, kvpoll_name
 
 TERMINAL = (kvpoll_name(KVPoll.Success), kvpoll_name(KVPoll.Failed))
@@ -100,15 +100,15 @@ def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str]:
     if not rooms:
         return True, "no room was cleared on every role that used it, so no residue to judge"
     observed, _ = c.observations(events)  # a role that could not be observed fails no-dead-thread
-    last = {e["role"]: e["type"] for e in events if e["op"] == Op.OBSERVE and e["type"] in (Event.OK, Event.FAIL)}
-    stale = {role for role, kind in last.items() if kind == Event.FAIL}  # judged on no older observation
+    stale = {role for role, e in last_observations(events).items() if e["type"] == Event.FAIL}  # no older view
     left, partial = [], []
     for role, value in sorted(observed.items()):
         if role in stale:
             continue
-        for room, paths in sorted((value.get("rooms") or {}).items(), key=lambda kv: str(kv[0])):
-            if int(room) in rooms:
-                left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")
+        held = value.get("rooms") or {}
+        for room in sorted(held_rooms(value, rooms)):
+            paths = held.get(room, held.get(str(room), []))
+            left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")
         if value.get("residue_incomplete"):
             partial.append(f"{role}: {value['residue_incomplete']}")
     if left:

@@ -206,3 +206,14 @@ def rooms_cleared_everywhere(events: list[dict]) -> set[int]:
         last.setdefault(room, {})[e["role"]] = e
     return {room for room, by_role in last.items()
             if all(e["op"] == Op.CLEAR and e["type"] == Event.OK for e in by_role.values())}
+
+
+def last_observations(events: list[dict]) -> dict[str, dict]:
+    """Each role's last end-of-cell observation event (``observe``, ok or fail), by role."""
+    return {e["role"]: e for e in events if e["op"] == Op.OBSERVE and e["type"] in (Event.OK, Event.FAIL)}
+
+
+def held_rooms(observation: dict | None, rooms: set[int]) -> list[int]:
+    """The ``rooms`` an observation's value still holds state of (its ``rooms``, not its
+    ``remembered`` ended generations)."""
+    return [int(room) for room in ((observation or {}).get("rooms") or {}) if int(room) in rooms]
