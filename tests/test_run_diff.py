@@ -98,8 +98,7 @@ def test_a_baseline_marks_each_cell_new_fixed_or_same_check_by_check():
     new run FAILs one the baseline PASSed (new, naming the check), the rest stay."""
     from harness.judge.results import CellResult, RunResult, SglangInfo
     from harness.report.files import summary_markdown
-    from harness.report.run_diff import baseline_marks
-    from harness.report.terminal import baseline_lines
+    from harness.report.run_diff import baseline_lines, baseline_marks
 
     def cell(scenario, impl, verdict, failing=()):
         return CellResult(impl=impl, scenario=scenario, verdict=verdict,

@@ -79,15 +79,14 @@ class RunProgress:
     def _judged(self, cell_run):
         """The cell's verdict from its history (None when it cannot be read: the run's own
         judgement later says why)."""
-        from harness.judge.judge import judge
+        from harness.judge.judge import judge_cell
         from harness.spec.history import load
 
         scenario = self.scenarios.get(cell_run.scenario)
         if scenario is None:
             return None
         try:
-            history = load(cell_run.workdir / "history.jsonl")
-            expectation = self.expectations.for_cell(cell_run.impl, cell_run.scenario) if self.expectations else None
-            return judge(scenario, self.seed, history, impl=cell_run.impl, expectation=expectation)
+            return judge_cell(scenario, self.seed, load(cell_run.workdir / "history.jsonl"), cell_run.impl,
+                              self.expectations)
         except Exception:  # noqa: BLE001 - a preview only; the run's judgement reports any problem
             return None

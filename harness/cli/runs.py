@@ -153,7 +153,7 @@ def run(
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
     from harness.cli.progress import RunProgress
     from harness.drive.runner import default_jobs
-    from harness.report.terminal import baseline_lines
+    from harness.report.run_diff import baseline_lines
     from harness.session import RunConfig
 
     impls, scenarios = _select(impl, scenario)

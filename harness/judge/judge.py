@@ -145,19 +145,25 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
     return result
 
 
+def judge_cell(scenario: Scenario, seed: int, history: list[dict], impl: str, expectations: Expectations | None,
+               reference: list[dict] | None = None, workdir: str | None = None) -> CellResult:
+    """:func:`judge` for ``impl``'s cell of ``scenario``, with its entry of ``expectations``
+    (None: PASS expected): what a run judges each cell with, and what ``run``'s live view
+    shows as a cell ends (harness/cli/progress.py, without the reference's divergence)."""
+    expectation = expectations.for_cell(impl, scenario.id) if expectations else None
+    return judge(scenario, seed, history, impl=impl, reference=reference, expectation=expectation, workdir=workdir)
+
+
 def judge_run(run: RunResult, out_dir: str | Path, cells: list[tuple[str, str]], scenarios: dict[str, Scenario],
               histories: dict[tuple[str, str], list[dict]], expectations: Expectations | None = None) -> RunResult:
     """``run`` (its run-level fields) with a judged cell for each ``(scenario id, impl)`` of
     ``cells``, in that order.  ``histories`` maps ``(scenario, impl)`` to events, with
     ``(scenario, "reference")`` for the divergence (harness.judge.results.load_histories).
     Pure apart from reading nothing: every input is passed in."""
-    judged = []
-    for scenario_id, impl in cells:
-        scenario = scenarios[scenario_id]
-        expectation = expectations.for_cell(impl, scenario_id) if expectations else None
-        judged.append(judge(scenario, run.seed, histories.get((scenario_id, impl), []), impl=impl,
-                            reference=histories.get((scenario_id, REFERENCE)), expectation=expectation,
-                            workdir=str(cell_dir(out_dir, scenario_id, impl))))
+    judged = [judge_cell(scenarios[scenario_id], run.seed, histories.get((scenario_id, impl), []), impl, expectations,
+                         reference=histories.get((scenario_id, REFERENCE)),
+                         workdir=str(cell_dir(out_dir, scenario_id, impl)))
+              for scenario_id, impl in cells]
     out = RunResult(**{f: getattr(run, f) for f in run.__struct_fields__ if f != "cells"}, cells=judged)
     out.expectations = expectations.path if expectations else run.expectations
     return out

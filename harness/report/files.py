@@ -27,7 +27,8 @@ from harness.judge.expectations import fixes, is_fix, regressions
 from harness.judge.results import VERDICTS, CellResult, RunResult, write_atomic
 from harness.report.html import write_index_html
 from harness.report.safe import md, md_code
-from harness.report.terminal import MARKS, bug_id, engine_settings_line, reproduce_command
+from harness.report.run_diff import baseline_rows
+from harness.report.terminal import bug_id, engine_settings_line, reproduce_command
 
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
 SUMMARY_LIMIT = 60_000
@@ -170,15 +171,11 @@ def _baseline_markdown(run: RunResult) -> list[str]:
     """``run --baseline``: the counts, then every new or fixed cell, check by check."""
     if not run.baseline:
         return []
-    marks = run.baseline.get("marks", {})
-    counts = {k: sum(m["mark"] == k for m in marks.values()) for k in MARKS}
-    verdicts = {f"{c.scenario} x {c.impl}": c.verdict for c in run.cells}
+    counts, rows = baseline_rows(run)
     lines = ["", f"### Against the baseline (sglang {md(str(run.baseline.get('sglang')))})", "",
              ", ".join(f"{n} {k}" for k, n in counts.items() if n), ""]
-    for key, m in marks.items():
-        if m["mark"] not in ("same", "not in baseline") or m["checks"]:
-            checks = f": {md('; '.join(m['checks']))}" if m["checks"] else ""
-            lines.append(f"- **{m['mark']}** {md(key)}: {m['before']} -> {verdicts.get(key, '?')}{checks}")
+    lines += [f"- **{mark}** {md(key)}: {before} -> {after}" + (f": {md('; '.join(checks))}" if checks else "")
+              for mark, key, before, after, checks in rows]
     return lines
 
 

@@ -144,3 +144,32 @@ def changes_markdown(run_a: RunResult, run_b: RunResult, changes: list[CellChang
         lines.append(f"| {md_code(c.scenario)} | {md(c.impl)} | {c.before} | {c.after} | {c.direction} | "
                      f"{md('; '.join(c.checks))} | {md(c.reason[:200])} |")
     return "\n".join(lines) + "\n"
+
+
+#: the marks :func:`baseline_marks` gives, in the order reports count them
+MARKS = ("new", "fixed", "now judged", "no longer judged", "same", "not in baseline")
+
+
+def baseline_rows(run: RunResult) -> tuple[dict[str, int], list[tuple[str, str, str, str, list[str]]]]:
+    """A run's ``baseline`` for a report: (count per mark, in :data:`MARKS` order), and a row
+    ``(mark, "SCENARIO x IMPL", before, after, checks)`` for every cell worth a line (not
+    ``same`` with unchanged checks, not ``not in baseline``)."""
+    marks = (run.baseline or {}).get("marks", {})
+    counts = {k: sum(m["mark"] == k for m in marks.values()) for k in MARKS}
+    after = {f"{c.scenario} x {c.impl}": str(c.verdict) for c in run.cells}
+    rows = [(m["mark"], key, m["before"], after.get(key, "?"), list(m["checks"])) for key, m in marks.items()
+            if m["mark"] not in ("same", "not in baseline") or m["checks"]]
+    return counts, rows
+
+
+def baseline_lines(run: RunResult) -> list[str]:
+    """``run --baseline``: one line with the counts, then each new, fixed or now / no longer
+    judged cell and each cell whose checks changed, check by check ([] without a baseline)."""
+    if not run.baseline:
+        return []
+    counts, rows = baseline_rows(run)
+    lines = [f"against baseline {run.baseline.get('path')} (sglang {run.baseline.get('sglang')}): "
+             + ", ".join(f"{n} {k}" for k, n in counts.items() if n)]
+    lines += [f"  {mark}: {key}: {before} -> {after}" + (f" ({'; '.join(checks)})" if checks else "")
+              for mark, key, before, after, checks in rows]
+    return [terminal(line) for line in lines]

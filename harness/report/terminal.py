@@ -159,26 +159,3 @@ def event_line(event: dict) -> str:
     if len(text) > 160:
         text = text[:157] + "..."
     return terminal(f"{when}  {event.get('role') or '-':<10} {event.get('op'):<16} {event.get('type'):<7} {text}")
-
-
-#: the marks ``run --baseline`` gives, in the order they are counted (harness.report.run_diff.baseline_marks)
-MARKS = ("new", "fixed", "now judged", "no longer judged", "same", "not in baseline")
-
-
-def baseline_lines(run: RunResult) -> list[str]:
-    """``run --baseline``: one line with the counts, then each new or fixed cell and each cell
-    whose checks changed, check by check ([] without a baseline)."""
-    if not run.baseline:
-        return []
-    from collections import Counter
-
-    marks = run.baseline.get("marks", {})
-    counts = Counter(m["mark"] for m in marks.values())
-    lines = [f"against baseline {run.baseline.get('path')} (sglang {run.baseline.get('sglang')}): "
-             + ", ".join(f"{counts[k]} {k}" for k in MARKS if counts[k])]
-    for key, m in marks.items():
-        if m["mark"] not in ("same", "not in baseline") or m["checks"]:
-            checks = f" ({'; '.join(m['checks'])})" if m["checks"] else ""
-            lines.append(f"  {m['mark']}: {key}: {m['before']} -> "
-                         f"{next((c.verdict for c in run.cells if f'{c.scenario} x {c.impl}' == key), '?')}{checks}")
-    return [terminal(line) for line in lines]
