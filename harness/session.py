@@ -139,22 +139,15 @@ def read_expectations(path: str | Path) -> Expectations:
     return load_expectations(path, available(), [s.id for s in all_scenarios()])
 
 
-def shipped_expectations(version: str | None) -> Path | None:
-    """The expectations pdconform ships for sglang ``version``, if any (harness.judge.expectations.shipped_path)."""
-    from harness.judge.expectations import shipped_path
-
-    return shipped_path(version)
-
-
 def resolve_expectations(given: str | Path | None, version: str | None) -> Expectations | None:
     """The expectations a run, repro or pytest session judges against: the file ``given``;
     with none given the file shipped for sglang ``version`` when there is one; ``none``: no
     file (every cell expected to PASS).  ExpectationsError for a bad file."""
-    from harness.judge.expectations import NO_EXPECTATIONS
+    from harness.judge.expectations import NO_EXPECTATIONS, shipped_path
 
     if given is not None and str(given).strip().lower() == NO_EXPECTATIONS:
         return None
-    path = given if given else shipped_expectations(version)
+    path = given if given else shipped_path(version)
     return read_expectations(path) if path else None
 
 
@@ -163,7 +156,9 @@ def clean_clone_order(version: str | None, scenarios: list[Scenario], impls: lis
     """The cell order a clean clone's first run uses (harness.drive.scheduler.Schedule's
     ``duration_hint``): from the expectations shipped for sglang ``version``, the cells
     expected to fail first; {} when none are shipped."""
-    shipped = shipped_expectations(version)
+    from harness.judge.expectations import shipped_path
+
+    shipped = shipped_path(version)
     if shipped is None:
         return {}
     return expected_durations(scenarios, impls, seed, read_expectations(shipped).verdict_for)

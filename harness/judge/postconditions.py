@@ -105,9 +105,7 @@ def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str]:
     for role, value in sorted(observed.items()):
         if role in stale:
             continue
-        held = value.get("rooms") or {}
-        for room in sorted(held_rooms(value, rooms)):
-            paths = held.get(room, held.get(str(room), []))
+        for room, paths in sorted(held_rooms(value, rooms).items()):
             left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")
         if value.get("residue_incomplete"):
             partial.append(f"{role}: {value['residue_incomplete']}")

@@ -213,7 +213,8 @@ def last_observations(events: list[dict]) -> dict[str, dict]:
     return {e["role"]: e for e in events if e["op"] == Op.OBSERVE and e["type"] in (Event.OK, Event.FAIL)}
 
 
-def held_rooms(observation: dict | None, rooms: set[int]) -> list[int]:
-    """The ``rooms`` an observation's value still holds state of (its ``rooms``, not its
-    ``remembered`` ended generations)."""
-    return [int(room) for room in ((observation or {}).get("rooms") or {}) if int(room) in rooms]
+def held_rooms(observation: dict | None, rooms: set[int]) -> dict[int, list[str]]:
+    """Of ``rooms``, those an observation's value still holds state of, with the paths
+    that hold it (its ``rooms``, not its ``remembered`` ended generations)."""
+    held = (observation or {}).get("rooms") or {}
+    return {int(room): paths for room, paths in held.items() if int(room) in rooms}

@@ -121,9 +121,10 @@ def sent_layers(spec: dict) -> tuple[int, ...]:
 
 def transfer_steps(spec: dict, prefill: str, decode: str, seed: int, stages: tuple[str, ...] = ()) -> list:
     """One room from creation to Success between ``prefill`` and ``decode``, then the
-    byte check for ``spec`` (R-LAYOUT-1/2).  ``stages``: the roles of a multi-stage
-    prefill (``prefill`` is stage 0); every stage opens, is sent and concludes the room,
-    and the decode must get every layer."""
+    byte check for ``spec`` (R-LAYOUT-1/2): the sender is opened before the receiver, as
+    OpenRoom does.  ``stages``: the roles of a multi-stage prefill (``prefill`` is stage
+    0); every stage opens, is sent and concludes the room, and the decode must get every
+    layer."""
     import random
 
     from harness.spec.protocol import DRAFT_BASE, KVPoll
@@ -135,13 +136,9 @@ def transfer_steps(spec: dict, prefill: str, decode: str, seed: int, stages: tup
     dst = tuple(rng.sample(range(16), 3))
     aux_src, aux_dst = rng.randrange(4), rng.randrange(4)
     done = (KVPoll.Success, KVPoll.Failed)
-    if not stages:
-        return [OpenRoom(room, prefill=prefill, decode=decode), RequestKV(room, dst, aux_dst, decode=decode),
-                AwaitStatus(room, prefill, (KVPoll.WaitingForInput, KVPoll.Failed)),
-                InitSender(room, len(src), aux_src, prefill=prefill), SendChunk(room, src, prefill=prefill),
-                AwaitStatus(room, prefill, done), AwaitStatus(room, decode, done),
-                VerifyPools(tuple(zip(src, dst)), ((aux_src, aux_dst),), decode=decode, sent_layers=sent_layers(spec))]
-    layers = tuple(range(spec["num_layers"])) + tuple(DRAFT_BASE + d for d in range(spec["prefill"][2]))
+    stages = stages or (prefill,)
+    layers = sent_layers(spec) if len(stages) == 1 else \
+        tuple(range(spec["num_layers"])) + tuple(DRAFT_BASE + d for d in range(spec["prefill"][2]))
     return [*[OpenSender(room, prefill=stage) for stage in stages],
             OpenRoom(room, prefill=stages[0], decode=decode, open_sender=False),
             RequestKV(room, dst, aux_dst, decode=decode),
