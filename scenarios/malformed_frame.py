@@ -91,18 +91,19 @@ def _loops_survived(seed: int):
 
     def fn(events):
         sent = sum(e["args"]["messages"] for e in events if e["type"] == "nemesis" and e["op"] == "inject")
-        killers = []
+        killers, at = [], None
         for role in ROLES:
             for kind, index, messages in sent_in_order:
                 label = _label(kind, index)
-                ok, detail = c.loops_alive_at(label, (role,))(events)
+                ok, detail, where = c.loops_alive_at(label, (role,))(events)
                 if not ok:
+                    at = where if at is None else min(at, where if where is not None else at)
                     what = (f"the {kind!r} message #{index + 1}: {_show(messages[0])}" if index is not None
                             else f"the {kind!r} sequence of {len(messages)} message(s)")
                     killers.append(f"{detail} -- killed by {what}")
                     break
         if killers:
-            return False, "; ".join(killers)
+            return False, "; ".join(killers), at
         return True, (f"prefill and decode loops survived {sent} injected message(s) of "
                       f"{len(batches(seed))} kinds, observed after each")
 

@@ -54,7 +54,7 @@ def test_waits_after_a_stuck_must_come_status_are_cut():
     cuts = [e["args"].get("cut") for e in events if e["op"] == "await_status" and e["type"] == "invoke"]
     assert cuts == [None, None, {"from_s": s.STEP_TIMEOUT_S, "after_step": 1}, {"from_s": 15.0, "after_step": 1},
                     None]
-    ok, detail = c.reached_status(1, "decode", KVPoll.Success)(events)
+    ok, detail, *_ = c.reached_status(1, "decode", KVPoll.Success)(events)
     assert not ok and f"bound cut from {s.STEP_TIMEOUT_S:g} s" in detail and "step 1" in detail
 
 

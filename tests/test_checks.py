@@ -19,7 +19,7 @@ def _await(h: History, role: str, room: int, status: int, reason=None):
 def test_reached_status_pass_and_fail_detail():
     h = History()
     _await(h, "decode", 7, KVPoll.Failed, reason="prefill 127.0.0.1:9 is dead")
-    ok, detail = c.reached_status(7, "decode", KVPoll.Success)(h.events)
+    ok, detail, *_ = c.reached_status(7, "decode", KVPoll.Success)(h.events)
     assert not ok
     assert "ended at Failed, expected Success" in detail and "prefill 127.0.0.1:9 is dead" in detail
     _await(h, "decode", 7, KVPoll.Success)
@@ -27,7 +27,7 @@ def test_reached_status_pass_and_fail_detail():
 
 
 def test_never_polled_room_fails():
-    ok, detail = c.reached_status(1, "prefill", KVPoll.Success)([])
+    ok, detail, *_ = c.reached_status(1, "prefill", KVPoll.Success)([])
     assert not ok and "never polled" in detail
 
 
@@ -63,9 +63,9 @@ def test_dead_thread_and_stopped_loop_are_reported():
         "loops": {"transfer-worker#0": False, "bootstrap#1": True},
         "dead_threads": [{"thread": "transfer-worker", "exception": "ValueError", "message": "bad frame"}],
         "log_records": [], "rooms": {}})
-    ok, detail = c.no_dead_threads()(h.events)
+    ok, detail, *_ = c.no_dead_threads()(h.events)
     assert not ok and "transfer-worker died: ValueError: bad frame" in detail
-    ok, detail = c.loops_alive()(h.events)
+    ok, detail, *_ = c.loops_alive()(h.events)
     assert not ok and "prefill:transfer-worker#0" in detail
 
 
@@ -73,7 +73,7 @@ def test_terminal_status_that_flips_is_caught():
     h = History()
     _await(h, "prefill", 5, KVPoll.Success)
     _await(h, "prefill", 5, KVPoll.Failed)
-    ok, detail = c.stays_terminal(5, ("prefill",))(h.events)
+    ok, detail, *_ = c.stays_terminal(5, ("prefill",))(h.events)
     assert not ok and "prefill room 5: Success -> Failed" in detail
 
 
@@ -86,7 +86,7 @@ def test_launched_role_that_was_never_observed_fails_liveness():
     h.record("fail", "observe", "prefill", None, args={},
              error="prefill cannot be observed: its process ended (killed by SIGKILL)")
     for check in (c.loops_alive(), c.no_dead_threads()):
-        ok, detail = check(h.events)
+        ok, detail, *_ = check(h.events)
         assert not ok and "killed by SIGKILL" in detail
 
 

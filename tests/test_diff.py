@@ -23,7 +23,7 @@ def test_first_divergence_names_step_requirement_and_values():
     checks = [{"name": "x", "requirement": "R-HB-1", "ok": False}]
     d = first_divergence(_events("Failed", 1000, 0.0), _events("WaitingForInput", 2000, 1.0), checks)
     assert d == {"step": 1, "step_name": "AwaitStatus", "op": "await_status", "role": "decode",
-                 "requirement": "R-HB-1", "reference": "Failed", "observed": "WaitingForInput"}
+                 "requirement": "R-HB-1", "reference": "Failed", "observed": "WaitingForInput", "seq": 3}
     assert "reference Failed, observed WaitingForInput" in describe(d)
 
 
@@ -63,3 +63,47 @@ def test_each_failing_case_gets_its_own_first_divergence():
         ("room 11", ["a-success"], "Failed"), ("room 22", ["b-success"], "Failed")]
     line = describe(d)
     assert "room 11 (a-success): first divergence at step 0" in line and "room 22 (b-success)" in line
+
+
+def _reused_room(first_prefill: str, second_decode: str):
+    """One room id, two lifecycles: step 1 polls the prefill of the first, step 2 the decode of
+    the second (the room reused)."""
+    return [
+        {"seq": 0, "t": 0, "step": 1, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
+        {"seq": 1, "t": 1, "step": 1, "op": "await_status", "role": "prefill", "type": "ok",
+         "args": {"room": 7}, "value": {"status_name": first_prefill}},
+        {"seq": 2, "t": 2, "step": 2, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
+        {"seq": 3, "t": 3, "step": 2, "op": "await_status", "role": "decode", "type": "ok",
+         "args": {"room": 7, "label": "after-reuse"}, "value": {"status_name": second_decode}},
+    ]
+
+
+def test_the_divergence_is_at_the_step_the_failing_check_was_decided_on():
+    """room-reuse x mooncake: the first lifecycle differs harmlessly at step 1 (either status
+    is allowed there); the check that fails was decided at step 2: the divergence is step 2's,
+    and it points at the observed event (seq 3) for the cell page."""
+    checks = [{"name": "reuse", "requirement": "R-REUSE-1", "level": "MUST", "ok": False, "at": 3,
+               "detail": "decode room 7 was Success at 'after-reuse'"}]
+    d = first_divergence(_reused_room("Transferring", "WaitingForInput"), _reused_room("WaitingForInput", "Success"),
+                         checks)
+    assert (d["step"], d["role"], d["reference"], d["observed"], d["seq"]) == (2, "decode", "WaitingForInput",
+                                                                               "Success", 3)
+    assert [(c["case"], c["step"], c["checks"]) for c in d["cases"]] == [("room 7", 2, ["reuse"])]
+    # without the check's event, the same room's first divergence (step 1) is all there is to say
+    unplaced = [{**checks[0], "at": None}]
+    assert first_divergence(_reused_room("Transferring", "WaitingForInput"),
+                            _reused_room("WaitingForInput", "Success"), unplaced)["step"] == 1
+    # at its step the histories agree: the case's first divergence
+    same_at_step = _reused_room("Transferring", "Success")
+    d = first_divergence(same_at_step, _reused_room("WaitingForInput", "Success"), checks)
+    assert d["step"] == 1
+
+
+def test_the_reasons_check_comes_first_a_must_before_a_should():
+    checks = [{"name": "why", "requirement": "R-REASON-1", "level": "SHOULD", "ok": False, "at": 1,
+               "detail": "prefill room 11: no reason"},
+              {"name": "ok", "requirement": "R-XFER-1", "level": "MUST", "ok": False, "at": 3,
+               "detail": "decode room 22 ended at Failed"}]
+    d = first_divergence(_two_rooms("Success", "Success"), _two_rooms("Failed", "Failed"), checks)
+    assert (d["step"], d["requirement"]) == (1, "R-XFER-1")  # the MUST's, though the SHOULD's is earlier
+    assert [c["checks"] for c in d["cases"]] == [["why"], ["ok"]]

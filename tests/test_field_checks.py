@@ -23,11 +23,11 @@ def _failed_history(after_s: float, reason: str | None) -> list[dict]:
 def test_failed_within_judges_the_window_and_the_reason():
     events = _failed_history(3.2, "timed out after 3.2s in KVPoll.Bootstrapping")
     assert c.failed_within(5, "prefill", "open_sender", "prefill", 3, 8)(events)[0]
-    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 4, 8)(events)
+    ok, detail, *_ = c.failed_within(5, "prefill", "open_sender", "prefill", 4, 8)(events)
     assert not ok and "before the 4 s deadline" in detail
-    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 2)(events)
+    ok, detail, *_ = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 2)(events)
     assert not ok and "allowed up to 2 s" in detail
-    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 8, ("abort",))(events)
+    ok, detail, *_ = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 8, ("abort",))(events)
     assert not ok and "names none of abort" in detail
 
 
@@ -40,7 +40,7 @@ def test_failed_within_counts_too_early_from_the_start_of_the_call():
     _event(h, "ok", "await_status", "prefill", 13.002, args={"room": 5},
            value={"status": KVPoll.Failed, "failure_reason": "timed out after 3.0s"})
     assert c.failed_within(5, "prefill", "open_sender", "prefill", 3, 8)(h.events)[0]
-    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 3.5, 8)(h.events)
+    ok, detail, *_ = c.failed_within(5, "prefill", "open_sender", "prefill", 3.5, 8)(h.events)
     assert not ok and "after open_sender was called, before the 3.5 s deadline" in detail
 
 
@@ -56,7 +56,7 @@ def test_a_failure_is_timed_when_the_role_saw_it_not_when_the_reply_arrived():
     assert abs(c.seen_at(late) - 3.80) < 1e-6
     assert c.failed_within(5, "decode", "request_kv", "decode", 3, 8)(h.events)[0]
     late["value"]["seen_wall"] = 1007.0  # the read itself came 10.0 s after request_kv
-    ok, detail = c.failed_within(5, "decode", "request_kv", "decode", 3, 8)(h.events)
+    ok, detail, *_ = c.failed_within(5, "decode", "request_kv", "decode", 3, 8)(h.events)
     assert not ok and "allowed up to 8 s" in detail
     del late["value"]["seen_wall"]  # an older history: the completion's own time
     assert c.seen_at(late) == 11.36
@@ -72,7 +72,7 @@ def test_failed_within_never_failed():
     h = History()
     _event(h, "ok", "open_sender", "prefill", 1.0, args={"room": 5})
     _event(h, "ok", "await_status", "prefill", 9.0, args={"room": 5}, value={"status": KVPoll.WaitingForInput})
-    ok, detail = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 9)(h.events)
+    ok, detail, *_ = c.failed_within(5, "prefill", "open_sender", "prefill", 0, 9)(h.events)
     assert not ok and "never became Failed (last: WaitingForInput)" in detail
 
 
@@ -86,14 +86,14 @@ def _observed(rooms: dict, remembered: dict | None = None, logs: list | None = N
 
 
 def test_no_residue_names_what_is_left_and_ignores_bounded_memory():
-    ok, detail = c.no_residue(("prefill",), (7, 8))(_observed({7: ["_deferred_ack_poisoned_rooms"], 9: ["x"]}))
+    ok, detail, *_ = c.no_residue(("prefill",), (7, 8))(_observed({7: ["_deferred_ack_poisoned_rooms"], 9: ["x"]}))
     assert not ok and "room 7: _deferred_ack_poisoned_rooms" in detail and "room 9" not in detail
     assert c.no_residue(("prefill",), (7,))(_observed({}, remembered={7: ["tombstones"]}))[0]
 
 
 def test_no_log_matching():
     logs = [{"level": "WARNING", "logger": "sglang.x", "message": "Malformed ABORT message: too few frames (1)"}]
-    ok, detail = c.no_log_matching("prefill", r"malformed")(_observed({}, logs=logs))
+    ok, detail, *_ = c.no_log_matching("prefill", r"malformed")(_observed({}, logs=logs))
     assert not ok and "Malformed ABORT" in detail
     assert c.no_log_matching("prefill", r"malformed")(_observed({}))[0]
 
@@ -109,11 +109,11 @@ def _ack_history(acks: list[tuple[float, int]], delays: list[tuple[float, float]
 
 def test_acks_safe_catches_an_early_ack_and_two_generations():
     assert acks_safe(3)(_ack_history([(102.0, 1)], [(100.0, 1.0), (100.5, 1.0)]))[0]
-    ok, detail = acks_safe(3)(_ack_history([(101.2, 1)], [(100.0, 1.0), (100.5, 1.0)]))
+    ok, detail, *_ = acks_safe(3)(_ack_history([(101.2, 1)], [(100.0, 1.0), (100.5, 1.0)]))
     assert not ok and "transfer 2" in detail and "still in flight" in detail
-    ok, detail = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 2)], [(100.0, 1.0)]))
+    ok, detail, *_ = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 2)], [(100.0, 1.0)]))
     assert not ok and "2 generations" in detail
-    ok, detail = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 1)], [(100.0, 1.0)]))
+    ok, detail, *_ = acks_safe(3)(_ack_history([(102.0, 1), (102.1, 1)], [(100.0, 1.0)]))
     assert not ok and "2 ABORT_ACKs" in detail and "exactly one" in detail  # R-ABORT-2: exactly once
     assert acks_safe(3)(_ack_history([], [(100.0, 1.0)]))[0]  # none sent: none early
     assert acks_safe(3)(_ack_history([(102.0, 1)], []))[0] is None  # no fault log: cannot tell
@@ -127,7 +127,7 @@ def test_a_caught_exception_logged_at_warning_counts_as_raised():
     plain = [{"level": "WARNING", "logger": "sglang.x", "message": "slow peer", "exception": ""}]
     caught = [{"level": "WARNING", "logger": "sglang.x", "message": "transfer failed", "exception": "KeyError"}]
     assert _nothing_raised("prefill")(_observed({}, logs=plain))[0]
-    ok, detail = _nothing_raised("prefill")(_observed({}, logs=caught))
+    ok, detail, *_ = _nothing_raised("prefill")(_observed({}, logs=caught))
     assert not ok and "KeyError caught and logged" in detail
 
 
@@ -136,6 +136,6 @@ def test_a_full_log_recorder_makes_log_checks_unable_to_tell():
 
     events = _observed({})
     events[-1]["value"]["log_records_dropped"] = 3
-    ok, detail = _nothing_raised("prefill")(events)
+    ok, detail, *_ = _nothing_raised("prefill")(events)
     assert ok is None and "dropped 3 more" in detail
     assert c.no_log_matching("prefill", r"malformed")(events)[0] is None

@@ -19,7 +19,7 @@ def test_a_flip_inside_one_wait_is_seen_though_the_wait_ends_on_its_status():
     h = History()
     _wait(h, "decode", 9, ["WaitingForInput", "Failed", "Success"], reason="x")
     assert c.stays_terminal(9, ("decode",))(h.events)[0]  # today's per-scenario check: blind to it
-    ok, detail = pc.every_trail_terminal(h.events)
+    ok, detail, *_ = pc.every_trail_terminal(h.events)
     assert not ok and "decode room 9: Failed -> Success" in detail
 
 
@@ -27,7 +27,7 @@ def test_a_flip_between_two_waits_and_a_clear_that_starts_a_new_lifecycle():
     h = History()
     _wait(h, "prefill", 4, ["Transferring", "Success"])
     _wait(h, "prefill", 4, ["Transferring"])
-    ok, detail = pc.every_trail_terminal(h.events)
+    ok, detail, *_ = pc.every_trail_terminal(h.events)
     assert not ok and "Success -> Transferring" in detail
     h = History()
     _wait(h, "prefill", 4, ["Success"])
@@ -40,7 +40,7 @@ def test_every_failed_read_needs_a_reason_on_every_rank():
     h = History()
     _wait(h, "decode-0", 4, ["Failed"], reason="prefill 127.0.0.1:1 failed")
     _wait(h, "decode-1", 4, ["Failed"], reason="")
-    ok, detail = pc.every_failure_has_reason(h.events)
+    ok, detail, *_ = pc.every_failure_has_reason(h.events)
     assert not ok and "decode-1 room 4" in detail and "decode-0" not in detail
 
 
@@ -119,7 +119,7 @@ def test_state_left_of_a_room_cleared_on_both_sides_fails_in_any_scenario():
     _room_life(h, 7)
     _observed(h, "prefill", {7: ["_staging_outstanding[7]"]})
     _observed(h, "decode", {})
-    ok, detail = pc.no_residue_after_clear(h.events)
+    ok, detail, *_ = pc.no_residue_after_clear(h.events)
     assert ok is False and "prefill room 7: _staging_outstanding[7]" in detail
     clean = History()
     _room_life(clean, 7)
@@ -134,7 +134,7 @@ def test_rooms_not_cleared_everywhere_are_not_judged_and_a_partial_walk_cannot_t
     _room_life(h, 8)
     h.record("ok", "open_sender", "prefill", 3, args={"room": 8})  # room 8 re-opened after its clears
     _observed(h, "prefill", {7: ["request_status[7]"], 8: ["request_status[8]"]})
-    ok, detail = pc.no_residue_after_clear(h.events)
+    ok, detail, *_ = pc.no_residue_after_clear(h.events)
     assert ok is True and "no room was cleared" in detail
     partial = History()
     _room_life(partial, 7)

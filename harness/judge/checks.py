@@ -31,12 +31,17 @@ class CheckResult:
     ok: bool | None  # None: the checker itself failed, or (unsupported) could not be run here
     detail: str
     unsupported: bool = False
+    # the ``seq`` of the history event the check was decided on (the poll, the verification, the
+    # observation); None when it judged the history as a whole.  The cell page pins the check there
+    # and the first divergence is looked for at its step (harness.judge.divergence).
+    at: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-Checker = Callable[[list[dict]], "tuple[bool | None | str, str]"]  # history events -> (ok, detail); ok None:
+Checker = Callable[[list[dict]], "tuple[bool | None | str, str] | tuple[bool | None | str, str, int | None]"]
+# history events -> (ok, detail) or (ok, detail, seq of the event it was decided on); ok None:
 # cannot tell; ok UNSUPPORTED: cannot be judged on this machine or implementation
 UNSUPPORTED = "unsupported"
 
@@ -56,13 +61,42 @@ class Check:
         object.__setattr__(self, "level", Level(requirement(self.requirement).level))
 
     def run(self, events: list[dict]) -> CheckResult:
+        """The check's result on ``events``; a failed check the checker did not place is placed
+        on the last event of the room or role its detail names (:func:`located`)."""
         try:
-            ok, detail = self.fn(events)
+            ok, detail, *where = self.fn(events)
         except Exception as exc:  # a broken checker is "unknown", not a crash
             return CheckResult(self.name, self.requirement, self.level, None, f"checker error: {exc!r}")
+        at = where[0] if where else None
         if ok == UNSUPPORTED:
-            return CheckResult(self.name, self.requirement, self.level, None, detail, unsupported=True)
-        return CheckResult(self.name, self.requirement, self.level, None if ok is None else bool(ok), detail)
+            return CheckResult(self.name, self.requirement, self.level, None, detail, unsupported=True, at=at)
+        if at is None and ok is False:
+            at = located(events, detail)
+        return CheckResult(self.name, self.requirement, self.level, None if ok is None else bool(ok), detail, at=at)
+
+
+def located(events: list[dict], detail: str) -> int | None:
+    """The ``seq`` of the event a failed check's ``detail`` points at when its checker did not
+    say: the last completion of a call on the room it names (a room id of the history), else
+    the last observation of the role it names; None when it names neither."""
+    import re
+
+    named_rooms = {int(x) for x in re.findall(r"(?<![\d.])\d{3,}(?![\d.])", detail)}
+    done = [e for e in events if e["type"] in (Event.OK, Event.FAIL, Event.NEMESIS)]
+    for e in reversed(done):
+        if (e.get("args") or {}).get("room") in named_rooms:
+            return e["seq"]
+    roles = sorted({e["role"] for e in done if e.get("role")}, key=len, reverse=True)
+    role = next((r for r in roles if re.search(rf"(?<![\w-]){re.escape(r)}(?![\w-])", detail)), None)
+    if role is not None:
+        return observed_at(events, role)
+    return None
+
+
+def observed_at(events: list[dict], role: str) -> int | None:
+    """The ``seq`` of ``role``'s last end-of-cell observation (None: it had none)."""
+    return next((e["seq"] for e in reversed(events) if e["op"] == Op.OBSERVE and e["role"] == role
+                 and e["type"] in (Event.OK, Event.FAIL)), None)
 
 
 # ---- reusable checkers -------------------------------------------------------
@@ -77,9 +111,10 @@ def reached_status(room: int, role: str, status: int) -> Checker:
         last = waits[-1]
         seen = (last.get("value") or {}).get("status")
         if last["type"] == Event.FAIL:
-            return False, f"{role} room {room}: polling failed: {last.get('error')}"
+            return False, f"{role} room {room}: polling failed: {last.get('error')}", last["seq"]
         if seen == status:
-            return True, f"{role} room {room} reached {kvpoll_name(status)} after {last['value']['waited_s']:.2f} s"
+            return (True, f"{role} room {room} reached {kvpoll_name(status)} after {last['value']['waited_s']:.2f} s",
+                    last["seq"])
         reason = (last.get("value") or {}).get("failure_reason")
         extra = f" (failure reason: {reason})" if reason else ""
         cut = last["args"].get("cut")
@@ -89,7 +124,7 @@ def reached_status(room: int, role: str, status: int) -> Checker:
         return False, (
             f"{role} room {room} ended at {kvpoll_name(seen)}, expected {kvpoll_name(status)} "
             f"within {last['args'].get('timeout_s')} s{extra}"
-        )
+        ), last["seq"]
 
     return fn
 
@@ -98,18 +133,20 @@ def stays_terminal(room: int, roles: tuple[str, ...]) -> Checker:
     """Once a role's room was seen Success or Failed, every later poll saw the same status."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        changed = []
+        changed, at = [], None
         for role in roles:
-            seen = [e["value"]["status"] for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room)
-                    if e["type"] == Event.OK]
+            polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room) if e["type"] == Event.OK]
+            seen = [e["value"]["status"] for e in polls]
             terminal = next((s for s in seen if s in (KVPoll.Failed, KVPoll.Success)), None)
             if terminal is None:
                 continue
             later = seen[seen.index(terminal):]
             if any(s != terminal for s in later):
                 changed.append(f"{role} room {room}: {' -> '.join(kvpoll_name(s) for s in later)}")
+                flip = polls[seen.index(terminal) + next(i for i, s in enumerate(later) if s != terminal)]["seq"]
+                at = flip if at is None else min(at, flip)
         if changed:
-            return False, "terminal status changed: " + "; ".join(changed)
+            return False, "terminal status changed: " + "; ".join(changed), at
         return True, "terminal statuses held on every later poll"
 
     return fn
@@ -127,15 +164,15 @@ def pools_exact(decode: str = "decode", which: int = -1) -> Checker:
             return False, f"pools were verified {len(checks)} time(s), not {which + 1 if which >= 0 else -which}"
         last = checks[which]
         if last["type"] == Event.FAIL:
-            return None, f"verification could not run: {last.get('error')}"
+            return None, f"verification could not run: {last.get('error')}", last["seq"]
         report = last["value"]
         if report["ok"]:
             return True, (
                 f"{report['bytes_verified']} bytes arrived exactly; "
                 f"{report['bytes_untouched_checked']} bytes that must stay untouched did"
-            )
+            ), last["seq"]
         listed = "; ".join(report["mismatches"][:5])
-        return False, f"{report['mismatch_pages']} page(s) wrong: {listed}"
+        return False, f"{report['mismatch_pages']} page(s) wrong: {listed}", last["seq"]
 
     return fn
 
@@ -148,7 +185,8 @@ def steps_completed() -> Checker:
         if not failed:
             return True, "every step completed"
         first = failed[0]
-        return False, f"step {first['step']} {first['op']} on {first.get('role')} failed: {first.get('error')}"
+        return False, f"step {first['step']} {first['op']} on {first.get('role')} failed: {first.get('error')}", \
+            first["seq"]
 
     return fn
 
@@ -191,7 +229,9 @@ def no_dead_threads() -> Checker:
         dead = [f"{role}: thread {d['thread']} died: {d['exception']}: {d['message']}"
                 for role, value in observed.items() for d in value["dead_threads"]]
         bad = problems + dead
-        return (not bad), ("; ".join(bad) if bad else f"no thread died in {len(observed)} role(s)")
+        died_in = next((role for role, value in observed.items() if value["dead_threads"]), None)
+        return (not bad), ("; ".join(bad) if bad else f"no thread died in {len(observed)} role(s)"), \
+            (observed_at(events, died_in) if died_in else None)
 
     return fn
 
@@ -219,7 +259,7 @@ def loops_alive_at(label: str, roles: tuple[str, ...]) -> Checker:
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         seen = {e["role"]: e for e in events if e["op"] == Op.OBSERVE_MID and (e.get("args") or {}).get("label") == label}
-        problems = []
+        problems, at = [], None
         for role in roles:
             event = seen.get(role)
             if event is None:
@@ -227,13 +267,15 @@ def loops_alive_at(label: str, roles: tuple[str, ...]) -> Checker:
                 continue
             if event["type"] != Event.OK:
                 problems.append(event.get("error") or f"{role} could not be observed")
+                at = event["seq"] if at is None else at
                 continue
             value = event["value"]
             stopped = [name for name, alive in value["loops"].items() if not alive]
             dead = [f"{d['thread']} died: {d['exception']}: {d['message'][:120]}" for d in value["dead_threads"]]
             if stopped or dead:
                 problems.append(f"{role} {label}: " + "; ".join(dead or [f"stopped: {', '.join(stopped)}"]))
-        return (not problems), ("; ".join(problems) if problems else f"{', '.join(roles)} loops alive {label}")
+                at = event["seq"] if at is None else at
+        return (not problems), ("; ".join(problems) if problems else f"{', '.join(roles)} loops alive {label}"), at
 
     return fn
 
@@ -248,10 +290,11 @@ def status_at(label: str, expected: tuple[int, ...]) -> Checker:
         wait = waits[-1]
         where = f"{wait.get('role')} room {(wait.get('args') or {}).get('room')}"
         if wait["type"] != Event.OK:
-            return False, f"{where}: polling failed at {label!r}: {wait.get('error')}"
+            return False, f"{where}: polling failed at {label!r}: {wait.get('error')}", wait["seq"]
         seen = wait["value"]["status"]
         names = "/".join(kvpoll_name(x) for x in expected)
-        return seen in expected, f"{where} was {kvpoll_name(seen)} at {label!r} (step {wait['step']}; expected {names})"
+        return (seen in expected,
+                f"{where} was {kvpoll_name(seen)} at {label!r} (step {wait['step']}; expected {names})", wait["seq"])
 
     return fn
 
@@ -277,6 +320,12 @@ def _first_failed_after(events: list[dict], role: str, room: int, seq: int) -> t
     return failed, kvpoll_name(waits[-1]["value"]["status"]) if waits else "never polled"
 
 
+def _last_poll(events: list[dict], role: str, room: int) -> int | None:
+    """The ``seq`` of the last completed poll of ``role``'s ``room`` (None: never polled)."""
+    polls = list(completions(events, op=Op.AWAIT_STATUS, role=role, room=room))
+    return polls[-1]["seq"] if polls else None
+
+
 def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Checker:
     """``room`` on ``decode`` became Failed within the decode's heartbeat window plus
     ``slack_s`` seconds of ``dead``'s kill, with a reason naming ``dead``'s bootstrap address."""
@@ -289,7 +338,8 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Chec
         addr = fact(events, dead, "bootstrap_addr")
         failed, last = _first_failed_after(events, decode, room, kill["seq"])
         if failed is None:
-            return False, f"{decode} room {room} did not become Failed after {dead} was killed (last: {last})"
+            return False, f"{decode} room {room} did not become Failed after {dead} was killed (last: {last})", \
+                _last_poll(events, decode, room)
         latency = seen_at(failed) - kill["t"]
         reason = failed["value"].get("failure_reason") or ""
         bound = (window or 0) + slack_s
@@ -301,8 +351,9 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Chec
         if not addr or addr not in reason:
             problems.append(f"reason {reason!r} does not name {dead} ({addr})")
         if problems:
-            return False, f"{decode} room {room}: " + "; ".join(problems)
-        return True, f"{decode} room {room} Failed {latency:.1f} s after the kill (window {window:.1f} s): {reason!r}"
+            return False, f"{decode} room {room}: " + "; ".join(problems), failed["seq"]
+        return True, f"{decode} room {room} Failed {latency:.1f} s after the kill (window {window:.1f} s): {reason!r}", \
+            failed["seq"]
 
     return fn
 
@@ -336,7 +387,7 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
                        and (e.get("args") or {}).get("room") == room), start)
         failed, last = _first_failed_after(events, role, room, start["seq"])
         if failed is None:
-            return False, f"{role} room {room} never became Failed (last: {last})"
+            return False, f"{role} room {room} never became Failed (last: {last})", _last_poll(events, role, room)
         latency = seen_at(failed) - start["t"]
         reason = failed["value"].get("failure_reason") or ""
         problems = []
@@ -350,8 +401,8 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
         elif reason_words and not any(w.lower() in reason.lower() for w in reason_words):
             problems.append(f"reason {reason!r} names none of {', '.join(reason_words)}")
         if problems:
-            return False, f"{role} room {room}: " + "; ".join(problems)
-        return True, f"{role} room {room} Failed {latency:.1f} s after {since_op}: {reason!r}"
+            return False, f"{role} room {room}: " + "; ".join(problems), failed["seq"]
+        return True, f"{role} room {room} Failed {latency:.1f} s after {since_op}: {reason!r}", failed["seq"]
 
     return fn
 
@@ -388,7 +439,8 @@ def no_log_matching(role: str, pattern: str) -> Checker:
         hits = [f"{r['level']} {r['logger']}: {r['message'][:160]}" for r in observed[role]["log_records"]
                 if regex.search(r["message"])]
         if hits:
-            return False, f"{role} logged {len(hits)} record(s) matching /{pattern}/: " + "; ".join(hits[:3])
+            return False, f"{role} logged {len(hits)} record(s) matching /{pattern}/: " + "; ".join(hits[:3]), \
+                observed_at(events, role)
         if observed[role].get("log_records_dropped"):
             return None, dropped_records(role, observed[role])
         return True, f"no {role} log record matches /{pattern}/"

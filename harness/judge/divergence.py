@@ -13,12 +13,17 @@ histories differ is the cell's ``divergence``::
 a divergence on its own is behaviour, not a verdict).
 
 A cell may hold several independent cases (two rooms, two prefills).  Each event
-belongs to a case: its room, or, for an event without one, its role.  The first
-divergence is looked for per case, and a failing check points at the cases its detail
-names (a room id, else a role name): ``cases`` lists, for each case a failing check
-names, that case's first divergence and the checks that named it, and the cell's
-divergence is the earliest of them, so it never points at an unrelated, passing case.
-Without a failing check that names a case, it is the history's first divergence.
+belongs to a case: its room, or, for an event without one, its role.  A failing check
+points at a case: the case of the event it was decided on (its ``at``,
+harness.judge.checks.CheckResult), else the cases its detail names (a room id, else a
+role name).  In that case the divergence is looked for at the step the check was decided
+on first (a room reused in a later step is not blamed on its first lifecycle), else from
+the case's start.  The cell's divergence is the one of the check its verdict's reason
+names (the first failing MUST, else the first failing check); ``cases`` lists every
+failing check's divergence, with the checks that point at it, when they are more than one
+or not the history's first; ``seq`` is the observed event's, for the cell page to pin.
+So it never points at an unrelated, passing case.  Without a failing check that points
+anywhere, it is the history's first divergence.
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ def _project(event: dict) -> Any:
 
 
 def normalize(events: list[dict]) -> list[dict]:
-    """The protocol-relevant events of a history, in order, without run-specific values."""
+    """The protocol-relevant events of a history, in order, without run-specific values
+    (``seq`` is kept to point back at the raw event; it is never compared)."""
     out = []
     step_names: dict[int, str] = {}
     for event in events:
@@ -71,16 +77,21 @@ def normalize(events: list[dict]) -> list[dict]:
             continue
         if event["op"] in _SKIP_OPS:
             continue
-        room = (event.get("args") or {}).get("room")
         out.append({"step": event["step"], "step_name": step_names.get(event["step"], ""), "op": event["op"],
-                    "role": event.get("role"), "value": _project(event),
-                    "case": f"room {room}" if isinstance(room, int) else f"role {event.get('role')}"})
+                    "role": event.get("role"), "value": _project(event), "case": _case(event),
+                    "seq": event.get("seq")})
     return out
+
+
+def _case(event: dict) -> str:
+    room = (event.get("args") or {}).get("room")
+    return f"room {room}" if isinstance(room, int) else f"role {event.get('role')}"
 
 
 def _first(ref: list[dict], obs: list[dict]) -> tuple[int, dict] | None:
     """The index and divergence of the first event where ``obs`` differs from ``ref``
-    (normalized), or None when they agree event for event."""
+    (normalized), or None when they agree event for event.  ``seq``: the observed event's
+    (None when the observed history has no such event)."""
     for index in range(max(len(ref), len(obs))):
         a = ref[index] if index < len(ref) else None
         b = obs[index] if index < len(obs) else None
@@ -88,12 +99,14 @@ def _first(ref: list[dict], obs: list[dict]) -> tuple[int, dict] | None:
             continue
         where = b or a
         return index, {"step": where["step"], "step_name": where["step_name"], "op": where["op"],
-                       "role": where["role"], "reference": _side(a, b), "observed": _side(b, a)}
+                       "role": where["role"], "reference": _side(a, b), "observed": _side(b, a),
+                       "seq": b["seq"] if b is not None else None}
     return None
 
 
 def _same(a: dict, b: dict) -> bool:
-    return {k: v for k, v in a.items() if k != "case"} == {k: v for k, v in b.items() if k != "case"}
+    return {k: v for k, v in a.items() if k not in ("case", "seq")} == \
+        {k: v for k, v in b.items() if k not in ("case", "seq")}
 
 
 def _named_cases(detail: str, cases: list[str]) -> list[str]:
@@ -111,34 +124,52 @@ def _named_cases(detail: str, cases: list[str]) -> list[str]:
     return []
 
 
+def _check_divergences(check: dict, ref: list[dict], obs: list[dict], keys: list[str]) -> list[dict]:
+    """The divergences one failing check points at, each ``{"case", ...divergence}``.  Its
+    case: that of the event it was decided on (its ``at``), else the cases its detail names.
+    In each case, the divergence at the step the check was decided on when the histories
+    differ there, else the case's first divergence."""
+    at = next((e for e in obs if check.get("at") is not None and e["seq"] == check["at"]), None)
+    cases = [at["case"]] if at is not None else _named_cases(check.get("detail") or "", keys)
+    out = []
+    for case in cases:
+        ref_case, obs_case = [e for e in ref if e["case"] == case], [e for e in obs if e["case"] == case]
+        found = None
+        if at is not None:
+            found = _first([e for e in ref_case if e["step"] == at["step"]],
+                           [e for e in obs_case if e["step"] == at["step"]])
+        found = found or _first(ref_case, obs_case)
+        if found is not None:
+            out.append({"case": case, **found[1]})
+    return out
+
+
 def first_divergence(reference: list[dict], observed: list[dict], checks: list[dict]) -> dict | None:
     """The cell's first divergence (see the module docstring; both histories raw), with
-    ``cases`` when a failing check names a case; None when the histories agree."""
+    ``cases`` when the failing checks point at other cases or steps than the history's first
+    divergence; None when the histories agree."""
     ref, obs = normalize(reference), normalize(observed)
-    failing = [c for c in checks if c.get("ok") is False]
-    requirement = failing[0]["requirement"] if failing else None
     overall = _first(ref, obs)
     if overall is None:
         return None
+    failing = [c for c in checks if c.get("ok") is False]
+    # the check the verdict's reason names first (harness.judge.judge.verdict_of: a MUST before a SHOULD)
+    failing.sort(key=lambda c: c.get("level") != "MUST")
+    requirement = failing[0]["requirement"] if failing else None
     keys = list(dict.fromkeys(e["case"] for e in ref + obs))
-    named: dict[str, list[str]] = {}
+    found: dict[tuple, dict] = {}  # (case, step, op, role) -> divergence with the checks that point at it
     for check in failing:
-        for case in _named_cases(check.get("detail") or "", keys):
-            named.setdefault(case, []).append(check["name"])
-    cases = []
-    for case, names in named.items():
-        found = _first([e for e in ref if e["case"] == case], [e for e in obs if e["case"] == case])
-        if found is not None:
-            step = found[1]["step"]
-            cases.append((step if step is not None else -1, {"case": case, "checks": names, **found[1]}))
-    if not cases:
-        return {**overall[1], "requirement": requirement}
-    cases.sort(key=lambda item: item[0])
-    primary = cases[0][1]
-    out = {k: v for k, v in primary.items() if k not in ("case", "checks")}
-    out["requirement"] = next((c["requirement"] for c in failing if c["name"] in primary["checks"]), requirement)
-    if len(cases) > 1 or primary["case"] != _case_of(overall, ref, obs):
-        out["cases"] = [c for _, c in cases]
+        for d in _check_divergences(check, ref, obs, keys):
+            entry = found.setdefault((d["case"], d["step"], d["op"], d["role"]),
+                                     {**d, "checks": [], "requirement": check["requirement"]})
+            entry["checks"].append(check["name"])
+    if not found:
+        return {**{k: v for k, v in overall[1].items()}, "requirement": requirement}
+    entries = list(found.values())  # the reason's check's divergence first
+    out = {k: v for k, v in entries[0].items() if k not in ("case", "checks")}
+    overall_case = _case_of(overall, ref, obs)
+    if len(entries) > 1 or (entries[0]["case"], entries[0]["step"]) != (overall_case, overall[1]["step"]):
+        out["cases"] = sorted(entries, key=lambda e: e["step"] if e["step"] is not None else -1)
     return out
 
 

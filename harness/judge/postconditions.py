@@ -74,9 +74,10 @@ def every_trail_terminal(events: list[dict]) -> tuple[bool, str]:
     return True, f"every terminal status held on every later read ({len(rooms)} room(s) on their roles)"
 
 
-def every_failure_has_reason(events: list[dict]) -> tuple[bool, str]:
-    """R-REASON-1 on every role and decode rank: each wait that ended Failed has a reason."""
-    missing, failed = [], 0
+def every_failure_has_reason(events: list[dict]) -> tuple[bool, str, int | None]:
+    """R-REASON-1 on every role and decode rank: each wait that ended Failed has a reason
+    (decided at the first read without one)."""
+    missing, failed, at = [], 0, None
     for e in events:
         if e["op"] != Op.AWAIT_STATUS or e["type"] != Event.OK:
             continue
@@ -89,31 +90,36 @@ def every_failure_has_reason(events: list[dict]) -> tuple[bool, str]:
                            f"{value['failure_reason_error'][:120]})")
         elif not (value.get("failure_reason") or "").strip():
             missing.append(f"{e.get('role')} room {e['args'].get('room')}")
+        else:
+            continue
+        at = e["seq"] if at is None else at
     if missing:
-        return False, f"Failed without a failure reason: {', '.join(dict.fromkeys(missing))}"
-    return True, f"all {failed} Failed read(s) came with a reason"
+        return False, f"Failed without a failure reason: {', '.join(dict.fromkeys(missing))}", at
+    return True, f"all {failed} Failed read(s) came with a reason", None
 
 
-def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str]:
+def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str, int | None]:
     """R-RESIDUE-1 for every room cleared on every role that named it: see the module docstring."""
     rooms = rooms_cleared_everywhere(events)
     if not rooms:
-        return True, "no room was cleared on every role that used it, so no residue to judge"
+        return True, "no room was cleared on every role that used it, so no residue to judge", None
     observed, _ = c.observations(events)  # a role that could not be observed fails no-dead-thread
     stale = {role for role, e in last_observations(events).items() if e["type"] == Event.FAIL}  # no older view
-    left, partial = [], []
+    left, partial, at = [], [], None
     for role, value in sorted(observed.items()):
         if role in stale:
             continue
         for room, paths in sorted(held_rooms(value, rooms).items()):
             left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")
+            at = c.observed_at(events, role) if at is None else at
         if value.get("residue_incomplete"):
             partial.append(f"{role}: {value['residue_incomplete']}")
     if left:
-        return False, f"state left after clear on every side: {'; '.join(left[:6])}"
+        return False, f"state left after clear on every side: {'; '.join(left[:6])}", at
     if partial:
-        return None, "the residue walk did not see everything, so no residue cannot be told: " + "; ".join(partial)
-    return True, f"no state left of the {len(rooms)} room(s) cleared on every side, in {len(observed)} role(s)"
+        return None, ("the residue walk did not see everything, so no residue cannot be told: "
+                      + "; ".join(partial)), None
+    return True, f"no state left of the {len(rooms)} room(s) cleared on every side, in {len(observed)} role(s)", None
 
 
 GENERIC = (
