@@ -59,5 +59,5 @@ def test_diff_markdown_and_the_terminal_escape_them_too(tmp_path):
 
 
 def test_index_html_escapes_them():
-    html = render_index_html(hostile_run(), {})
+    html = render_index_html(hostile_run())
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html

@@ -10,7 +10,8 @@
 - ``summary.md`` (:func:`summary_markdown`): the matrix, then the cells not as
   expected with requirement, first divergence and reproduce command, then the
   known (expected) non-PASS cells folded away; sized for a pull-request comment.
-- ``index.html``: :mod:`harness.report.html`.
+- ``index.html`` and each cell's ``cells/SCENARIO--IMPL/cell.html``: :mod:`harness.report.html`,
+  :mod:`harness.report.cell_page`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ A run never writes into, or deletes from, a folder it did not make::
       .pdconform.lock         held (flock) while a run writes here: a second run into OUT is refused
       runs/20261201-171500/   one folder per run, made fresh, marked with .pdconform-run
       latest -> runs/...      moved (atomically) when a run has written all its results
+      trend.html              every stored run's verdicts side by side (harness.report.trend), rewritten then
 
 So an interrupted run leaves ``latest`` (and every earlier run) as it was; only run
 folders that carry the marker are ever removed (the oldest beyond :data:`KEEP_RUNS`),
@@ -111,6 +112,9 @@ class RunFolder:
         os.symlink(Path(RUNS) / self.path.name, tmp)
         os.replace(tmp, self.out / LATEST)
         prune(self.out, self.keep, spare=self.path)
+        from harness.report.trend import write_trend
+
+        write_trend(self.out)  # the stored runs side by side, this one included
 
     def _release(self) -> None:
         if self._lock_fd is not None:

@@ -16,6 +16,8 @@ from harness import ROOT
 
 PROTOCOL_MD = ROOT / "docs" / "protocol.md"
 _ROW = re.compile(r"^\| (R-[A-Z]+-\d+) \| (MUST|SHOULD) \| ([^|]*)\|", re.M)
+# each row's text starts with the anchor reports link to (harness.report.cell_page.requirement_link)
+_ANCHOR = re.compile(r'^<a id="[^"]*"></a>')
 
 
 class UnknownRequirement(KeyError):
@@ -37,7 +39,7 @@ def parse(text: str) -> dict[str, Requirement]:
     for rid, level, body in _ROW.findall(text):
         if rid in found:
             raise ValueError(f"docs/protocol.md defines {rid} twice")
-        found[rid] = Requirement(rid, level, body.strip())
+        found[rid] = Requirement(rid, level, _ANCHOR.sub("", body.strip()))
     return found
 
 

@@ -1,19 +1,15 @@
-// Opening a matrix cell opens its details below; the #cell-... fragment does the same on load.
+// "non-PASS only": hides the matrix's and the requirement view's rows where everything PASSed;
+// the choice is kept in the URL (#non-pass), so a link shares it.
 (function () {
-  function openCell(id) {
-    var details = document.getElementById(id);
-    if (!details || details.tagName !== "DETAILS") return;
-    details.open = true;
-    var old = document.querySelector("td.cell.selected");
-    if (old) old.classList.remove("selected");
-    var link = document.querySelector('a[data-cell="' + CSS.escape(id) + '"]');
-    if (link) link.parentNode.classList.add("selected");
+  var box = document.getElementById("non-pass-only");
+  function apply() {
+    var rows = document.querySelectorAll('tr[data-all-pass="yes"]');
+    for (var i = 0; i < rows.length; i++) rows[i].hidden = box.checked;
   }
-  document.getElementById("matrix").addEventListener("click", function (event) {
-    var link = event.target.closest("a[data-cell]");
-    if (link) openCell(link.getAttribute("data-cell"));
+  box.checked = location.hash === "#non-pass";
+  box.addEventListener("change", function () {
+    history.replaceState(null, "", box.checked ? "#non-pass" : location.pathname + location.search);
+    apply();
   });
-  function fromHash() { if (location.hash.length > 1) openCell(decodeURIComponent(location.hash.slice(1))); }
-  window.addEventListener("hashchange", fromHash);
-  fromHash();
+  apply();
 })();

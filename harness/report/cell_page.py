@@ -1,0 +1,272 @@
+"""``cells/SCENARIO--IMPL/cell.html``: one cell's page, read in seconds.
+
+From the top: the verdict and whether it was expected (with the bug entry), the failing
+checks each with its requirement (linked to docs/protocol.md) and the step it was decided
+on, the first divergence, the reproduce command, then the swim-lane timeline
+(harness.report.timeline) with the failing checks, the first divergence and the first
+dead thread pinned to their events, the dead threads and raised calls with their
+tracebacks (file:line, and where the role log has them), links to every file of the
+cell's folder (role logs, history.jsonl, cell.json), the normalized diff against the
+reference in the conventional colours (the reference is what was *expected*, green; the
+implementation what *actually* happened, red), and the raw history folded below, each row
+linked from the timeline.
+
+A pure function of the result tree (the run, the cell, its history, the reference's
+history, the cell folder's file names and role logs): :func:`render_cell_page`; the writer
+(:func:`write_cell_pages`) does the reading and writes each page atomically.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness import ROOT
+from harness.judge.divergence import describe as describe_divergence
+from harness.judge.divergence import normalize
+from harness.judge.results import CellResult, RunResult, cell_dir, write_atomic
+from harness.report import timeline as tl
+from harness.report.templates_env import env
+from harness.report.terminal import bug_id, reproduce_command
+from harness.spec.history import Event, Op
+from harness.spec.protocol import REFERENCE
+
+CELL_PAGE = "cell.html"
+MAX_EVENTS = 400  # raw history rows shown (rows a pin points at are always shown)
+MAX_VALUE_CHARS = 200  # characters of a value shown per raw row
+MAX_DIFF_LINES = 200  # lines of normalized diff shown
+MAX_LOG_BYTES = 2 * 1024 * 1024  # of a role log read to find tracebacks (its end)
+MAX_LOG_TRACEBACKS = 3  # tracebacks shown per role log when the history has none
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def docs_href(run: RunResult, link: str) -> str | None:
+    """Where a link into the checkout's docs/ (``docs/protocol.md#r-xfer-1``) points from a
+    page: under the run's ``docs_url`` when it has one, else the checkout's file (a
+    ``file://`` URL, which a page opened from disk follows); http(s) links as they are;
+    anything else (``javascript:``) None."""
+    if link.startswith(("https://", "http://")):
+        return link
+    if not link.startswith("docs/"):
+        return None
+    if run.docs_url:
+        return f"{run.docs_url.rstrip('/')}/{link}"
+    path, _, anchor = link.partition("#")
+    return (ROOT / path).resolve().as_uri() + (f"#{anchor}" if anchor else "")
+
+
+def requirement_link(rid: str) -> str:
+    """``docs/protocol.md#r-xfer-1``: the anchor each requirement row of docs/protocol.md carries."""
+    return f"docs/protocol.md#{rid.lower()}"
+
+
+def _where(traceback: str) -> str:
+    """The innermost ``file:line in function`` of a Python traceback, the file shortened to
+    its package path (``sglang/srt/disaggregation/nixl/conn.py:3379 in bootstrap_thread``)."""
+    frames = _FRAME.findall(traceback or "")
+    if not frames:
+        return ""
+    path, line, func = frames[-1]
+    short = re.split(r"/(?:site|dist)-packages/", path)[-1]
+    try:
+        short = str(Path(short).resolve().relative_to(ROOT)) if short == path else short
+    except ValueError:
+        pass
+    return f"{short}:{line} in {func}"
+
+
+def _log_line(log: str, needle: str) -> int | None:
+    """The 1-based line of ``log`` that holds ``needle`` (a traceback's last line), or None."""
+    if not needle:
+        return None
+    for number, line in enumerate(log.splitlines(), 1):
+        if needle in line:
+            return number
+    return None
+
+
+def _log_tracebacks(log: str) -> list[str]:
+    """The first MAX_LOG_TRACEBACKS Python tracebacks in a role log, each to its exception line."""
+    found, lines = [], log.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            block = [line]
+            for follow in lines[i + 1:i + 80]:
+                block.append(follow)
+                if follow and not follow.startswith((" ", "\t")):
+                    break
+            found.append("\n".join(block))
+            if len(found) == MAX_LOG_TRACEBACKS:
+                break
+    return found
+
+
+def tracebacks(events: list[dict], logs: Mapping[str, str]) -> list[dict]:
+    """Every dead thread the observations saw (once each) and every call that raised with a
+    traceback, as ``{"role", "what", "where" (file:line), "traceback", "log", "log_line"}``;
+    when the history has none, the tracebacks written in the role logs (caught and logged
+    exceptions).  ``logs``: role log texts by file name (``prefill.log``)."""
+    out, seen = [], set()
+    for e in events:
+        value = e.get("value") if e["op"] in (Op.OBSERVE, Op.OBSERVE_MID) and e["type"] == Event.OK else None
+        for dead in (value or {}).get("dead_threads") or []:
+            key = (e["role"], dead.get("thread"), dead.get("exception"), dead.get("message"))
+            if key in seen:
+                continue
+            seen.add(key)
+            text = dead.get("traceback") or ""
+            last = text.strip().splitlines()[-1] if text.strip() else ""
+            log = f"{e['role']}.log"
+            out.append({"role": e["role"], "what": f"thread {dead.get('thread')} died: {dead.get('exception')}: "
+                                                  f"{dead.get('message', '')}",
+                        "where": _where(text), "traceback": text, "seq": e["seq"],
+                        "log": log if log in logs else None, "log_line": _log_line(logs.get(log, ""), last)})
+        if e["type"] == Event.FAIL and e.get("remote_traceback"):
+            text = e["remote_traceback"]
+            out.append({"role": e.get("role"), "what": f"{e['op']} raised: {e.get('error', '')}",
+                        "where": _where(text), "traceback": text, "seq": e["seq"], "log": None, "log_line": None})
+    if not out:
+        for name, text in logs.items():
+            for block in _log_tracebacks(text):
+                out.append({"role": name.removesuffix(".log"), "what": f"logged in {name}: "
+                            f"{block.splitlines()[-1]}", "where": _where(block), "traceback": block, "seq": None,
+                            "log": name, "log_line": _log_line(text, block.splitlines()[-1])})
+    return out
+
+
+def _diff(reference: list[dict], observed: list[dict], impl: str) -> dict:
+    """The normalized histories as a unified diff: ``{"lines": [(kind, text)], "cut", "same",
+    "count", "error"}``; kind ``expected`` (the reference's line), ``actual`` (the
+    implementation's), ``hunk`` or ``ctx``."""
+    def lines(events: list[dict]) -> list[str]:
+        return [f"step {e['step']} {e['step_name']}: {e['op']} on {e['role']}: {e['value']}" for e in normalize(events)]
+
+    try:
+        ref, obs = lines(reference), lines(observed)
+    except (KeyError, TypeError, AttributeError) as exc:  # an event of an unexpected shape
+        return {"lines": [], "cut": 0, "same": False, "count": 0, "error": f"{type(exc).__name__}: {exc}"}
+    out = []
+    for line in list(difflib.unified_diff(ref, obs, "expected (reference)", f"actual ({impl})", n=2,
+                                          lineterm=""))[2:]:
+        out.append(({"@": "hunk", "+": "actual", "-": "expected"}.get(line[:1], "ctx"), line))
+    return {"lines": out[:MAX_DIFF_LINES], "cut": max(0, len(out) - MAX_DIFF_LINES), "same": not out,
+            "count": len(obs), "error": None}
+
+
+def _short(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=repr)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _rows(events: list[dict], keep: set[int]) -> tuple[list[dict], int]:
+    """The raw table: the first MAX_EVENTS events and every event in ``keep`` (pinned), each
+    row ``{"seq", "t", "step", "role", "op", "type", "shown", "cls", "gap"}``; and how many
+    were left out."""
+    rows, left_out, last = [], 0, -1
+    for i, e in enumerate(events):
+        if i >= MAX_EVENTS and e.get("seq") not in keep:
+            left_out += 1
+            continue
+        cls = [e.get("type", "")] + (["step"] if e.get("op") == Op.STEP else [])
+        if e.get("op") == Op.AWAIT_STATUS and (e.get("value") or {}).get("reached") is False:
+            cls.append("timed-out")
+        if e.get("seq") in keep:
+            cls.append("pinned")
+        if e.get("op") == Op.STEP:
+            shown = (e.get("args") or {}).get("step", "")
+        elif e.get("type") == Event.INVOKE:
+            shown = _short(e.get("args") or "", MAX_VALUE_CHARS)
+        else:
+            shown = _short(tl.describe_event(e), MAX_VALUE_CHARS * 2)
+        t = e.get("t")
+        rows.append({"seq": e.get("seq"), "t": f"{t:.3f}" if isinstance(t, (int, float)) else "",
+                     "step": "" if e.get("step") is None else e["step"], "role": e.get("role") or "",
+                     "op": e.get("op", ""), "type": "timed out" if "timed-out" in cls else e.get("type", ""),
+                     "shown": shown, "cls": " ".join(cls), "gap": i != last + 1})
+        last = i
+    return rows, left_out
+
+
+def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, reference: list[dict] | None,
+              files: list[str], logs: Mapping[str, str]) -> dict:
+    """Everything the cell page shows (pure).  ``events``: the cell's history (None: none
+    recorded); ``reference``: the reference's history for the scenario (None: no diff);
+    ``files``: the names of the files in the cell's folder; ``logs``: role log texts by name."""
+    events = events or []
+    timed = tl.layout(events, cell.checks, cell.divergence) if events else None
+    by_seq = {e.get("seq"): e for e in events}
+    failing = []
+    for check in (c for c in cell.checks if c.get("ok") is False):
+        event = by_seq.get(check.get("at"))
+        failing.append({**check, "href": docs_href(run, requirement_link(check["requirement"])),
+                        "where": ("over the whole history" if event is None or event.get("t") is None else
+                                  f"step {event['step']}, t={event['t']:.3f} s" if event.get("step") is not None
+                                  else f"the end of the cell, t={event['t']:.3f} s"),
+                        "row": check.get("at") if event else None})
+    keep = {p.seq for p in timed.pins} if timed else set()
+    rows, left_out = _rows(events, keep)
+    diff = None
+    if cell.impl != REFERENCE and reference and events:
+        diff = _diff(reference, events, cell.impl)
+    return {
+        "cell": cell, "run": run,
+        "unexpected": not cell.as_expected,
+        "bug": bug_id(cell.expected_link) if cell.expected_link else "",
+        "bug_href": docs_href(run, cell.expected_link) if cell.expected_link else None,
+        "failing": failing,
+        "checks_total": len(cell.checks),
+        "divergence": describe_divergence(cell.divergence),
+        "divergence_row": (cell.divergence or {}).get("seq"),
+        "timeline": timed,
+        "tracebacks": tracebacks(events, logs),
+        "files": files,
+        "diff": diff,
+        "has_reference": bool(reference),
+        "rows": rows, "left_out": left_out, "history_total": len(events),
+        "reproduce": reproduce_command(run, cell),
+        "baseline": (run.baseline or {}).get("marks", {}).get(f"{cell.scenario} x {cell.impl}"),
+    }
+
+
+def render_cell_page(run: RunResult, cell: CellResult, events: list[dict] | None, reference: list[dict] | None,
+                     files: list[str], logs: Mapping[str, str]) -> str:
+    """The cell's page as a string (pure; see :func:`cell_view`).  Every string from the
+    result tree, the history and the logs is HTML-escaped."""
+    view = cell_view(run, cell, events, reference, files, logs)
+    return env.get_template("cell_page.html.j2").render(
+        v=view, lane_h=tl.LANE_H, pin_row_h=tl.PIN_ROW_H, fits=tl.fits)
+
+
+def _read_logs(folder: Path) -> dict[str, str]:
+    logs = {}
+    for path in sorted(folder.glob("*.log")):
+        if path.name == "cell.log" or not path.is_file() or path.is_symlink():
+            continue
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                f.seek(max(0, size - MAX_LOG_BYTES))
+                logs[path.name] = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+    return logs
+
+
+def write_cell_pages(run: RunResult, out_dir: str | Path, histories: Mapping[tuple[str, str], list[dict]]) -> list[Path]:
+    """Write ``cells/SCENARIO--IMPL/cell.html`` for every cell of ``run`` (the folder made for
+    a cell that never got one, so every link of the index leads somewhere), each atomically;
+    their paths.  OSError when one cannot be written."""
+    written = []
+    for cell in run.cells:
+        folder = cell_dir(out_dir, cell.scenario, cell.impl)
+        folder.mkdir(parents=True, exist_ok=True)
+        files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+                       and p.name != CELL_PAGE and p.suffix in (".log", ".jsonl", ".json"))
+        page = render_cell_page(run, cell, histories.get((cell.scenario, cell.impl)),
+                                histories.get((cell.scenario, REFERENCE)), files, _read_logs(folder))
+        write_atomic(folder / CELL_PAGE, page.encode("utf-8"))
+        written.append(folder / CELL_PAGE)
+    return written
