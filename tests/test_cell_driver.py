@@ -199,8 +199,8 @@ def test_residue_of_a_cleared_room_is_judged_after_it_settles_and_not_forever():
     state that stays is, and the wait for it is bounded."""
     from harness.drive.cell import RESIDUE_SETTLE_S
 
-    observations, _, (ok, _) = _settle(held_for=2)
+    observations, _, (ok, *_) = _settle(held_for=2)
     assert observations == 3 and ok is True
-    observations, took, (ok, detail) = _settle(held_for=10**6)
+    observations, took, (ok, detail, _) = _settle(held_for=10**6)
     assert ok is False and "prefill room 5: transfer_infos[5]" in detail
     assert RESIDUE_SETTLE_S <= took < RESIDUE_SETTLE_S + 1.0 and observations > 3
