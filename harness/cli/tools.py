@@ -50,13 +50,19 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
 
 
 @app.command("list")
-def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+                   topologies: bool = typer.Option(False, "--topologies",
+                                                   help="List the named deployment topologies instead.")) -> None:
     """Scenarios with id, title and the requirement IDs their checks cite (docs/protocol.md),
-    then the generic post-conditions judged in every scenario and who opts out of which."""
+    then the generic post-conditions judged in every scenario and who opts out of which;
+    with --topologies the named deployment shapes (harness/spec/topology.py)."""
     from harness.judge.postconditions import GENERIC
     from harness.spec.requirements import requirement
     from harness.spec.scenario import all_scenarios
 
+    if topologies:
+        _list_topologies(as_json)
+        return
     _registry()
     rows = [{"id": s.id, "title": s.title, "requirements": list(s.requirements),
              "levels": {rid: requirement(rid).level for rid in s.requirements},
@@ -72,6 +78,24 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
     for row in rows:
         for name, why in row["opt_out"].items():
             console.print(f"  {row['id']} opts out of {name}: {escape(why)}", highlight=False)
+
+
+def _list_topologies(as_json: bool) -> None:
+    from harness.spec.topology import TOPOLOGIES
+
+    rows = [t.to_dict() for t in TOPOLOGIES.values()]
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    width = max(len(r["name"]) for r in rows) + 2
+    for r in rows:
+        sets = ", ".join(name for name, on in (("default", r["default"]), ("nightly", r["nightly"])) if on)
+        sides = "  ".join(f"{side} tp {r[side]['tp']} pp {r[side]['pp']} dp {r[side]['dp']}"
+                          for side in ("prefill", "decode"))
+        m = r["prefill"]["model"]
+        console.print(f"[bold]{r['name']:<{width}}[/]{sides}  [dim]{m['attention']}, {m['num_layers']} layers, "
+                      f"{m['kv_heads']} KV heads x {m['head_bytes']} B, page {m['page_size']} tokens; "
+                      f"{sets or 'on request'}[/]  {escape(r['about'])}", highlight=False)
 
 
 @app.command()

@@ -6,7 +6,14 @@ Every 8-byte word of a pool holds a 64-bit tag that says where it was written::
     bit 60-61  kind      0 = K, 1 = V, 2 = aux
     bit 48-59  layer     model layer id (K/V) or aux buffer index (aux)
     bit 24-47  page      page (K/V) or aux slot index (aux)
-    bit  0-23  word      8-byte word index inside the page/slot
+    bit  0-23  word      8-byte word index inside the page/slot of the *whole model*
+
+With attention TP a rank holds some of the model's KV heads (:class:`Heads`): a page is
+``page_size`` tokens, each its heads one after another.  The word field then counts
+words as if the page held every head of the model, so the same byte of the same head
+carries the same tag on every rank that holds it, and a head slice written to the wrong
+rank, head or token offset names the head it came from.  Without TP (one rank, every
+head) it is the plain word index.
 
 A decode pool starts filled with decode tags.  After a transfer of prefill page
 ``s`` into decode page ``d`` of the same layer and kind, page ``d`` must hold the
@@ -36,11 +43,52 @@ MAX_LAYER = (1 << 12) - 1
 MAX_PAGE = (1 << 24) - 1
 
 
-def pattern(side: int, kind: int, layer: int, num_pages: int, page_bytes: int) -> torch.Tensor:
-    """Return a ``[num_pages, page_bytes]`` uint8 tensor of tags for one buffer.
+@dataclass(frozen=True)
+class Heads:
+    """Which of the model's ``total`` KV heads a rank's pages hold: ``count`` heads from
+    global head ``start``, for pages of ``page_size`` tokens (harness.spec.topology)."""
 
-    Raises ValueError when ``page_bytes`` is not a positive multiple of 8 or an
-    index does not fit its field.
+    total: int
+    start: int
+    count: int
+    page_size: int
+
+    @classmethod
+    def of(cls, layout) -> "Heads | None":
+        """The heads of a :class:`~harness.spec.protocol.Layout`'s K/V pages; None when the
+        rank holds every head (the word index is the plain one) or for MLA."""
+        if layout.mla or layout.model_kv_heads == layout.kv_heads:
+            return None
+        return cls(layout.model_kv_heads, layout.head_start, layout.kv_heads, layout.page_size)
+
+    def words_per_head(self, page_bytes: int) -> int:
+        """8-byte words of one head of one token; ValueError when a page does not split so."""
+        per_token, rest = divmod(page_bytes, self.page_size * self.count * WORD)
+        if rest or per_token <= 0:
+            raise ValueError(f"{page_bytes} bytes per page is not {self.page_size} tokens x {self.count} heads "
+                             f"x a multiple of {WORD} bytes")
+        return per_token
+
+    def global_words(self, page_bytes: int) -> torch.Tensor:
+        """For each local word of a page, its word index in the whole model's page."""
+        wph = self.words_per_head(page_bytes)
+        local = torch.arange(page_bytes // WORD, dtype=torch.int64)
+        token, head, j = local // (self.count * wph), (local // wph) % self.count, local % wph
+        return (token * self.total + self.start + head) * wph + j
+
+    def where(self, global_word: int, page_bytes: int) -> str:
+        """``token T head H`` of a whole-model word index."""
+        wph = self.words_per_head(page_bytes)
+        return f"token {global_word // (self.total * wph)} head {(global_word // wph) % self.total}"
+
+
+def pattern(side: int, kind: int, layer: int, num_pages: int, page_bytes: int,
+            heads: Heads | None = None) -> torch.Tensor:
+    """Return a ``[num_pages, page_bytes]`` uint8 tensor of tags for one buffer; with
+    ``heads``, the word field is the whole-model word index of each word (module docstring).
+
+    Raises ValueError when ``page_bytes`` is not a positive multiple of 8 (of 8 x heads x
+    page size with ``heads``) or an index does not fit its field.
     """
     if page_bytes <= 0 or page_bytes % WORD:
         raise ValueError(f"page_bytes must be a positive multiple of {WORD}, got {page_bytes}")
@@ -48,7 +96,7 @@ def pattern(side: int, kind: int, layer: int, num_pages: int, page_bytes: int) -
         raise ValueError(f"layer {layer} or page count {num_pages} does not fit the tag")
     words = page_bytes // WORD
     page = torch.arange(num_pages, dtype=torch.int64).unsqueeze(1)
-    word = torch.arange(words, dtype=torch.int64).unsqueeze(0)
+    word = (torch.arange(words, dtype=torch.int64) if heads is None else heads.global_words(page_bytes)).unsqueeze(0)
     # side << 62 overflows int64 for side 2; build it from two halves.
     low = (kind << 60) | (layer << 48) | (page << 24) | word
     tags = low + torch.tensor(side, dtype=torch.int64).bitwise_left_shift(62)
@@ -87,10 +135,12 @@ class Tag:
 
 @dataclass(frozen=True)
 class BufferSpec:
-    """One registered buffer: which layer (or aux buffer index) and kind it holds."""
+    """One registered buffer: which layer (or aux buffer index) and kind it holds, and,
+    with attention TP, which KV heads its pages hold."""
 
     kind: int
     layer: int
+    heads: Heads | None = None
 
     def name(self) -> str:
         if self.kind == AUX:
@@ -155,10 +205,11 @@ def expected_destination(
     page_bytes: int,
     moves: Sequence[tuple[int, int]],
 ) -> torch.Tensor:
-    """The bytes a decode buffer must hold after ``moves`` = [(src_page, dst_page)]."""
-    out = pattern(DECODE, spec.kind, spec.layer, num_pages, page_bytes)
+    """The bytes a decode buffer must hold after ``moves`` = [(src_page, dst_page)]: in each
+    received page, the prefill's bytes of the same heads (``spec.heads``) of the source page."""
+    out = pattern(DECODE, spec.kind, spec.layer, num_pages, page_bytes, spec.heads)
     if moves:
-        src = pattern(PREFILL, spec.kind, spec.layer, max(s for s, _ in moves) + 1, page_bytes)
+        src = pattern(PREFILL, spec.kind, spec.layer, max(s for s, _ in moves) + 1, page_bytes, spec.heads)
         for s, d in moves:
             out[d] = src[s]
     return out
@@ -201,6 +252,10 @@ def verify_buffer(
         idx = int(bad[page].nonzero()[0])
         want, got = Tag.decode(int(exp_words[page, idx])), Tag.decode(int(got_words[page, idx]))
         expected, found = want.describe(), got.describe()
+        if spec.heads is not None and spec.kind != AUX:  # name the head slice: where it is, whose it holds
+            expected = f"{expected} {spec.heads.where(want.word, page_bytes)}"
+            if got.side in SIDE_NAMES and got.kind in (K, V):
+                found = f"{found} {spec.heads.where(got.word, page_bytes)}"
         if expected == found:  # same page, shifted or altered bytes: say which word
             expected, found = f"{expected} word {want.word}", f"{found} word {got.word} (value {int(got_words[page, idx]) & (2**64 - 1):#018x})"
         report.mismatches.append(

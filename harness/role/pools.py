@@ -20,8 +20,9 @@ def pattern_pools(side: int, layout: Layout) -> tuple[list[tuple[pattern.BufferS
     main = list(layout.main_layers)
     draft = [DRAFT_BASE + d for d in range(layout.draft_layers)]
     kinds = (pattern.K,) if layout.mla else (pattern.K, pattern.V)
-    specs = [pattern.BufferSpec(kind, layer) for kind in kinds for layer in main]
-    specs += [pattern.BufferSpec(kind, layer) for kind in kinds for layer in draft]
-    kv = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes)) for s in specs]
+    heads = pattern.Heads.of(layout)  # the KV heads this rank holds (None: all of them)
+    specs = [pattern.BufferSpec(kind, layer, heads) for kind in kinds for layer in main]
+    specs += [pattern.BufferSpec(kind, layer, heads) for kind in kinds for layer in draft]
+    kv = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes, s.heads)) for s in specs]
     aux_spec = pattern.BufferSpec(pattern.AUX, 0)
     return kv, (aux_spec, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes))

@@ -61,7 +61,10 @@ class Layout:
     (MLA) instead of separate K and V buffers (MHA).  ``stage_start``/``stage_end``:
     the pipeline stage this side holds (``stage_end`` None: to the last layer);
     ``draft_layers``: draft-model KV layers appended after the main ones, as
-    sglang's schedulers append them to ``KVArgs.kv_data_ptrs``.
+    sglang's schedulers append them to ``KVArgs.kv_data_ptrs``.  ``kv_heads``: the KV heads
+    this rank holds, global heads ``head_start`` .. ``head_start + kv_heads - 1`` of the
+    model's ``total_kv_heads`` (0: the rank holds them all); a page is ``page_size`` tokens,
+    each its heads one after another (harness.spec.topology.rank_layout).
     """
 
     num_layers: int = 3
@@ -75,11 +78,18 @@ class Layout:
     stage_start: int = 0
     stage_end: int | None = None
     draft_layers: int = 0
+    total_kv_heads: int = 0
+    head_start: int = 0
 
     @property
     def main_layers(self) -> range:
         """The model layers of this side's stage."""
         return range(self.stage_start, self.num_layers if self.stage_end is None else self.stage_end)
+
+    @property
+    def model_kv_heads(self) -> int:
+        """The model's KV heads, all ranks together."""
+        return self.total_kv_heads or self.kv_heads
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

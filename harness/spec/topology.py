@@ -1,0 +1,203 @@
+"""Deployment shapes as data: how many ranks each side runs and what model they serve.
+
+A :class:`Topology` names a prefill :class:`Side` and a decode :class:`Side`, each with
+its attention TP size, its PP stages (sglang's default layer split, or an explicit one)
+and its DP size, and the :class:`ModelShape` both serve (MHA or MLA, layers, KV heads,
+bytes per head per token, page size, dtype) with each side's draft KV layers.  From it
+come each rank's pool :class:`~harness.spec.protocol.Layout`: the layers of its PP
+stage and the KV heads of its TP rank (:func:`rank_layout`), so the byte check knows
+which heads and layers every rank owns (harness.role.pattern).
+
+The named topologies (:data:`TOPOLOGIES`): ``p1-d1`` is the shape every scenario was
+written for (one rank each side); the default set (``default=True``) is what ``make
+matrix`` adds to it; the wide set (``nightly=True``) sweeps the TP pairs vLLM's connector
+tests sweep, in both directions.  Names read ``p<tp>[pp<n>][dp<n>]-d<tp>[dp<n>]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+from harness.spec.protocol import Layout
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float32": 4}
+
+
+class TopologyError(ValueError):
+    """A topology that no sglang config produces (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What both sides serve.  ``kv_heads``: the model's KV heads (all TP ranks together;
+    MLA has one latent "head" every rank holds whole); ``head_bytes``: bytes of one head
+    of one token in one K or V buffer (head_dim x dtype size); ``page_size``: tokens per
+    page; ``num_layers``: main model layers."""
+
+    attention: Literal["MHA", "MLA"] = "MHA"
+    num_layers: int = 3
+    kv_heads: int = 1
+    head_bytes: int = 64
+    page_size: int = 4
+    dtype: str = "bfloat16"
+
+    def check(self) -> None:
+        """TopologyError when no model has this shape."""
+        if self.attention not in ("MHA", "MLA"):
+            raise TopologyError(f"attention {self.attention!r}: MHA or MLA")
+        if min(self.num_layers, self.kv_heads, self.head_bytes, self.page_size) <= 0:
+            raise TopologyError("layers, KV heads, head bytes and page size must be positive")
+        if self.dtype not in DTYPE_BYTES or self.head_bytes % DTYPE_BYTES[self.dtype]:
+            raise TopologyError(f"dtype {self.dtype!r} with {self.head_bytes} bytes per head")
+        if self.head_bytes % 8:
+            raise TopologyError(f"{self.head_bytes} bytes per head: the byte pattern needs a multiple of 8")
+        if self.attention == "MLA" and self.kv_heads != 1:
+            raise TopologyError("MLA keeps one latent KV head per token (kv_heads 1)")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's parallelism: attention ``tp`` ranks, ``pp`` pipeline stages (their layer
+    counts in ``pp_split``, or sglang's default split when empty), ``dp`` data-parallel
+    engines, and ``draft_layers`` of draft-model KV (on the last stage)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    pp_split: tuple[int, ...] = ()
+    draft_layers: int = 0
+
+    @property
+    def ranks(self) -> int:
+        """Role processes this side runs: one per (DP engine, PP stage, TP rank)."""
+        return self.tp * self.pp * self.dp
+
+
+def default_pp_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage as sglang splits them without ``SGLANG_PP_LAYER_PARTITION``: evenly,
+    the last ``num_layers % pp`` stages one more (``distributed/utils.py`` get_pp_indices)."""
+    base, remainder = divmod(num_layers, pp)
+    return tuple(base + (1 if rank >= pp - remainder else 0) for rank in range(pp))
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A named PD deployment shape; ``default``: in ``make matrix``'s set; ``nightly``: in the
+    wide set.  TopologyError (from :meth:`check`) when no sglang config produces it."""
+
+    name: str
+    prefill: Side = field(default_factory=Side)
+    decode: Side = field(default_factory=Side)
+    model: ModelShape = field(default_factory=ModelShape)
+    default: bool = False
+    nightly: bool = False
+    about: str = ""
+
+    def stages(self, side: str) -> tuple[tuple[int, int], ...]:
+        """Each PP stage's ``[start, end)`` layers on ``side`` ("prefill" or "decode")."""
+        s = self.side(side)
+        split = s.pp_split or default_pp_split(self.model.num_layers, s.pp)
+        bounds = [0]
+        for n in split:
+            bounds.append(bounds[-1] + n)
+        return tuple(zip(bounds, bounds[1:]))
+
+    def side(self, name: str) -> Side:
+        if name not in ("prefill", "decode"):
+            raise ValueError(f"side {name!r}: prefill or decode")
+        return self.prefill if name == "prefill" else self.decode
+
+    def check(self) -> None:
+        """TopologyError naming what no sglang config allows."""
+        self.model.check()
+        for name in ("prefill", "decode"):
+            s = self.side(name)
+            if min(s.tp, s.pp, s.dp) < 1 or s.draft_layers < 0:
+                raise TopologyError(f"{self.name}: {name} tp, pp, dp must be >= 1 and draft layers >= 0")
+            if s.pp > self.model.num_layers:
+                raise TopologyError(f"{self.name}: {name} has {s.pp} stages for {self.model.num_layers} layers")
+            if s.pp_split and (len(s.pp_split) != s.pp or sum(s.pp_split) != self.model.num_layers
+                               or min(s.pp_split) < 1):
+                raise TopologyError(f"{self.name}: {name} split {s.pp_split} is not {s.pp} non-empty stages "
+                                    f"of {self.model.num_layers} layers")
+            heads = self.model.kv_heads
+            if self.model.attention == "MHA" and heads % s.tp and s.tp % heads:
+                raise TopologyError(f"{self.name}: {name} TP {s.tp} neither divides nor is a multiple of "
+                                    f"{heads} KV heads")
+
+    def heads_of(self, side: str, tp_rank: int) -> tuple[int, int]:
+        """(first global KV head, heads) TP rank ``tp_rank`` of ``side`` holds: an even share,
+        or, with more ranks than heads, one head replicated on consecutive ranks (GQA
+        replication, as ``compute_head_slice_params`` in common/staging_buffer.py maps it)."""
+        s, heads = self.side(side), self.model.kv_heads
+        if self.model.attention == "MLA":
+            return 0, 1
+        if s.tp <= heads:
+            share = heads // s.tp
+            return tp_rank * share, share
+        return tp_rank // (s.tp // heads), 1
+
+    def to_dict(self) -> dict:
+        """The JSON ``pdconform list --topologies --json`` prints for this topology."""
+        model = asdict(self.model)
+        out = {"name": self.name, "default": self.default, "nightly": self.nightly, "about": self.about}
+        for name in ("prefill", "decode"):
+            s = self.side(name)
+            out[name] = {"tp": s.tp, "pp": s.pp, "dp": s.dp,
+                         "stages": [list(b) for b in self.stages(name)],
+                         "model": {**model, "draft_layers": s.draft_layers}}
+        return out
+
+
+def rank_layout(topology: Topology, side: str, tp_rank: int = 0, pp_rank: int = 0, num_pages: int = 16) -> Layout:
+    """The pool layout of one rank: its PP stage's layers, its TP rank's KV heads, pages of
+    ``page_size`` tokens x its heads x ``head_bytes``; the side's draft layers on its last stage."""
+    s, model = topology.side(side), topology.model
+    start, end = topology.stages(side)[pp_rank]
+    head_start, heads = topology.heads_of(side, tp_rank)
+    return Layout(num_layers=model.num_layers, num_pages=num_pages, page_size=model.page_size,
+                  page_bytes=model.page_size * heads * model.head_bytes, mla=model.attention == "MLA",
+                  kv_heads=heads, total_kv_heads=model.kv_heads, head_start=head_start,
+                  stage_start=start, stage_end=end,
+                  draft_layers=s.draft_layers if pp_rank == s.pp - 1 else 0)
+
+
+def _named(name: str, p: Side, d: Side, model: ModelShape = ModelShape(), **kw) -> Topology:
+    return Topology(name=name, prefill=p, decode=d, model=model, **kw)
+
+
+GQA = ModelShape(attention="MHA", num_layers=3, kv_heads=4, head_bytes=16, page_size=4)
+MLA = ModelShape(attention="MLA", num_layers=3, kv_heads=1, head_bytes=64, page_size=4)
+
+#: every named topology, by name
+TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
+    _named("p1-d1", Side(), Side(), default=True, nightly=True,
+           about="one rank each side: the shape every scenario was written for"),
+    _named("p2-d1", Side(tp=2), Side(), GQA, default=True, nightly=True,
+           about="prefill TP 2 into decode TP 1: each prefill rank writes its half of the KV heads"),
+    _named("p1-d2", Side(), Side(tp=2), GQA, default=True, nightly=True,
+           about="prefill TP 1 into decode TP 2: each decode rank takes its half of the KV heads"),
+    _named("p4-d2", Side(tp=4), Side(tp=2), GQA, nightly=True, about="TP 4 into TP 2"),
+    _named("p2-d4", Side(tp=2), Side(tp=4), GQA, nightly=True, about="TP 2 into TP 4 (decode first)"),
+    _named("p4-d4", Side(tp=4), Side(tp=4), GQA, nightly=True, about="TP 4 into TP 4"),
+    _named("p2-d1-mla", Side(tp=2), Side(), MLA, nightly=True,
+           about="MLA, prefill TP 2 into decode TP 1: every rank holds the whole latent KV"),
+)}
+
+
+def topology(name: str) -> Topology:
+    """The named topology; KeyError naming the known ones."""
+    try:
+        return TOPOLOGIES[name]
+    except KeyError:
+        raise KeyError(f"unknown topology {name!r}; known: {', '.join(TOPOLOGIES)}") from None
+
+
+def default_set() -> list[Topology]:
+    return [t for t in TOPOLOGIES.values() if t.default]
+
+
+def with_model(t: Topology, **changes) -> Topology:
+    """``t`` with its model shape changed (a test's or a generator's variant)."""
+    return replace(t, model=replace(t.model, **changes))
