@@ -25,7 +25,7 @@ from harness.drive.scheduler import Callbacks, Schedule, expected_durations, run
 from harness.implementations import engine_settings, settings_env
 from harness.judge.expectations import Expectations
 from harness.judge.judge import judge_run
-from harness.judge.results import RunResult, cell_dir, dump_cell, dump_run, load_histories, load_run
+from harness.judge.results import RUNS, RunResult, cell_dir, dump_cell, dump_run, load_histories, load_run
 from harness.report.files import write_reports
 from harness.report.outdir import OutDirError, RunFolder, run_folder_of, take_lock
 from harness.spec.scenario import Scenario, all_scenarios
@@ -251,6 +251,14 @@ def rejudge(path: Path, expectations: Expectations | None = None,
         if expectations is None:
             result.expectations = None
         write_tree(result, folder, histories)
+        if folder.parent.name == RUNS:  # an --out folder's run: its trend page shows the new verdicts
+            from harness.report.trend import write_trend
+
+            try:
+                write_trend(folder.parent.parent)
+            except OSError as exc:
+                if on_note:
+                    on_note(f"the trend page could not be written: {exc.strerror or exc}")
     finally:
         os.close(lock)
     return result, folder

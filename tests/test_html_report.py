@@ -205,7 +205,7 @@ def test_cell_page_failing_check_divergence_diff_and_reproduce():
     assert f'<pre class="repro">{reproduce_command(run, run.cells[1])}</pre>' in page
     assert "--expectations none --sglang-src /x" in page  # judged with no file; the folder holding sglang/
     assert '<a href="../../index.html" id="back">' in page
-    assert [f'<a href="{n}">{n}</a>' in page for n in ("cell.json", "history.jsonl", "prefill.log")] == [True] * 3
+    assert [f'<a href="./{n}">{n}</a>' in page for n in ("cell.json", "history.jsonl", "prefill.log")] == [True] * 3
     # the identical histories of mori's cell say so; a cell without history says that
     assert "The normalized histories are identical" in _page(run, histories, "happy-path", "mori")
     assert "No history recorded." in _page(run, histories, "dead-prefill", "mori")
@@ -238,7 +238,7 @@ def test_cell_page_traceback_names_file_line_and_the_role_log_line():
     log = "starting\nwarming up\n" + TRACEBACK
     page = _page(run, histories, "happy-path", "mooncake", {"prefill.log": log})
     assert '<code class="where">sglang/srt/disaggregation/nixl/conn.py:3379 in bootstrap_thread</code>' in page
-    assert '<a href="prefill.log">prefill.log</a> line 8' in page
+    assert '<a href="./prefill.log">prefill.log</a> line 8' in page
     assert "thread Thread-7 (bootstrap_thread_guarded) died: AssertionError" in page
     # with no dead thread in the history, the tracebacks the role log holds are shown
     found = tracebacks(_events("Success"), {"decode.log": "x\n" + TRACEBACK.replace("AssertionError", "KeyError")})
@@ -258,7 +258,7 @@ def test_long_histories_are_cut_but_pinned_rows_are_kept():
     assert "x" * 500 not in page
     assert f'<tr id="row-{len(long) - 1}"' in page  # the pinned row, past the cut
     assert f"{len(long) - 401} of {len(long)} events not shown" in page
-    assert '<a href="history.jsonl">history.jsonl</a>' in page
+    assert '<a href="./history.jsonl">history.jsonl</a>' in page
 
 
 def test_pin_labels_do_not_overlap():
@@ -275,6 +275,113 @@ def test_pin_labels_do_not_overlap():
             assert left + size < other_left or left > other_right, "labels overlap"
         boxes.setdefault(pin.row, []).append((left, left + size))
     assert all(p.x - tl.TEXT_PX * len(p.label) >= 0 or p.anchor == "start" for p in layout.pins)
+
+
+# --- what a hostile or unlucky result tree cannot do ------------------------------------------------
+
+def test_no_file_name_or_docs_url_becomes_a_script_link():
+    run, histories = fixture_run()
+    cell = run.cells[1]
+    page = render_cell_page(run, cell, histories[("happy-path", "mooncake")], None,
+                            ["javascript:alert(1);({}).log", "a#b.log"], {"javascript:alert(1);({}).log": TRACEBACK})
+    assert 'href="javascript:' not in page
+    assert 'href="./javascript%3Aalert%281%29%3B%28%7B%7D%29.log"' in page and 'href="./a%23b.log"' in page
+    run.docs_url = "javascript:alert(2)//"
+    run.cells[2].expected_link = "docs/../../../etc/passwd"
+    for page in (render_index_html(run), _page(run, histories, "happy-path", "mooncake"),
+                 _page(run, histories, "happy-path", "mori")):
+        assert "javascript:" not in page and not re.search(r'href="[^"]*passwd', page)
+    run.docs_url = "https://example.org/pdconform/blob/main/"
+    assert 'href="https://example.org/pdconform/blob/main/docs/protocol.md#r-xfer-1"' in render_index_html(run)
+
+
+def test_odd_histories_draw_or_say_so():
+    """Events of odd shapes never cost the run its reports: a huge or endless time is left off
+    the timeline (a bounded axis), odd values are shown as text, and a history that still cannot
+    be drawn gives a page that says so."""
+    run, histories = fixture_run()
+    events = histories[("happy-path", "mooncake")]
+    odd = [dict(events[2], t=float("inf")), dict(events[3], t=1.7e9), dict(events[5], seq=[1]),
+           dict(events[7], value=["x"], args={"statuses": [1]}),
+           dict(events[-3], value={"dead_threads": ["x", {"traceback": 5}]}),
+           {"seq": 40, "t": "1.5", "op": "poll", "type": "ok", "role": "prefill", "step": 1}]
+    started = time.monotonic()
+    page = render_cell_page(run, run.cells[1], events + odd, None, [], {})
+    assert time.monotonic() - started < 5 and "could not be drawn" not in page
+    layout = tl.layout(events + [dict(events[0], seq=99, t=1e9)], [], None)
+    assert len(layout.ticks) <= tl.MAX_TICKS
+    broken = render_cell_page(run, run.cells[1], events, None, ["cell.json"], {}, skipped={"x": object()})
+    assert "could not be drawn" not in broken  # an unused odd argument changes nothing
+    import harness.report.cell_page as cp
+
+    original = cp.tl.layout
+    cp.tl.layout = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("<boom>"))
+    try:
+        page = render_cell_page(run, run.cells[1], events, None, ["cell.json"], {})
+    finally:
+        cp.tl.layout = original
+    assert 'id="unreadable"' in page and "RuntimeError: &lt;boom&gt;" in page and 'href="./cell.json"' in page
+
+
+def test_a_check_on_a_missing_event_says_so():
+    run, histories = fixture_run()
+    run.cells[1].checks = [dict(FAILING[0], at=999999)]
+    page = _page(run, histories, "happy-path", "mooncake")
+    assert "event 999999, which the history does not hold" in page
+    assert "decode-success was decided on event 999999, which is not on the timeline" in page
+
+
+def test_links_go_only_to_rows_on_the_page(tmp_path):
+    run, histories = fixture_run()
+    long = [dict(e, seq=i, t=i * 0.001) for i, e in enumerate(_events("WaitingForInput") * 200)]
+    page = render_cell_page(run, run.cells[1], long, None, [], {})
+    ids = set(re.findall(r'id="(row-\d+)"', page))
+    assert ids and all(h in ids for h in re.findall(r'href="#(row-\d+)"', page))
+
+
+def test_role_logs_links_and_line_numbers_past_the_part_read(tmp_path):
+    """A symlinked log is neither read nor listed; a symlinked cell folder is not written
+    through; a log longer than what is read still gives the traceback's real line."""
+    from harness.report import cell_page as cp
+
+    run, out = _write_out_dir(tmp_path)
+    cell = out / "cells" / "happy-path--mooncake"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret\n")
+    (cell / "decode.log").symlink_to(secret)
+    (cell / "prefill.log").write_text("x\n" * 5000 + TRACEBACK)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (out / "cells" / "dead-prefill--mooncake").rename(tmp_path / "moved")
+    (out / "cells" / "dead-prefill--mooncake").symlink_to(victim)
+    original = cp.MAX_LOG_BYTES
+    cp.MAX_LOG_BYTES = 1000
+    try:
+        write_index_html(run, out, load_histories(out, [(c.scenario, c.impl) for c in run.cells]))
+    finally:
+        cp.MAX_LOG_BYTES = original
+    page = (cell / "cell.html").read_text()
+    assert "decode.log" not in page and "secret" not in page
+    assert '<a href="./prefill.log">prefill.log</a> line 5006' in page
+    assert list(victim.iterdir()) == []
+
+
+def test_trend_is_left_alone_when_it_is_not_ours_and_links_only_pages_that_exist(tmp_path):
+    run, _ = fixture_run()
+    folder = tmp_path / "runs" / "20261201-100000"
+    folder.mkdir(parents=True)
+    (folder / ".pdconform-run").write_text("{}")
+    dump_run(run, folder / "results.json")
+    assert write_trend(tmp_path) is not None
+    html = (tmp_path / "trend.html").read_text()
+    assert 'href="runs/20261201-100000/index.html"' in html and "cell.html" not in html  # no cell pages yet
+    for make in (lambda p: p.mkdir(), lambda p: os.mkfifo(p), lambda p: p.symlink_to(tmp_path / "nowhere")):
+        (tmp_path / "trend.html").unlink()
+        make(tmp_path / "trend.html")
+        assert write_trend(tmp_path) is None  # a folder, a FIFO (never opened), a link: not ours
+        if (tmp_path / "trend.html").is_dir() and not (tmp_path / "trend.html").is_symlink():
+            (tmp_path / "trend.html").rmdir()
+            (tmp_path / "trend.html").touch()
 
 
 # --- the trend page -------------------------------------------------------------------------------
@@ -332,7 +439,7 @@ def test_load_histories_reads_the_out_directory_layout(tmp_path):
         assert write_index_html(run, out, histories) == out / "index.html"
         page = (out / "cells" / "happy-path--mooncake" / "cell.html").read_text()
         assert '<span class="actual">+step 2 AwaitStatus: await_status on decode: WaitingForInput</span>' in page
-        assert '<a href="prefill.log">prefill.log</a> line' in page
+        assert '<a href="./prefill.log">prefill.log</a> line' in page
         # a cell that never got a folder still gets its page, so the matrix's link leads somewhere
         assert "No history recorded." in (out / "cells" / "dead-prefill--mori" / "cell.html").read_text()
         assert (out / "index.html").read_text().count('<th data-impl="reference">') == 1
@@ -430,7 +537,7 @@ def test_reports_in_headless_chromium(tmp_path):
         # every link of the cell page resolves: the role log, history.jsonl, the matrix, the requirement,
         # and the timeline's and the checks' links to raw rows (the SVG's too: its raw attributes)
         hrefs = {a.get_dom_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "a[href]")}
-        assert {"prefill.log", "history.jsonl", "../../index.html", "#row-7"} <= hrefs
+        assert {"./prefill.log", "./history.jsonl", "../../index.html", "#row-7"} <= hrefs
         assert all(_resolves(cell_page, h) for h in hrefs), sorted(h for h in hrefs if not _resolves(cell_page, h))
         driver.save_screenshot(str(artifacts / "cell.png"))
         # a click on the pinned check opens the folded history at its row

@@ -198,6 +198,17 @@ def describe(divergence: dict | None) -> str:
     return _line(d, f" [{d['requirement']}]" if d.get("requirement") else "")
 
 
+def describe_parts(divergence: dict | None) -> tuple[str, list[str]]:
+    """The cell's divergence as (its one line, with its requirement; a line per failing
+    case, each naming its case and checks, when there are several)."""
+    if not divergence:
+        return "", []
+    d = divergence
+    head = _line(d, f" [{d['requirement']}]" if d.get("requirement") else "")
+    cases = d.get("cases") or []
+    return head, [f"{c['case']} ({', '.join(c['checks'])}): " + _line(c) for c in cases] if len(cases) > 1 else []
+
+
 def _line(d: dict, requirement: str = "") -> str:
     return (f"first divergence at step {d['step']} {d['step_name']} ({d['op']} on {d['role']}){requirement}: "
             f"reference {d['reference']}, observed {d['observed']}")

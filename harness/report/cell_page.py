@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any, Mapping
 
 from harness import ROOT
-from harness.judge.divergence import describe as describe_divergence
+from harness.judge.divergence import describe_parts
 from harness.judge.divergence import normalize
 from harness.judge.results import CellResult, RunResult, cell_dir, write_atomic
 from harness.report import timeline as tl
@@ -40,6 +42,7 @@ MAX_VALUE_CHARS = 200  # characters of a value shown per raw row
 MAX_DIFF_LINES = 200  # lines of normalized diff shown
 MAX_LOG_BYTES = 2 * 1024 * 1024  # of a role log read to find tracebacks (its end)
 MAX_LOG_TRACEBACKS = 3  # tracebacks shown per role log when the history has none
+MAX_T_S = 7 * 24 * 3600.0  # a cell's event later than this (seconds) is not a time since the cell started
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
@@ -50,12 +53,19 @@ def docs_href(run: RunResult, link: str) -> str | None:
     anything else (``javascript:``) None."""
     if link.startswith(("https://", "http://")):
         return link
-    if not link.startswith("docs/"):
-        return None
-    if run.docs_url:
-        return f"{run.docs_url.rstrip('/')}/{link}"
     path, _, anchor = link.partition("#")
-    return (ROOT / path).resolve().as_uri() + (f"#{anchor}" if anchor else "")
+    docs = (ROOT / "docs").resolve()
+    if not link.startswith("docs/") or not (ROOT / path).resolve().is_relative_to(docs):
+        return None  # not into docs/ (javascript:, docs/../../etc/passwd): no link
+    if run.docs_url:  # a results.json may carry anything: only a web address becomes a base
+        return f"{run.docs_url.rstrip('/')}/{link}" if run.docs_url.startswith(("https://", "http://")) else None
+    return (ROOT / path).resolve().as_uri() + (f"#{quote(anchor)}" if anchor else "")
+
+
+def file_href(name: str) -> str:
+    """A link to a file of the cell's folder: ``./`` and the name percent-encoded, so no name
+    (``javascript:x.log``, ``a#b.log``) is read as a scheme, a fragment or a query."""
+    return "./" + quote(name)
 
 
 def requirement_link(rid: str) -> str:
@@ -66,16 +76,16 @@ def requirement_link(rid: str) -> str:
 def _where(traceback: str) -> str:
     """The innermost ``file:line in function`` of a Python traceback, the file shortened to
     its package path (``sglang/srt/disaggregation/nixl/conn.py:3379 in bootstrap_thread``)."""
-    frames = _FRAME.findall(traceback or "")
+    if not isinstance(traceback, str):
+        return ""
+    # frames are the lines that start a traceback entry (not text inside a message)
+    frames = [m for line in traceback.splitlines() if line.startswith("  File ") and (m := _FRAME.search(line))]
     if not frames:
         return ""
-    path, line, func = frames[-1]
+    path, line, func = frames[-1].groups()
     short = re.split(r"/(?:site|dist)-packages/", path)[-1]
-    try:
-        short = str(Path(short).resolve().relative_to(ROOT)) if short == path else short
-    except ValueError:
-        pass
-    return f"{short}:{line} in {func}"
+    root = str(ROOT) + "/"
+    return f"{short[len(root):] if short.startswith(root) else short}:{line} in {func}"
 
 
 def _log_line(log: str, needle: str) -> int | None:
@@ -104,36 +114,45 @@ def _log_tracebacks(log: str) -> list[str]:
     return found
 
 
-def tracebacks(events: list[dict], logs: Mapping[str, str]) -> list[dict]:
+def tracebacks(events: list[dict], logs: Mapping[str, str], skipped: Mapping[str, int] | None = None) -> list[dict]:
     """Every dead thread the observations saw (once each) and every call that raised with a
     traceback, as ``{"role", "what", "where" (file:line), "traceback", "log", "log_line"}``;
     when the history has none, the tracebacks written in the role logs (caught and logged
-    exceptions).  ``logs``: role log texts by file name (``prefill.log``)."""
-    out, seen = [], set()
+    exceptions).  ``logs``: role log texts by file name (``prefill.log``), each its last
+    MAX_LOG_BYTES; ``skipped``: the lines of a log before the part read (line numbers count
+    them).  Values of unexpected types are shown as text, never trusted."""
+    out, seen, skipped = [], set(), skipped or {}
+
+    def located(log: str, last: str) -> int | None:
+        line = _log_line(logs.get(log, ""), last)
+        return None if line is None else line + skipped.get(log, 0)
+
     for e in events:
         value = e.get("value") if e["op"] in (Op.OBSERVE, Op.OBSERVE_MID) and e["type"] == Event.OK else None
-        for dead in (value or {}).get("dead_threads") or []:
-            key = (e["role"], dead.get("thread"), dead.get("exception"), dead.get("message"))
+        dead_threads = value.get("dead_threads") if isinstance(value, dict) else None
+        for dead in dead_threads if isinstance(dead_threads, list) else []:
+            dead = dead if isinstance(dead, dict) else {"message": str(dead)}
+            key = tuple(str(dead.get(k)) for k in ("thread", "exception", "message")) + (str(e["role"]),)
             if key in seen:
                 continue
             seen.add(key)
-            text = dead.get("traceback") or ""
+            text = dead.get("traceback") if isinstance(dead.get("traceback"), str) else ""
             last = text.strip().splitlines()[-1] if text.strip() else ""
             log = f"{e['role']}.log"
             out.append({"role": e["role"], "what": f"thread {dead.get('thread')} died: {dead.get('exception')}: "
                                                   f"{dead.get('message', '')}",
-                        "where": _where(text), "traceback": text, "seq": e["seq"],
-                        "log": log if log in logs else None, "log_line": _log_line(logs.get(log, ""), last)})
+                        "where": _where(text), "traceback": text, "seq": e.get("seq"),
+                        "log": log if log in logs else None, "log_line": located(log, last)})
         if e["type"] == Event.FAIL and e.get("remote_traceback"):
-            text = e["remote_traceback"]
+            text = str(e["remote_traceback"])
             out.append({"role": e.get("role"), "what": f"{e['op']} raised: {e.get('error', '')}",
-                        "where": _where(text), "traceback": text, "seq": e["seq"], "log": None, "log_line": None})
+                        "where": _where(text), "traceback": text, "seq": e.get("seq"), "log": None, "log_line": None})
     if not out:
         for name, text in logs.items():
             for block in _log_tracebacks(text):
                 out.append({"role": name.removesuffix(".log"), "what": f"logged in {name}: "
                             f"{block.splitlines()[-1]}", "where": _where(block), "traceback": block, "seq": None,
-                            "log": name, "log_line": _log_line(text, block.splitlines()[-1])})
+                            "log": name, "log_line": located(name, block.splitlines()[-1])})
     return out
 
 
@@ -171,7 +190,7 @@ def _rows(events: list[dict], keep: set[int]) -> tuple[list[dict], int]:
             left_out += 1
             continue
         cls = [e.get("type", "")] + (["step"] if e.get("op") == Op.STEP else [])
-        if e.get("op") == Op.AWAIT_STATUS and (e.get("value") or {}).get("reached") is False:
+        if e.get("op") == Op.AWAIT_STATUS and isinstance(e.get("value"), dict) and e["value"].get("reached") is False:
             cls.append("timed-out")
         if e.get("seq") in keep:
             cls.append("pinned")
@@ -190,27 +209,55 @@ def _rows(events: list[dict], keep: set[int]) -> tuple[list[dict], int]:
     return rows, left_out
 
 
+def clean(events: list) -> list[dict]:
+    """A history as the page can draw it: events that are dicts with a string ``op`` and
+    ``type``; ``t`` a finite number of seconds (else None: not on the timeline), ``seq`` an
+    int, unique (else None: no row id), ``step`` an int or None.  The judge reads the raw
+    history; this only keeps one odd event from breaking the page."""
+    out, seen = [], set()
+    for e in events or []:
+        if not isinstance(e, dict) or not isinstance(e.get("op"), str) or not isinstance(e.get("type"), str):
+            continue
+        t, seq, step = e.get("t"), e.get("seq"), e.get("step")
+        ok_t = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= MAX_T_S
+        ok_seq = isinstance(seq, int) and not isinstance(seq, bool) and seq not in seen
+        if ok_seq:
+            seen.add(seq)
+        out.append({**e, "t": t if ok_t else None, "seq": seq if ok_seq else None,
+                    "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+                    "args": e.get("args") if isinstance(e.get("args"), dict) else {}})
+    return out
+
+
 def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, reference: list[dict] | None,
-              files: list[str], logs: Mapping[str, str]) -> dict:
+              files: list[str], logs: Mapping[str, str], skipped: Mapping[str, int] | None = None) -> dict:
     """Everything the cell page shows (pure).  ``events``: the cell's history (None: none
     recorded); ``reference``: the reference's history for the scenario (None: no diff);
-    ``files``: the names of the files in the cell's folder; ``logs``: role log texts by name."""
-    events = events or []
+    ``files``: the names of the files in the cell's folder; ``logs``: role log texts by name,
+    ``skipped`` the lines of each before the part read."""
+    events = clean(events)
     timed = tl.layout(events, cell.checks, cell.divergence) if events else None
-    by_seq = {e.get("seq"): e for e in events}
+    by_seq = {e["seq"]: e for e in events if e["seq"] is not None}
     failing = []
     for check in (c for c in cell.checks if c.get("ok") is False):
-        event = by_seq.get(check.get("at"))
-        failing.append({**check, "href": docs_href(run, requirement_link(check["requirement"])),
-                        "where": ("over the whole history" if event is None or event.get("t") is None else
-                                  f"step {event['step']}, t={event['t']:.3f} s" if event.get("step") is not None
-                                  else f"the end of the cell, t={event['t']:.3f} s"),
-                        "row": check.get("at") if event else None})
-    keep = {p.seq for p in timed.pins} if timed else set()
+        at, event = check.get("at"), by_seq.get(check.get("at"))
+        where = ("over the whole history" if at is None else f"event {at}, which the history does not hold"
+                 if event is None else f"event {at}, which has no time" if event["t"] is None else
+                 f"step {event['step']}, t={event['t']:.3f} s" if event["step"] is not None
+                 else f"the end of the cell, t={event['t']:.3f} s")
+        failing.append({**check, "href": docs_href(run, requirement_link(str(check.get("requirement")))),
+                        "where": where, "row": at if event is not None else None})
+    found = tracebacks(events, logs, skipped)
+    keep = ({p.seq for p in timed.pins} if timed else set()) | {c["row"] for c in failing} | \
+        {t["seq"] for t in found} | {(cell.divergence or {}).get("seq")}
     rows, left_out = _rows(events, keep)
+    shown = {r["seq"] for r in rows}
+    if timed:
+        tl.link_rows(timed, shown)
     diff = None
     if cell.impl != REFERENCE and reference and events:
         diff = _diff(reference, events, cell.impl)
+    divergence_row = (cell.divergence or {}).get("seq")
     return {
         "cell": cell, "run": run,
         "unexpected": not cell.as_expected,
@@ -218,11 +265,13 @@ def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, refer
         "bug_href": docs_href(run, cell.expected_link) if cell.expected_link else None,
         "failing": failing,
         "checks_total": len(cell.checks),
-        "divergence": describe_divergence(cell.divergence),
-        "divergence_row": (cell.divergence or {}).get("seq"),
+        "divergence": describe_parts(cell.divergence)[0],
+        "divergence_cases": describe_parts(cell.divergence)[1],
+        "divergence_row": divergence_row if divergence_row in shown else None,
         "timeline": timed,
-        "tracebacks": tracebacks(events, logs),
-        "files": files,
+        "tracebacks": [{**t, "seq": t["seq"] if t["seq"] in shown else None,
+                        "log": file_href(t["log"]) if t["log"] else None, "log_name": t["log"]} for t in found],
+        "files": [(name, file_href(name)) for name in files],
         "diff": diff,
         "has_reference": bool(reference),
         "rows": rows, "left_out": left_out, "history_total": len(events),
@@ -232,41 +281,58 @@ def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, refer
 
 
 def render_cell_page(run: RunResult, cell: CellResult, events: list[dict] | None, reference: list[dict] | None,
-                     files: list[str], logs: Mapping[str, str]) -> str:
+                     files: list[str], logs: Mapping[str, str], skipped: Mapping[str, int] | None = None) -> str:
     """The cell's page as a string (pure; see :func:`cell_view`).  Every string from the
-    result tree, the history and the logs is HTML-escaped."""
-    view = cell_view(run, cell, events, reference, files, logs)
-    return env.get_template("cell_page.html.j2").render(
-        v=view, lane_h=tl.LANE_H, pin_row_h=tl.PIN_ROW_H, fits=tl.fits)
+    result tree, the history and the logs is HTML-escaped.  A history the page cannot draw
+    gives a page that says so, with the cell's verdict, files and reproduce command."""
+    try:
+        view = cell_view(run, cell, events, reference, files, logs, skipped)
+        return env.get_template("cell_page.html.j2").render(
+            v=view, lane_h=tl.LANE_H, pin_row_h=tl.PIN_ROW_H, fits=tl.fits)
+    except Exception as exc:  # noqa: BLE001 - one odd cell must not cost the run its reports
+        return env.get_template("cell_page_unreadable.html.j2").render(
+            cell=cell, error=f"{type(exc).__name__}: {exc}", files=[(n, file_href(n)) for n in files],
+            reproduce=reproduce_command(run, cell))
 
 
-def _read_logs(folder: Path) -> dict[str, str]:
-    logs = {}
+def _read_logs(folder: Path) -> tuple[dict[str, str], dict[str, int]]:
+    """The role logs of a cell folder (regular files, not links): each one's last
+    MAX_LOG_BYTES as text, and the lines before that part."""
+    logs, skipped = {}, {}
     for path in sorted(folder.glob("*.log")):
-        if path.name == "cell.log" or not path.is_file() or path.is_symlink():
+        if path.name == "cell.log" or path.is_symlink() or not path.is_file():
             continue
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, 2)
-                f.seek(max(0, size - MAX_LOG_BYTES))
+                start = max(0, size - MAX_LOG_BYTES)
+                f.seek(0)
+                lines = 0
+                while f.tell() < start:  # count the lines of the part not read
+                    lines += f.read(min(1 << 20, start - f.tell())).count(b"\n")
                 logs[path.name] = f.read().decode("utf-8", errors="replace")
+                skipped[path.name] = lines
         except OSError:
             continue
-    return logs
+    return logs, skipped
 
 
 def write_cell_pages(run: RunResult, out_dir: str | Path, histories: Mapping[tuple[str, str], list[dict]]) -> list[Path]:
     """Write ``cells/SCENARIO--IMPL/cell.html`` for every cell of ``run`` (the folder made for
     a cell that never got one, so every link of the index leads somewhere), each atomically;
-    their paths.  OSError when one cannot be written."""
+    their paths.  A cell folder that is a symbolic link is left alone (pdconform writes no
+    page through it); files that are links are not listed.  OSError when one cannot be written."""
     written = []
     for cell in run.cells:
         folder = cell_dir(out_dir, cell.scenario, cell.impl)
+        if folder.is_symlink():
+            continue
         folder.mkdir(parents=True, exist_ok=True)
-        files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
-                       and p.name != CELL_PAGE and p.suffix in (".log", ".jsonl", ".json"))
+        files = sorted(p.name for p in folder.iterdir() if not p.is_symlink() and p.is_file()
+                       and not p.name.startswith(".") and p.name != CELL_PAGE and p.suffix in (".log", ".jsonl", ".json"))
+        logs, skipped = _read_logs(folder)
         page = render_cell_page(run, cell, histories.get((cell.scenario, cell.impl)),
-                                histories.get((cell.scenario, REFERENCE)), files, _read_logs(folder))
+                                histories.get((cell.scenario, REFERENCE)), files, logs, skipped)
         write_atomic(folder / CELL_PAGE, page.encode("utf-8"))
         written.append(folder / CELL_PAGE)
     return written

@@ -108,9 +108,14 @@ def write_index_html(run: RunResult, out_dir: str | Path, histories: Mapping[tup
     from harness.judge.results import RUNS
     from harness.report.trend import TREND_PAGE
 
+    from harness.report.trend import ours
+
     out_dir = Path(out_dir)
     write_cell_pages(run, out_dir, histories)
-    trend = f"../../{TREND_PAGE}" if out_dir.parent.name == RUNS else None
+    # an --out folder's run: its trend page, which pdconform writes there when the run finishes or is
+    # judged again (RunFolder.finish, harness.session.rejudge), unless a file of the user's has the name
+    trend = f"../../{TREND_PAGE}" if out_dir.parent.name == RUNS and \
+        ours(out_dir.parent.parent / TREND_PAGE) is not False else None
     path = out_dir / "index.html"
     write_atomic(path, render_index_html(run, trend).encode("utf-8"))
     return path

@@ -114,7 +114,10 @@ class RunFolder:
         prune(self.out, self.keep, spare=self.path)
         from harness.report.trend import write_trend
 
-        write_trend(self.out)  # the stored runs side by side, this one included
+        try:
+            write_trend(self.out)  # the stored runs side by side, this one included
+        except OSError:  # the run itself is written and linked: the trend page is only a view of it
+            pass
 
     def _release(self) -> None:
         if self._lock_fd is not None:

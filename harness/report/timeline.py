@@ -27,7 +27,9 @@ LABEL_W = 110  # px: the lane names on the left
 LANE_H = 26  # px: one lane
 PIN_ROW_H = 12  # px: one row of pin labels above the lanes
 MIN_SPAN_PX = 3  # px: a call shorter than this is still visible
-TEXT_PX = 6.2  # px: roughly one character of the 11 px label font, to decide what fits
+TEXT_PX = 7.4  # px: one character of the 11 px (bold) label font at most, to decide what fits
+MAX_ITEMS = 3000  # spans and ticks drawn; a longer history's later items are left out (a note says so)
+MAX_TICKS = 12  # marks on the time axis
 HARNESS, FAULTS = "harness", "faults"
 
 
@@ -108,15 +110,23 @@ def decode_frames(sample: list[list[str]]) -> list[list[str]]:
 
 
 def describe_event(event: dict) -> str:
-    """One line for an event: its op, role, room and what it returned or raised."""
-    args = event.get("args") or {}
+    """One line for an event: its op, role, room and what it returned or raised (a value of
+    an unexpected shape shown as it is)."""
+    try:
+        return _describe(event)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return f"{event.get('op')} on {event.get('role')}: {event.get('type')}: {_short(event.get('value'))}"
+
+
+def _describe(event: dict) -> str:
+    args = event.get("args") if isinstance(event.get("args"), dict) else {}
     room = f" room {args['room']}" if "room" in args else ""
     head = f"{event['op']}{' on ' + event['role'] if event.get('role') else ''}{room}"
     if event.get("error"):
         return f"{head}: {event['type']}: {_short(event['error'])}"
     value = event.get("value")
     if event["op"] == Op.AWAIT_STATUS and isinstance(value, dict):
-        wanted = "/".join(args.get("statuses") or [])
+        wanted = "/".join(str(x) for x in args.get("statuses") or [])
         if value.get("reached") is False:
             return (f"{head}: timed out after {args.get('timeout_s')} s waiting for {wanted}, "
                     f"saw {value.get('status_name')}")
@@ -135,7 +145,7 @@ def describe_event(event: dict) -> str:
 def _kind(invoke: dict | None, done: dict) -> str:
     if done["type"] == Event.FAIL:
         return "fail"
-    if done["op"] == Op.AWAIT_STATUS and (done.get("value") or {}).get("reached") is False:
+    if done["op"] == Op.AWAIT_STATUS and isinstance(done.get("value"), dict) and done["value"].get("reached") is False:
         return "timed-out"
     return "ok"
 
@@ -144,7 +154,7 @@ def layout(events: list[dict], checks: list[dict], divergence: dict | None, widt
     """The timeline of one cell: ``events`` its raw history, ``checks`` its check results
     (dicts with ``ok``, ``name``, ``requirement``, ``at``), ``divergence`` its first
     divergence (with ``seq``) or None.  Pure."""
-    timed = [e for e in events if isinstance(e.get("t"), (int, float))]
+    timed = [e for e in events if isinstance(e.get("t"), (int, float)) and not isinstance(e.get("t"), bool)]
     duration = max((e["t"] for e in timed), default=0.0) or 1.0
     roles = list(dict.fromkeys(e["role"] for e in timed if e.get("role") and e["type"] != Event.NEMESIS))
     roles += [r for r in dict.fromkeys(e["role"] for e in timed if e.get("role")) if r not in roles]
@@ -193,12 +203,19 @@ def layout(events: list[dict], checks: list[dict], divergence: dict | None, widt
                               f"{invoke['op']} (never completed)",
                               f"t={invoke['t']:.3f} s, step {invoke['step']}: {invoke['op']} never completed",
                               invoke["seq"]))
+    notes = []
+    if len(items) > MAX_ITEMS:
+        notes.append(f"{len(items) - MAX_ITEMS} of {len(items)} timeline items not drawn (the history is long); "
+                     "the raw history and history.jsonl hold every event")
+        items = items[:MAX_ITEMS]
     pins = _place(_pins(timed, checks, divergence, x), width)
     rows = max((p.row for p in pins), default=-1) + 1
     top = PIN_ROW_H * rows + 20
     ticks = [(x(t), f"{t:g} s") for t in _axis(duration)]
-    notes = [f"{c['name']} was judged over the whole history (no single event)" for c in checks
-             if c.get("ok") is False and c.get("at") is None]
+    seqs = {e["seq"] for e in timed}
+    notes += [f"{c.get('name')} was judged over the whole history (no single event)" if c.get("at") is None else
+              f"{c.get('name')} was decided on event {c.get('at')}, which is not on the timeline"
+              for c in checks if c.get("ok") is False and c.get("at") not in seqs]
     return Timeline(lanes, items, pins, ticks, width, top + LANE_H * len(lanes) + 8, duration, top, notes)
 
 
@@ -236,9 +253,11 @@ def _pins(timed: list[dict], checks: list[dict], divergence: dict | None, x) -> 
                         f"{divergence['reference']}, observed {divergence['observed']}", event["seq"],
                         "pin-divergence"))
     dead = next((e for e in timed if e["op"] in (Op.OBSERVE_MID, Op.OBSERVE) and e["type"] == Event.OK
-                 and (e.get("value") or {}).get("dead_threads")), None)
+                 and isinstance(e.get("value"), dict) and isinstance(e["value"].get("dead_threads"), list)
+                 and e["value"]["dead_threads"]), None)
     if dead is not None:
         first = dead["value"]["dead_threads"][0]
+        first = first if isinstance(first, dict) else {"message": str(first)}
         pins.append(Pin(x(dead["t"]), "dead-thread", f"\u2620 {dead['role']} thread died",
                         f"first seen at step {dead['step']}: {first.get('thread')}: {first.get('exception')}: "
                         f"{_short(first.get('message', ''), 200)}", dead["seq"], "pin-dead-thread"))
@@ -246,15 +265,21 @@ def _pins(timed: list[dict], checks: list[dict], divergence: dict | None, x) -> 
 
 
 def _axis(duration: float) -> list[float]:
-    """About eight round time marks from 0 to ``duration`` seconds."""
-    for step in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300):
-        if duration / step <= 10:
-            break
-    marks, t = [], 0.0
-    while t <= duration + 1e-9:
-        marks.append(round(t, 3))
-        t += step
-    return marks
+    """At most MAX_TICKS round time marks from 0 to ``duration`` seconds (a 1, 2 or 5 step)."""
+    import math
+
+    exponent = math.floor(math.log10(max(duration, 1e-3) / (MAX_TICKS - 2)))
+    step = next(m * 10.0 ** e for e in (exponent, exponent + 1) for m in (1, 2, 5)
+                if duration / (m * 10.0 ** e) <= MAX_TICKS - 2)
+    return [round(i * step, 3) for i in range(int(duration / step + 1e-9) + 1)][:MAX_TICKS]
+
+
+def link_rows(timeline: Timeline, rows: set) -> None:
+    """Keep the links of the items and pins whose event has a row on the page (``rows``:
+    their seqs); the others link nowhere, so no link of the page leads to nothing."""
+    for thing in [*timeline.items, *timeline.pins]:
+        if thing.seq not in rows:
+            thing.seq = None
 
 
 def fits(item: Item) -> bool:

@@ -10,7 +10,10 @@ colour along a row.  A pure function of the stored results.json files
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
+from urllib.parse import quote
 
 from harness.judge.results import MARKER, RUNS, RunResult, cell_dir_name, load_run, write_atomic
 from harness.report.cell_page import CELL_PAGE
@@ -20,8 +23,10 @@ TREND_PAGE = "trend.html"
 OURS = "<!-- written by pdconform: harness/report/trend.py -->"  # a trend.html without it is not ours to replace
 
 
-def render_trend(runs: list[tuple[str, RunResult]]) -> str:
-    """The trend page for ``runs``: ``(run folder name, its result)`` oldest first (pure)."""
+def render_trend(runs: list[tuple[str, RunResult]], pages: set[str] | None = None) -> str:
+    """The trend page for ``runs``: ``(run folder name, its result)`` oldest first (pure).
+    ``pages``: the cell pages that exist (``runs/<run>/cells/<cell>/cell.html``; None: all);
+    a square whose page does not (a run made before cell pages) links to its run's index.html."""
     keys = list(dict.fromkeys((c.scenario, c.impl) for _, run in runs for c in run.cells))
     columns = [{"name": name, "started": run.started_at or name, "sglang": run.sglang.version or "?",
                 "seed": run.seed, "cells": {(c.scenario, c.impl): c for c in run.cells}} for name, run in runs]
@@ -32,10 +37,15 @@ def render_trend(runs: list[tuple[str, RunResult]]) -> str:
         rows.append({"scenario": scenario, "impl": impl, "changed": len(verdicts) > 1,
                      "cells": [None if c is None else
                                {"verdict": c.verdict, "expected": c.expected, "unexpected": not c.as_expected,
-                                "href": f"{RUNS}/{col['name']}/cells/{cell_dir_name(scenario, impl)}/{CELL_PAGE}"}
+                                "href": _href(col["name"], cell_dir_name(scenario, impl), pages)}
                                for c, col in zip(seen, columns)]})
     return env.get_template("trend.html.j2").render(columns=columns, rows=rows,
                                                     changed=sum(r["changed"] for r in rows))
+
+
+def _href(run: str, cell: str, pages: set[str] | None) -> str:
+    page = f"{RUNS}/{quote(run)}/cells/{quote(cell)}/{CELL_PAGE}"
+    return page if pages is None or page in pages else f"{RUNS}/{quote(run)}/index.html"
 
 
 def stored_runs(out: Path) -> list[tuple[str, RunResult]]:
@@ -55,12 +65,30 @@ def stored_runs(out: Path) -> list[tuple[str, RunResult]]:
     return found
 
 
+def ours(path: Path) -> bool | None:
+    """Whether ``path`` is a trend page pdconform wrote (True), is free (None: nothing there),
+    or is something else: a link, a folder, a FIFO, a file of the user's (False).  Reads at
+    most the page's first 400 bytes; never follows a link."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    with open(path, "rb") as f:
+        return OURS.encode() in f.read(400)
+
+
 def write_trend(out: str | Path) -> Path | None:
     """Write ``OUT/trend.html`` from the runs stored under ``OUT/runs/``, atomically; its path,
-    or None when a ``trend.html`` that pdconform did not write is there (left as it is).
-    OSError when it cannot be written."""
-    path = Path(out) / TREND_PAGE
-    if path.is_symlink() or (path.exists() and OURS not in path.read_text(encoding="utf-8", errors="replace")[:400]):
+    or None when something pdconform did not write is there (left as it is).  OSError when
+    it cannot be written."""
+    out = Path(out)
+    path = out / TREND_PAGE
+    if ours(path) is False:
         return None
-    write_atomic(path, render_trend(stored_runs(Path(out))).encode("utf-8"))
+    runs = stored_runs(out)
+    pages = {str(p.relative_to(out)) for name, _ in runs
+             for p in (out / RUNS / name / "cells").glob(f"*/{CELL_PAGE}")}
+    write_atomic(path, render_trend(runs, {quote(p, safe="/") for p in pages}).encode("utf-8"))
     return path

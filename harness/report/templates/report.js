@@ -6,10 +6,12 @@
     var rows = document.querySelectorAll('tr[data-all-pass="yes"]');
     for (var i = 0; i < rows.length; i++) rows[i].hidden = box.checked;
   }
-  box.checked = location.hash === "#non-pass";
+  function fromHash() { box.checked = location.hash === "#non-pass"; apply(); }
   box.addEventListener("change", function () {
     history.replaceState(null, "", box.checked ? "#non-pass" : location.pathname + location.search);
     apply();
   });
-  apply();
+  window.addEventListener("hashchange", fromHash);
+  window.addEventListener("pageshow", fromHash);  // back/forward restores the page: follow its URL
+  fromHash();
 })();
