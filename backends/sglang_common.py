@@ -159,7 +159,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         args.kv_layer_ids = []
         args.num_draft_entries = sum(1 for s, _ in kv if s.layer >= DRAFT_BASE)
         args.kv_head_num = layout.kv_heads
-        args.total_kv_head_num = layout.kv_heads
+        args.total_kv_head_num = layout.model_kv_heads  # the model's, all TP ranks together
         args.page_size = layout.page_size
         aux_tensor = aux[1]
         args.aux_data_ptrs = [aux_tensor.data_ptr()]
@@ -203,7 +203,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         if pp_size > 1:
             facts["pp"] = [pp_size, pp_rank]
         if mode == "prefill":
-            if pp_rank == 0:  # one bootstrap server per prefill server; every stage registers with it
+            if pp_rank == 0 and tp_rank == 0:  # one bootstrap server per prefill server; every rank registers
                 self.bootstrap_server = getattr(self.conn, self.bootstrap_class)(self.host, bootstrap_port)
             wait_for_tcp_port(self.host, bootstrap_port, timeout_s=15)
             facts["bootstrap_addr"] = f"{self.host}:{bootstrap_port}"
@@ -232,8 +232,9 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
             facts["bootstrap_timeout_s"] = float(self.manager.bootstrap_timeout)
         return facts
 
-    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, "")) -> dict:
-        return self._start("prefill", layout, bootstrap_port, pp=pp)
+    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, ""),
+                      attn_tp: tuple[int, int] = (1, 0)) -> dict:
+        return self._start("prefill", layout, bootstrap_port, attn_tp, pp=pp)
 
     def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
         return self._start("decode", layout, bootstrap_port, attn_tp)

@@ -59,12 +59,12 @@ class CellSpec:
 def _cells(config: pytest.Config) -> list[CellSpec]:
     """The cells the options select; pytest.UsageError (exit 4) for an unknown name."""
     from harness.implementations import available, names
-    from harness.spec.scenario import all_scenarios
+    from harness.spec.scenario import all_scenarios, scenarios_by_id
 
     impls = list(dict.fromkeys(config.getoption("--impl") or names()))
-    known = {s.id: s for s in all_scenarios()}
-    scenarios = list(dict.fromkeys(config.getoption("--scenario") or [s.id for s in known.values()
-                                                                      if not s.test_only]))
+    asked = config.getoption("--scenario")
+    known = scenarios_by_id(asked) if asked else {s.id: s for s in all_scenarios()}
+    scenarios = list(dict.fromkeys(asked or [s.id for s in known.values() if not s.test_only]))
     unknown = [i for i in impls if i not in available()] + [s for s in scenarios if s not in known]
     if unknown:
         raise pytest.UsageError(f"pdconform: unknown --impl/--scenario {', '.join(unknown)} "

@@ -136,7 +136,9 @@ def read_expectations(path: str | Path) -> Expectations:
     from harness.implementations import available
     from harness.judge.expectations import load_expectations
 
-    return load_expectations(path, available(), [s.id for s in all_scenarios()])
+    from harness.spec.scenario import scenario_ids
+
+    return load_expectations(path, available(), scenario_ids())
 
 
 def resolve_expectations(given: str | Path | None, version: str | None) -> Expectations | None:
@@ -192,6 +194,36 @@ def write_tree(result: RunResult, out_dir: Path, histories: dict[tuple[str, str]
     return paths
 
 
+def _stored_run(path: Path) -> tuple[Path, RunResult]:
+    """The run folder ``path`` names (itself, or an --out folder's latest) and its results;
+    RejudgeError when it is no finished pdconform run."""
+    from harness.spec.inputs import InputError
+
+    try:
+        folder = run_folder_of(path)
+    except OutDirError as exc:
+        raise RejudgeError(str(exc)) from None
+    try:
+        return folder, load_run(folder / "results.json")
+    except InputError as exc:
+        raise RejudgeError(f"{folder} holds no finished pdconform run: {exc}") from None
+    except ValueError as exc:
+        raise RejudgeError(f"{folder / 'results.json'} is not a pdconform results.json: {exc}") from None
+
+
+def _rewrite_trend(folder: Path, on_note: Callable[[str], None] | None) -> None:
+    """An --out folder's run judged again: its trend page shows the new verdicts (harness.report.trend)."""
+    if folder.parent.name != RUNS:
+        return
+    from harness.report.trend import write_trend
+
+    try:
+        write_trend(folder.parent.parent)
+    except OSError as exc:
+        if on_note:
+            on_note(f"the trend page could not be written: {exc.strerror or exc}")
+
+
 class RejudgeError(ValueError):
     """A folder ``pdconform judge`` cannot re-judge; the message says why."""
 
@@ -211,20 +243,11 @@ def rejudge(path: Path, expectations: Expectations | None = None,
     from harness.implementations import available
     from harness.judge.expectations import Expectations, ExpectationsError
     from harness.spec.history import Op
-    from harness.spec.inputs import InputError
+    from harness.spec.scenario import scenarios_by_id
 
-    try:
-        folder = run_folder_of(path)
-    except OutDirError as exc:
-        raise RejudgeError(str(exc)) from None
+    folder, stored = _stored_run(path)
     results = folder / "results.json"
-    try:
-        stored = load_run(results)
-    except InputError as exc:
-        raise RejudgeError(f"{folder} holds no finished pdconform run: {exc}") from None
-    except ValueError as exc:
-        raise RejudgeError(f"{results} is not a pdconform results.json: {exc}") from None
-    known = {s.id: s for s in all_scenarios(include_test_only=True)}
+    known = scenarios_by_id((c.scenario for c in stored.cells), include_test_only=True)
     missing = sorted({c.scenario for c in stored.cells} - set(known))
     if missing:
         raise RejudgeError(f"{results} has cells of scenarios this checkout does not have: {', '.join(missing)}")
@@ -251,14 +274,7 @@ def rejudge(path: Path, expectations: Expectations | None = None,
         if expectations is None:
             result.expectations = None
         write_tree(result, folder, histories)
-        if folder.parent.name == RUNS:  # an --out folder's run: its trend page shows the new verdicts
-            from harness.report.trend import write_trend
-
-            try:
-                write_trend(folder.parent.parent)
-            except OSError as exc:
-                if on_note:
-                    on_note(f"the trend page could not be written: {exc.strerror or exc}")
+        _rewrite_trend(folder, on_note)
     finally:
         os.close(lock)
     return result, folder

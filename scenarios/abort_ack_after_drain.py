@@ -102,15 +102,19 @@ def acks_safe(room: int, prefill: str = "prefill", decode: str = "decode", delay
                            f"{generations[0]} from {len(set(senders))} sender(s), expected exactly one each")
         if not acks:
             return True, f"no ABORT_ACK for room {room}, so none came early"
-        ack_t = min(a["t"] for a in acks)
-        issued = [f for f in faults if f["fault"] == "delay" and f["t"] < ack_t]
-        early = [f for f in issued if f["t"] + f.get("delay_s", delay_s) > ack_t]
-        if early:
-            f = early[0]
-            return False, (f"ABORT_ACK arrived {f['t'] + f.get('delay_s', delay_s) - ack_t:.2f} s before transfer "
-                           f"{f['transfer']} ({f['what']}) could complete: writes were still in flight")
-        return True, (f"one ABORT_ACK, after all {len(issued)} delayed write(s) issued before it "
-                      "could complete")
+        issued = 0
+        for ack in acks:  # each sender's ACK against its own engine's writes (a TP rank's, with ranks)
+            ack_t = ack["t"]
+            mine = [f for f in c.sender_faults(events, prefill, ack.get("sender"))
+                    if f["fault"] == "delay" and f["t"] < ack_t]
+            issued += len(mine)
+            early = [f for f in mine if f["t"] + f.get("delay_s", delay_s) > ack_t]
+            if early:
+                f = early[0]
+                return False, (f"ABORT_ACK arrived {f['t'] + f.get('delay_s', delay_s) - ack_t:.2f} s before "
+                               f"transfer {f['transfer']} ({f['what']}) could complete: writes were still in flight")
+        return True, (f"{len(acks)} ABORT_ACK(s), one per sender, each after all {issued} delayed write(s) its "
+                      "sender issued before it could complete")
 
     return fn
 
@@ -150,5 +154,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=150.0,
+        topologies=(("p1-d1",), "its engine faults count and delay the prefill engine's transfers, whose number grows with head-sliced TP writes, and the ABORT_ACK is timed against any room's writes: on other TP shapes the delays reach the next room"),
     )
 )

@@ -77,5 +77,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=150.0,
+        topologies=(("p1-d1",), "its abort lands while delayed writes are in flight, timed for one transfer per chunk; head-sliced TP writes are several, so the delays reach the next room"),
     )
 )

@@ -106,5 +106,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=240.0,
+        topologies=(("p1-d1",), "it draws its own layouts and starts its own pipeline stages for each"),
     )
 )

@@ -97,5 +97,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=150.0,
+        topologies=(("p1-d1",), "it starts its own decode attention-TP ranks, one role each (decode_attn_tp)"),
     )
 )

@@ -70,5 +70,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=180.0,
+        topologies=(("p1-d1",), "restarting a prefill of several TP ranks is not built (RestartRole)"),
     )
 )

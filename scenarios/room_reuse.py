@@ -109,5 +109,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=150.0,
+        topologies=(("p1-d1",), "the old lifecycle's delayed writes are timed to land after the reuse for one transfer per chunk; head-sliced TP writes are several"),
     )
 )

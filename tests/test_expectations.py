@@ -11,10 +11,10 @@ import pytest
 from harness.implementations import available
 from harness.judge.expectations import ExpectationsError, fixes, is_fix, is_regression, load_expectations, regressions
 from harness.judge.results import CellResult, RunResult, SglangInfo
-from harness.spec.scenario import all_scenarios
+from harness.spec.scenario import scenario_ids
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = [s.id for s in all_scenarios()]
+SCENARIOS = scenario_ids()  # every scenario, and each on every topology it runs on
 IMPLEMENTATIONS = available()
 ENTRY = '[[expect]]\nimpl = "{impl}"\nscenario = "{scenario}"\nverdict = "{verdict}"\nreason = "{reason}"\nlink = "x#1"\n'
 

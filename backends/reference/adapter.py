@@ -26,6 +26,7 @@ import urllib.request
 from typing import Any
 
 from backends.reference import decode_core as dc
+from backends.reference import landing
 from backends.reference import prefill_core as pc
 from backends.reference.bootstrap import REGISTER_TIMEOUT_S, BootstrapServer, fetch_stages, register_stage
 from backends.reference.shared_events import Clear
@@ -80,6 +81,7 @@ class ReferenceRole(RoleAdapter):
         self.prefill: pc.PrefillCore | None = None
         self.decode: dc.DecodeCore | None = None
         self.peer: dict[int, str] = {}  # decode: room -> prefill control endpoint
+        self.sources: dict[int, list[Layout]] = {}  # decode: room -> the layout of each prefill rank it takes KV from
         self.plans: dict[int, Plan] = {}
         self.chunks: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
@@ -107,10 +109,15 @@ class ReferenceRole(RoleAdapter):
         (pipeline stages and draft KV included), or reject a layout this pair cannot serve
         (R-LAYOUT-2): a different attention kind, model, page geometry or heads."""
         mine = self.layout
-        for field_name in ("mla", "num_layers", "page_size", "page_bytes", "aux_bytes", "kv_heads"):
-            theirs, ours = getattr(prefill, field_name), getattr(mine, field_name)
-            if theirs != ours:
-                return Rejection(f"prefill {field_name}={theirs} but decode {field_name}={ours}")
+
+        def head_bytes(layout: Layout) -> int:  # of one KV head of one token
+            return layout.page_bytes // (layout.page_size * layout.kv_heads)
+
+        for name, get in (("mla", lambda x: x.mla), ("num_layers", lambda x: x.num_layers),
+                          ("page_size", lambda x: x.page_size), ("aux_bytes", lambda x: x.aux_bytes),
+                          ("total_kv_heads", lambda x: x.model_kv_heads), ("head_bytes", head_bytes)):
+            if get(prefill) != get(mine):
+                return Rejection(f"prefill {name}={get(prefill)} but decode {name}={get(mine)}")
 
         def side(layout: Layout) -> SideLayout:
             return SideLayout(layout.main_layers.start, layout.main_layers.stop, layout.draft_layers)
@@ -124,11 +131,14 @@ class ReferenceRole(RoleAdapter):
             self.reasons[room] = reason
 
     # ---- prefill -----------------------------------------------------------------
-    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, "")) -> dict:
-        """Stage ``pp[1]`` of a prefill of ``pp[0]`` pipeline stages (one process each; the
-        reference needs no rendezvous, ``pp[2]``): stage 0 serves the bootstrap server
-        (backends/reference/bootstrap.py), every stage registers its endpoint and layout."""
+    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, ""),
+                      attn_tp: tuple[int, int] = (1, 0)) -> dict:
+        """Stage ``pp[1]`` of a prefill of ``pp[0]`` pipeline stages, attention-TP rank
+        ``attn_tp[1]`` of ``attn_tp[0]`` (one process each; the reference needs no
+        rendezvous, ``pp[2]``): rank 0 of stage 0 serves the bootstrap server
+        (backends/reference/bootstrap.py), every rank registers its endpoint and layout."""
         pp_size, pp_rank = int(pp[0]), int(pp[1])
+        tp_size, tp_rank = int(attn_tp[0]), int(attn_tp[1])
         self.layout = Layout(**layout)
         self._pools(pattern.PREFILL, self.layout)
         # A write that never completes fails its room after the waiting timeout, the
@@ -141,17 +151,18 @@ class ReferenceRole(RoleAdapter):
         worker = threading.Thread(target=self._transfer_worker, name="reference-prefill-transfer", daemon=True)
         self.threads = [self.side.thread, worker]
         addr = f"{bind_address()}:{bootstrap_port}"
-        if pp_rank == 0:
-            self.http = BootstrapServer(bootstrap_port, pp_size)
+        if pp_rank == 0 and tp_rank == 0:
+            self.http = BootstrapServer(bootstrap_port, pp_size, tp_size)
             self.http.register(0, self.side.endpoint, layout)
             self.http.thread.start()
             self.threads.append(self.http.thread)
         else:
-            register_stage(addr, pp_rank, self.side.endpoint, layout, timeout_s=REGISTER_TIMEOUT_S)
+            register_stage(addr, pp_rank, self.side.endpoint, layout, timeout_s=REGISTER_TIMEOUT_S, tp_rank=tp_rank)
         worker.start()
         self.side.thread.start()
         self.points.hit("prefill-control-started", endpoint=self.side.endpoint)
         return {"mode": "prefill", "bootstrap_addr": addr, "engine": self.engine(), "pp": [pp_size, pp_rank],
+                **({"attn_tp": [tp_size, tp_rank]} if tp_size > 1 else {}),
                 "rank_port": self.side.port, "deferred_release": self.deferred_release,
                 "bootstrap_timeout_s": self.bootstrap_timeout_s, "staging": self.staging}
 
@@ -342,30 +353,18 @@ class ReferenceRole(RoleAdapter):
 
     def _apply_write(self, room: int, aux: bool, dst: tuple[int, ...], payload: bytes, stage: int = 0
                      ) -> tuple[bool, str]:
-        """Land a WRITE in the pools, buffer by buffer following the plan of the room's
-        prefill stage ``stage``."""
-        import torch
-
-        targets = [(s, t) for s, t in self.buffers if (s.kind == pattern.AUX) == aux]
-        if not aux and room in self.plans:
-            order = [p.dst for p in self.plans[room][stage].pairs]
-            kv = [b for b in self.buffers if b[0].kind != pattern.AUX]
-            targets = [kv[i] for i in order]
-        row = targets[0][1].shape[1] if targets else 0
-        if len(payload) != row * len(dst) * len(targets):
-            return False, f"payload of {len(payload)} bytes does not fit {len(dst)} pages x {len(targets)} buffers"
-        if any(not 0 <= d < t.shape[0] for d in dst for _, t in targets):
-            return False, f"destination {dst} outside the pool"
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(len(targets), len(dst), row)
-        for i, (_, tensor) in enumerate(targets):
-            tensor[list(dst)] = data[i]
-        return True, ""
+        """Land a WRITE in the pools, following the plan of the room's prefill rank ``stage``
+        (backends/reference/landing.py)."""
+        plan_ = self.plans[room][stage] if not aux and room in self.plans else None
+        source = (self.sources.get(room) or [self.layout])[stage] if not aux else None
+        return landing.apply_write(self.buffers, self.layout, plan_, source, aux, dst, payload)
 
     def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
         self.rooms_seen.append(room)
-        stages = fetch_stages(bootstrap_addr, timeout_s)
+        stages = landing.chosen_ranks(fetch_stages(bootstrap_addr, timeout_s), self.layout)
         self.peer[room] = [stage["endpoint"] for stage in stages]
-        results = [self._layout_plan(Layout(**stage["layout"])) for stage in stages]
+        self.sources[room] = [Layout(**stage["layout"]) for stage in stages]
+        results = [self._layout_plan(layout) for layout in self.sources[room]]
         rejected = next((r for r in results if not isinstance(r, Plan)), None)
         self.status.setdefault(room, KVPoll.Bootstrapping)
 
@@ -434,6 +433,7 @@ class ReferenceRole(RoleAdapter):
             self.plans.pop(room, None)
             if self.role == "decode":
                 self.peer.pop(room, None)
+                self.sources.pop(room, None)
 
         self._sync(lambda: clear())
 
@@ -465,7 +465,7 @@ class ReferenceRole(RoleAdapter):
 
     #: where the reference keeps per-room state: its core and its own maps (the rest of the
     #: adapter is the harness's view: recorder, points, fault plans, ABORT_ACK log)
-    STATE = ("prefill", "decode", "status", "reasons", "plans", "peer")
+    STATE = ("prefill", "decode", "status", "reasons", "plans", "peer", "sources")
 
     def observe(self, rooms: list[int] = (), residue: bool = True) -> dict:
         """Threads, logs and per-room residue: a deep walk (harness.role.residue) of

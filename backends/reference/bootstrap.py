@@ -1,12 +1,12 @@
 """The reference's bootstrap server: where a decode learns a prefill's control endpoints.
 
-A prefill is one role process, or one per pipeline stage.  Stage 0 serves HTTP on the
-bootstrap port (``bind_address()``)::
+A prefill is one role process, or one per pipeline stage and attention-TP rank.  Rank 0 of
+stage 0 serves HTTP on the bootstrap port (``bind_address()``)::
 
     GET  /health     -> 200 "ok"
-    GET  /bootstrap  -> 200 {"stages": [{"pp_rank", "endpoint", "layout"}, ...]} in stage
-                        order, 503 until every one of the prefill's stages registered
-    POST /register   <- {"pp_rank", "endpoint", "layout"} (stage 0 registers itself)
+    GET  /bootstrap  -> 200 {"stages": [{"pp_rank", "tp_rank", "endpoint", "layout"}, ...]} in
+                        (stage, rank) order, 503 until every one of the prefill's ranks registered
+    POST /register   <- {"pp_rank", "tp_rank", "endpoint", "layout"} (rank 0 of stage 0 registers itself)
 
 as sglang's bootstrap server answers a decode's ``/route`` only once every prefill rank
 has registered (common/conn.py ``CommonKVBootstrapServer._is_ready``).  Every wait on it
@@ -38,12 +38,13 @@ class NotReady(OSError):
 
 
 class BootstrapServer:
-    """Stage 0's HTTP bootstrap server for a prefill of ``pp_size`` stages, on ``port``;
-    ``thread`` serves it.  OSError when the port cannot be bound."""
+    """Stage 0's HTTP bootstrap server for a prefill of ``pp_size`` stages of ``tp_size``
+    attention-TP ranks each, on ``port``; ``thread`` serves it.  OSError when the port
+    cannot be bound."""
 
-    def __init__(self, port: int, pp_size: int):
-        self.pp_size = pp_size
-        self.stages: dict[int, dict] = {}
+    def __init__(self, port: int, pp_size: int, tp_size: int = 1):
+        self.pp_size, self.tp_size = pp_size, tp_size
+        self.stages: dict[tuple[int, int], dict] = {}
         self.lock = threading.Lock()
         server = self
 
@@ -53,7 +54,7 @@ class BootstrapServer:
                     self._reply(200, b"ok")
                 elif self.path == "/bootstrap":
                     with server.lock:
-                        ready = len(server.stages) == server.pp_size
+                        ready = len(server.stages) == server.pp_size * server.tp_size
                         body = json.dumps({"stages": [server.stages[r] for r in sorted(server.stages)]}).encode()
                     self._reply(200 if ready else 503, body if ready else b"stages still registering")
                 else:
@@ -63,14 +64,15 @@ class BootstrapServer:
                 try:
                     stage = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
                     rank, endpoint, layout = int(stage["pp_rank"]), str(stage["endpoint"]), dict(stage["layout"])
+                    tp_rank = int(stage.get("tp_rank", 0))
                     Layout(**layout)  # a layout the decode could not read is refused here, not there
                 except (ValueError, KeyError, TypeError, AttributeError):
                     self._reply(400, b"not a stage registration")
                     return
-                if self.path != "/register" or not 0 <= rank < server.pp_size:
+                if self.path != "/register" or not 0 <= rank < server.pp_size or not 0 <= tp_rank < server.tp_size:
                     self._reply(400, b"no such stage")
                     return
-                server.register(rank, endpoint, layout)
+                server.register(rank, endpoint, layout, tp_rank)
                 self._reply(200, b"ok")
 
             def _reply(self, code: int, body: bytes) -> None:
@@ -84,11 +86,12 @@ class BootstrapServer:
         self.http = ThreadingHTTPServer((bind_address(), port), Handler)
         self.thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
 
-    def register(self, pp_rank: int, endpoint: str, layout: dict) -> None:
-        """Stage ``pp_rank`` is served at ``endpoint`` with ``layout`` (stage 0 itself, or a
-        stage's POST /register)."""
+    def register(self, pp_rank: int, endpoint: str, layout: dict, tp_rank: int = 0) -> None:
+        """Rank ``tp_rank`` of stage ``pp_rank`` is served at ``endpoint`` with ``layout``
+        (rank 0 of stage 0 itself, or a rank's POST /register)."""
         with self.lock:
-            self.stages[pp_rank] = {"pp_rank": pp_rank, "endpoint": endpoint, "layout": layout}
+            self.stages[(pp_rank, tp_rank)] = {"pp_rank": pp_rank, "tp_rank": tp_rank, "endpoint": endpoint,
+                                               "layout": layout}
 
     def shutdown(self) -> None:
         """Stop serving and close the listening socket."""
@@ -106,10 +109,11 @@ def _retrying(timeout_s: float) -> Retrying:
                     retry=retry_if_exception(worth_retrying))
 
 
-def register_stage(bootstrap_addr: str, pp_rank: int, endpoint: str, layout: dict, timeout_s: float) -> None:
-    """Register stage ``pp_rank`` with stage 0's server at ``bootstrap_addr`` (host:port),
-    trying until it answers; OSError when it has not within ``timeout_s`` seconds."""
-    body = json.dumps({"pp_rank": pp_rank, "endpoint": endpoint, "layout": layout}).encode()
+def register_stage(bootstrap_addr: str, pp_rank: int, endpoint: str, layout: dict, timeout_s: float,
+                   tp_rank: int = 0) -> None:
+    """Register rank ``tp_rank`` of stage ``pp_rank`` with the server at ``bootstrap_addr``
+    (host:port), trying until it answers; OSError when it has not within ``timeout_s`` seconds."""
+    body = json.dumps({"pp_rank": pp_rank, "tp_rank": tp_rank, "endpoint": endpoint, "layout": layout}).encode()
 
     def once() -> None:
         request = urllib.request.Request(f"http://{bootstrap_addr}/register", data=body, method="POST")

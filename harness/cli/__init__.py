@@ -68,21 +68,42 @@ def _target(sglang_src: Optional[Path], sglang_version: Optional[str]):
         raise _usage_error(str(exc))
 
 
-def _select(impl: Optional[List[str]], scenario: Optional[List[str]]):
-    """The implementations and scenarios asked for (default: all); unknown names exit 2."""
+def _select(impl: Optional[List[str]], scenario: Optional[List[str]], topology: Optional[List[str]] = None,
+            what: str = "--scenario"):
+    """The implementations and scenarios asked for (default: all), each scenario on every
+    ``--topology`` asked for (default: p1-d1; ``default`` and ``nightly`` name the sets,
+    harness/spec/topology.py), as ``SCENARIO@TOPOLOGY`` cells; a scenario id may name its
+    topology itself.  Unknown names exit 2."""
     from harness.spec.scenario import all_scenarios
+    from harness.spec.topology import TOPOLOGIES, TOPOLOGY_SEP, on_topology
 
     registry = _registry()
     impls = list(dict.fromkeys(impl or registry.names()))
     unknown = [i for i in impls if i not in registry.available()]
     if unknown:
         raise _usage_error(f"unknown --impl {', '.join(unknown)} (known: {', '.join(registry.names())})")
+    sets = {"default": [t for t in TOPOLOGIES.values() if t.default],
+            "nightly": [t for t in TOPOLOGIES.values() if t.nightly]}
+    topologies = []
+    for name in topology or ["p1-d1"]:
+        if name not in TOPOLOGIES and name not in sets:
+            raise _usage_error(f"unknown --topology {name} (known: {', '.join(TOPOLOGIES)}, default, nightly; "
+                               "see `pdconform list --topologies`)")
+        topologies += sets.get(name) or [TOPOLOGIES[name]]
     known = {s.id: s for s in all_scenarios()}
     wanted = list(dict.fromkeys(scenario or known))
-    missing = [s for s in wanted if s not in known]
-    if missing:
-        raise _usage_error(f"unknown --scenario {', '.join(missing)} (known: {', '.join(known)}; see `pdconform list`)")
-    return impls, [known[s] for s in wanted]
+    cells = []
+    for sid in wanted:
+        base, sep, named = sid.partition(TOPOLOGY_SEP)
+        if base not in known or (sep and named not in TOPOLOGIES):
+            raise _usage_error(f"unknown {what} {sid} (known: {', '.join(known)}, each also as SCENARIO@TOPOLOGY; "
+                               "see `pdconform list`)")
+        for t in [TOPOLOGIES[named]] if sep else list(dict.fromkeys(topologies)):
+            if known[base].runs_on(t.name):
+                cells.append(on_topology(known[base], t))
+            elif sep or scenario:  # asked for by name: say why it does not run
+                raise _usage_error(f"{base} does not run on topology {t.name}: {known[base].topologies[1]}")
+    return impls, list({s.id: s for s in cells}.values())
 
 
 def this_program() -> str:

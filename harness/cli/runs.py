@@ -129,6 +129,9 @@ def _run_session(config, callbacks=None, progress=None):
 def run(
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementation (repeatable); see `pdconform doctor`."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable); see `pdconform list`."),
+    topology: Optional[List[str]] = typer.Option(None, "--topology", help="Deployment topology (repeatable; default "
+                                                 "p1-d1; 'default' or 'nightly' for a set); see `pdconform list "
+                                                 "--topologies`. Cells read SCENARIO@TOPOLOGY."),
     out: Path = typer.Option(DEFAULT_OUT, "--out", help="Folder for the runs: each run writes a new OUT/runs/<time>/ "
                              "(results.json, reports, per-cell logs) and OUT/latest then points at it."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenarios' room ids, pages and faults."),
@@ -156,7 +159,7 @@ def run(
     from harness.report.run_diff import baseline_lines
     from harness.session import RunConfig
 
-    impls, scenarios = _select(impl, scenario)
+    impls, scenarios = _select(impl, scenario, topology)
     bind = _bind(bind)
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
@@ -204,12 +207,8 @@ def repro(
     from harness.drive.scheduler import Callbacks
     from harness.report.terminal import cell_text, event_line, reasons
     from harness.session import RunConfig
-    from harness.spec.scenario import all_scenarios
 
-    _registry()
-    if scenario not in {s.id for s in all_scenarios()}:
-        raise _usage_error(f"unknown scenario {scenario} (see `pdconform list`)")
-    impls, scenarios = _select([impl], [scenario])
+    impls, scenarios = _select([impl], [scenario], what="scenario")
     sc = scenarios[0]
     bind = _bind(bind)
     out = _out_dir(out)

@@ -66,7 +66,9 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
     _registry()
     rows = [{"id": s.id, "title": s.title, "requirements": list(s.requirements),
              "levels": {rid: requirement(rid).level for rid in s.requirements},
-             "opt_out": dict(s.opt_out)} for s in all_scenarios()]
+             "opt_out": dict(s.opt_out),
+             "topologies": {"only": list(s.topologies[0]), "why": s.topologies[1]} if s.topologies else None}
+            for s in all_scenarios()]
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -78,6 +80,12 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
     for row in rows:
         for name, why in row["opt_out"].items():
             console.print(f"  {row['id']} opts out of {name}: {escape(why)}", highlight=False)
+    console.print("\nEvery scenario also runs on the other topologies (`pdconform list --topologies`), except:",
+                  highlight=False)
+    for row in rows:
+        if row["topologies"]:
+            console.print(f"  {row['id']} runs on {', '.join(row['topologies']['only'])} only: "
+                          f"{escape(row['topologies']['why'])}", highlight=False)
 
 
 def _list_topologies(as_json: bool) -> None:

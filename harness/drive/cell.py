@@ -36,6 +36,12 @@ from harness.spec.history import (START_OPS, Event, History, Op, held_rooms, las
 from harness.spec.scenario import Scenario, get_scenario
 
 
+#: the scheduler calls every TP rank of a role makes (CellDriver.call): a server's TP ranks
+#: run the same scheduler steps; anything else goes to rank 0
+GROUP_OPS = frozenset({"open_sender", "open_receiver", "request_kv", "init_sender", "send_chunk", "clear", "abort"})
+#: the nemesis calls that act on every TP rank of a role (each rank has its engine and threads)
+NEMESIS_GROUP_OPS = frozenset({"arm_point", "release_point", "set_engine_faults"})
+
 #: quiescence before residue is judged (R-RESIDUE-1): while a role still holds state of a room
 #: cleared on every side, it is observed again every RESIDUE_POLL_S seconds until this long
 #: (seconds) has passed, so work still draining is not taken for residue; a round of
@@ -68,6 +74,14 @@ class CellDriver:
         self.cell_rooms: list[int] = []  # every room the steps name (run sets it): residue is looked for in all
         self.full_waits = False  # True: no fail-fast cut of later waits (steps.STALL_CUT_S)
         self.stalled_step: int | None = None  # the first step whose must-come status never came
+        # a role started as attention TP ranks -> its rank roles, rank 0 (named as the role) first
+        self.groups: dict[str, list[str]] = {}
+        # with TP rank groups: "rank R" of a prefill -> the decode ranks that take KV from it
+        self.destinations: dict[str, int] = {}
+
+    def ranks(self, role: str) -> list[str]:
+        """The role processes behind ``role``: its TP ranks, or the role alone."""
+        return self.groups.get(role, [role])
 
     # ---- recording ----------------------------------------------------------
     def record(self, type_: Event, op: Op | str, role: str | None, **fields: Any) -> dict:
@@ -79,9 +93,16 @@ class CellDriver:
                     remote_traceback=exc.remote_traceback)
 
     # ---- calls with history -------------------------------------------------
-    def call(self, role: str, op: str, deadline_s: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+    def call(self, role: str, op: str, deadline_s: float = CALL_TIMEOUT_S,
+             per_rank: dict[str, dict] | None = None, **kwargs: Any) -> Any:
         """Call adapter method ``op`` on ``role``, recording invoke and completion; None when
-        it failed (recorded), CellAborted when the adapter says the step is unsupported."""
+        it failed (recorded), CellAborted when the adapter says the step is unsupported.  On a
+        role of TP ranks a scheduler call (:data:`GROUP_OPS`) goes to every rank at once, each
+        with ``kwargs`` and its ``per_rank`` extras: one invoke and one completion under the
+        role, the value ``{"ranks": {rank: value}}``, failed when one rank failed (named)."""
+        if len(self.ranks(role)) > 1 and op in GROUP_OPS:
+            return self._group_call(role, op, deadline_s, kwargs, per_rank or {})
+        kwargs = {**kwargs, **(per_rank or {}).get(role, {})}
         self.record(Event.INVOKE, op, role, args=kwargs)
         try:
             value = self.clients[role].call(op, deadline_s, **kwargs)
@@ -90,6 +111,43 @@ class CellDriver:
             if exc.unsupported:
                 raise CellAborted(f"{role}.{op}: {exc.remote_message or exc}", unsupported=True) from exc
             return None
+        self.record(Event.OK, op, role, args=kwargs, value=value)
+        return value
+
+    def rank_results(self, role: str, op: str, deadline_s: float, kwargs: dict,
+                     per_rank: dict[str, dict] | None = None) -> dict[str, Any]:
+        """``op`` on every rank of ``role`` at once, unrecorded: each rank's value, by rank;
+        RoleError (naming the rank) for the first rank that failed, after every reply is read."""
+        ranks, errors = self.ranks(role), {}
+        for rank in ranks:
+            try:
+                self.clients[rank].send(op, **{**kwargs, **(per_rank or {}).get(rank, {})})
+            except RoleError as exc:
+                errors[rank] = exc
+        values = {}
+        for rank in ranks:
+            if rank in errors:
+                continue
+            try:
+                values[rank] = self.clients[rank].result(deadline_s)
+            except RoleError as exc:
+                errors[rank] = exc
+        if errors:
+            rank, exc = next(iter(errors.items()))
+            raise RoleError(f"{rank}: {exc}", unsupported=exc.unsupported, remote_message=exc.remote_message,
+                            remote_traceback=exc.remote_traceback) from exc
+        return values
+
+    def _group_call(self, role: str, op: str, deadline_s: float, kwargs: dict, per_rank: dict[str, dict]) -> Any:
+        self.record(Event.INVOKE, op, role, args=kwargs)
+        try:
+            values = self.rank_results(role, op, deadline_s, kwargs, per_rank)
+        except RoleError as exc:
+            self._record_failure(role, op, kwargs, exc)
+            if exc.unsupported:
+                raise CellAborted(f"{role}.{op}: {exc.remote_message or exc}", unsupported=True) from exc
+            return None
+        value = {"ranks": values}
         self.record(Event.OK, op, role, args=kwargs, value=value)
         return value
 
@@ -126,9 +184,14 @@ class CellDriver:
 
     def nemesis_call(self, role: str, op: str, what: Op, **kwargs: Any) -> Any:
         """A fault-injection call: recorded on the nemesis channel; an unsupported
-        one ends the cell UNSUPPORTED, any other failure a run error."""
+        one ends the cell UNSUPPORTED, any other failure a run error.  On a role of TP ranks
+        an engine fault plan or an interleaving point (:data:`NEMESIS_GROUP_OPS`) is set in
+        every rank (each rank has its engine and its threads); the value is rank 0's."""
         try:
-            value = self.clients[role].call(op, CALL_TIMEOUT_S, **kwargs)
+            if op in NEMESIS_GROUP_OPS and len(self.ranks(role)) > 1:
+                value = self.rank_results(role, op, CALL_TIMEOUT_S, kwargs)[role]
+            else:
+                value = self.clients[role].call(op, CALL_TIMEOUT_S, **kwargs)
         except RoleError as exc:
             self.record(Event.FAIL, what, role, args=kwargs, error=str(exc), unsupported=exc.unsupported)
             raise CellAborted(f"{role}.{op}: {exc.remote_message if exc.unsupported and exc.remote_message else exc}",

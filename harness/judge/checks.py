@@ -10,7 +10,7 @@ harness.judge.judge.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from harness.judge.verdict import Level
 from harness.spec.history import Event, Op, completions, fact
@@ -192,8 +192,10 @@ def steps_completed() -> Checker:
 
 
 def killed_roles(events: list[dict]) -> set[str]:
-    """Roles the nemesis killed (their absence at the end is the scenario's doing)."""
-    return {e["role"] for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.KILL}
+    """Roles the nemesis killed, each TP rank of a killed role too (their absence at the end
+    is the scenario's doing)."""
+    return {name for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.KILL
+            for name in (e["role"], *((e.get("args") or {}).get("ranks") or []))}
 
 
 def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:
@@ -483,5 +485,16 @@ def abort_acks(events: list[dict], decode: str, room: int) -> list[dict]:
 
 
 def engine_faults(events: list[dict], role: str) -> list[dict]:
-    """The engine faults injected in ``role`` (``transfer``, ``fault``, ``what``, ``t``...)."""
+    """The engine faults injected in ``role`` (``transfer``, ``fault``, ``what``, ``t``...);
+    a role run as TP ranks: its rank 0's (:func:`sender_faults` for another rank)."""
     return [e["value"] for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.ENGINE_FAULT and e["role"] == role]
+
+
+def sender_faults(events: list[dict], role: str, sender: Any) -> list[dict]:
+    """The engine faults of the rank of ``role`` that sent an ABORT_ACK naming ``sender`` (its
+    attention-TP rank: the role process ``ROLE.tp<sender>``, rank 0 the role itself); the
+    role's own when it runs no such rank."""
+    from harness.spec.topology import rank_name
+
+    ranked = engine_faults(events, rank_name(role, sender)) if isinstance(sender, int) and sender > 0 else []
+    return ranked or engine_faults(events, role)

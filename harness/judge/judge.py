@@ -137,7 +137,7 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
                            for e in history if e["op"] == Op.VERIFY and e["type"] == Event.OK),
         reason=reason, checks=[r.to_dict() for r in checks], workdir=workdir,
     )
-    if reference and impl != REFERENCE and not scenario.test_only:
+    if reference and impl != REFERENCE and not scenario.test_only and verdict != Verdict.UNSUPPORTED:
         result.divergence = divergence.first_divergence(reference, history, result.checks)
     if expectation is not None:
         result.expected = Verdict(expectation.verdict)

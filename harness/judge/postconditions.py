@@ -39,25 +39,31 @@ _RESTARTS = (Op.START_PREFILL, Op.START_DECODE, Op.RESTART)
 
 def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
     """Each ``(role, room)``'s lifecycles, in order, each the statuses read in it (KVPoll
-    names, consecutive repeats kept once) from every AwaitStatus that completed."""
+    names, consecutive repeats kept once) from every AwaitStatus that completed; a role of
+    TP ranks has one per rank (``(rank role, room)``: each rank's own reads)."""
     out: dict[tuple[str, int], list[list[str]]] = {}
     for e in events:
         if e["type"] not in (Event.OK, Event.FAIL, Event.NEMESIS):  # a restart is a nemesis event
             continue
         role, room = e.get("role"), (e.get("args") or {}).get("room")
+        value = e.get("value") if isinstance(e.get("value"), dict) else {}
         if e["op"] in _RESTARTS:
             for key, lives in out.items():
                 if key[0] == role and lives[-1]:
                     lives.append([])
         elif e["op"] == Op.CLEAR and e["type"] == Event.OK and room is not None:
-            lives = out.get((role, room))
-            if lives and lives[-1]:
-                lives.append([])
+            for name in (role, *(value.get("ranks") or {})):
+                lives = out.get((name, room))
+                if lives and lives[-1]:
+                    lives.append([])
         elif e["op"] == Op.AWAIT_STATUS and e["type"] == Event.OK and room is not None:
-            life = out.setdefault((role, room), [[]])[-1]
-            for status in (e.get("value") or {}).get("trail") or []:
-                if not life or life[-1] != status:
-                    life.append(status)
+            reads = {name: r.get("trail") for name, r in value["ranks"].items()} if value.get("ranks") \
+                else {role: value.get("trail")}
+            for name, trail in reads.items():
+                life = out.setdefault((name, room), [[]])[-1]
+                for status in trail or []:
+                    if not life or life[-1] != status:
+                        life.append(status)
     return out
 
 

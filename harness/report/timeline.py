@@ -165,44 +165,7 @@ def layout(events: list[dict], checks: list[dict], divergence: dict | None, widt
     def x(t: float) -> float:
         return round(LABEL_W + plot * t / duration, 1)
 
-    items: list[Item] = []
-    steps = [e for e in timed if e["op"] == Op.STEP]
-    for i, step in enumerate(steps):
-        end = steps[i + 1]["t"] if i + 1 < len(steps) else duration
-        name = (step.get("args") or {}).get("step", "")
-        items.append(Item(index[HARNESS], x(step["t"]), max(x(end), x(step["t"]) + MIN_SPAN_PX),
-                          "sleep" if name == "Sleep" else "step", f"{step['step']} {name}",
-                          f"step {step['step']} {name}: {end - step['t']:.3f} s", step["seq"]))
-    open_calls: dict[tuple, list[dict]] = {}
-    for e in timed:
-        if e["op"] == Op.STEP:
-            continue
-        role = e.get("role")
-        if e["type"] == Event.NEMESIS:
-            items.append(Item(index[FAULTS], x(e["t"]), None, "nemesis", e["op"],
-                              f"t={e['t']:.3f} s, step {e['step']}: {describe_event(e)}", e["seq"]))
-            continue
-        if role not in index:
-            continue
-        key = (role, e["op"], e["step"])
-        if e["type"] == Event.INVOKE:
-            open_calls.setdefault(key, []).append(e)
-            continue
-        if e["type"] in (Event.OK, Event.FAIL):
-            started = open_calls.get(key, [])
-            invoke = started.pop() if started else None
-            t0 = invoke["t"] if invoke else e["t"]
-            kind = _kind(invoke, e)
-            span = x(e["t"]) - x(t0) >= 1
-            label = e["op"] + ("" if kind == "ok" else f" ({kind})")
-            items.append(Item(index[role], x(t0), max(x(e["t"]), x(t0) + MIN_SPAN_PX) if span else None, kind,
-                              label, f"t={t0:.3f}-{e['t']:.3f} s, step {e['step']}: {describe_event(e)}", e["seq"]))
-    for calls in open_calls.values():  # an invoke that never completed: the cell ended (or was killed) first
-        for invoke in calls:
-            items.append(Item(index[invoke["role"]], x(invoke["t"]), x(duration), "open",
-                              f"{invoke['op']} (never completed)",
-                              f"t={invoke['t']:.3f} s, step {invoke['step']}: {invoke['op']} never completed",
-                              invoke["seq"]))
+    items = _step_spans(timed, index[HARNESS], duration, x) + _call_spans(timed, index, duration, x)
     notes = []
     if len(items) > MAX_ITEMS:
         notes.append(f"{len(items) - MAX_ITEMS} of {len(items)} timeline items not drawn (the history is long); "
@@ -217,6 +180,53 @@ def layout(events: list[dict], checks: list[dict], divergence: dict | None, widt
               f"{c.get('name')} was decided on event {c.get('at')}, which is not on the timeline"
               for c in checks if c.get("ok") is False and c.get("at") not in seqs]
     return Timeline(lanes, items, pins, ticks, width, top + LANE_H * len(lanes) + 8, duration, top, notes)
+
+
+def _step_spans(timed: list[dict], lane: int, duration: float, x) -> list[Item]:
+    """The harness lane: each step from its start to the next step's (a Sleep step marked)."""
+    items = []
+    steps = [e for e in timed if e["op"] == Op.STEP]
+    for i, step in enumerate(steps):
+        end = steps[i + 1]["t"] if i + 1 < len(steps) else duration
+        name = (step.get("args") or {}).get("step", "")
+        items.append(Item(lane, x(step["t"]), max(x(end), x(step["t"]) + MIN_SPAN_PX),
+                          "sleep" if name == "Sleep" else "step", f"{step['step']} {name}",
+                          f"step {step['step']} {name}: {end - step['t']:.3f} s", step["seq"]))
+    return items
+
+
+def _call_spans(timed: list[dict], index: dict[str, int], duration: float, x) -> list[Item]:
+    """Each role call from its invoke to its completion, in its role's lane; a nemesis event a
+    tick in the faults lane; an invoke that never completed a span to the end."""
+    items: list[Item] = []
+    open_calls: dict[tuple, list[dict]] = {}
+    for e in timed:
+        role = e.get("role")
+        if e["type"] == Event.NEMESIS:
+            items.append(Item(index[FAULTS], x(e["t"]), None, "nemesis", e["op"],
+                              f"t={e['t']:.3f} s, step {e['step']}: {describe_event(e)}", e["seq"]))
+            continue
+        if e["op"] == Op.STEP or role not in index:
+            continue
+        key = (role, e["op"], e["step"])
+        if e["type"] == Event.INVOKE:
+            open_calls.setdefault(key, []).append(e)
+        elif e["type"] in (Event.OK, Event.FAIL):
+            started = open_calls.get(key, [])
+            invoke = started.pop() if started else None
+            t0 = invoke["t"] if invoke else e["t"]
+            kind = _kind(invoke, e)
+            span = x(e["t"]) - x(t0) >= 1
+            label = e["op"] + ("" if kind == "ok" else f" ({kind})")
+            items.append(Item(index[role], x(t0), max(x(e["t"]), x(t0) + MIN_SPAN_PX) if span else None, kind,
+                              label, f"t={t0:.3f}-{e['t']:.3f} s, step {e['step']}: {describe_event(e)}", e["seq"]))
+    for calls in open_calls.values():  # an invoke that never completed: the cell ended (or was killed) first
+        for invoke in calls:
+            items.append(Item(index[invoke["role"]], x(invoke["t"]), x(duration), "open",
+                              f"{invoke['op']} (never completed)",
+                              f"t={invoke['t']:.3f} s, step {invoke['step']}: {invoke['op']} never completed",
+                              invoke["seq"]))
+    return items
 
 
 def _place(pins: list[Pin], width: int) -> list[Pin]:

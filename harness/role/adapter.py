@@ -86,13 +86,17 @@ class RoleAdapter(ABC):
         """``real``, ``standin`` or ``reference``: which transfer engine runs."""
 
     @abstractmethod
-    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, "")) -> dict:
+    def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, ""),
+                      attn_tp: tuple[int, int] = (1, 0)) -> dict:
         """Start the bootstrap server on ``bootstrap_port`` and the prefill manager
         over pattern-filled pools.  Returns facts for the history (ports, engine).
         ``pp``: (stages, this stage, rendezvous ``tcp://host:port``): this role is one
         pipeline stage of a prefill whose stages are one role process each; stage 0
         serves the bootstrap server, every stage registers with it, and ``layout``
-        holds this stage's layers (``stage_start``/``stage_end``)."""
+        holds this stage's layers (``stage_start``/``stage_end``).  ``attn_tp``: (ranks,
+        this rank): this role is one attention-TP rank of a prefill whose ranks are one
+        role process each, all on ``bootstrap_port`` (rank 0 serves it); ``layout`` holds
+        this rank's KV heads (``kv_heads`` from ``head_start`` of ``total_kv_heads``)."""
 
     @abstractmethod
     def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
@@ -247,6 +251,13 @@ class RoleAdapter(ABC):
     def unsupported_layout(self, spec: dict) -> str | None:
         """Why a real transfer for layout ``spec`` cannot run in this environment
         (None: it can).  Such layouts are skipped and listed, never judged."""
+        return None
+
+    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool) -> str | None:
+        """Can this run here?  Why the engine cannot serve a prefill of ``prefill_tp`` attention
+        TP ranks into a decode of ``decode_tp`` (``mla``: MLA KV) on this machine (memory
+        kind, transport), saying what would make it run; None when it can.  Asked before any
+        manager starts: such a cell is UNSUPPORTED, never FAIL."""
         return None
 
 

@@ -34,6 +34,8 @@ class Scenario:
     runner subtracts from a cell's wall time to report the harness's overhead.
     ``opt_out``: ``(name, reason)`` for each generic post-condition
     (harness.judge.postconditions) the judge must not add to this scenario's checks.
+    ``topologies``: the named topologies (harness.spec.topology) it runs on, with the reason,
+    only when it must say (it starts its own ranks or stages); empty: every topology.
     """
 
     id: str
@@ -46,6 +48,11 @@ class Scenario:
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
     opt_out: tuple[tuple[str, str], ...] = ()
+    topologies: tuple[tuple[str, ...], str] | tuple[()] = ()
+
+    def runs_on(self, topology: str) -> bool:
+        """Whether this scenario runs on the named topology (see ``topologies``)."""
+        return not self.topologies or topology in self.topologies[0]
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -112,9 +119,40 @@ def all_scenarios(include_test_only: bool | None = None) -> list[Scenario]:
     return sorted((s for s in _REGISTRY.values() if include_test_only or not s.test_only), key=lambda s: s.id)
 
 
-def get_scenario(scenario_id: str) -> Scenario:
-    """Look up a scenario; KeyError names the known ids."""
-    known = {s.id: s for s in all_scenarios()}
-    if scenario_id not in known:
-        raise KeyError(f"unknown scenario {scenario_id!r} (known: {', '.join(known)})")
-    return known[scenario_id]
+def scenario_ids(include_test_only: bool | None = None) -> list[str]:
+    """Every cell scenario id: each registered scenario, and it on every named topology it runs
+    on (``SCENARIO@TOPOLOGY``, harness.spec.topology) other than p1-d1."""
+    from harness.spec.topology import TOPOLOGIES, TOPOLOGY_SEP
+
+    out = []
+    for s in all_scenarios(include_test_only):
+        out.append(s.id)
+        out += [f"{s.id}{TOPOLOGY_SEP}{t}" for t in TOPOLOGIES if t != "p1-d1" and s.runs_on(t)]
+    return out
+
+
+def scenarios_by_id(ids, include_test_only: bool | None = None) -> dict[str, Scenario]:
+    """The scenarios of the cell ids ``ids`` that exist (a ``SCENARIO@TOPOLOGY`` id as the
+    scenario on that topology), by id; unknown ids are left out."""
+    out = {}
+    for sid in dict.fromkeys(ids):
+        try:
+            scenario = get_scenario(sid, include_test_only)
+        except KeyError:
+            continue
+        out[sid] = scenario
+    return out
+
+
+def get_scenario(scenario_id: str, include_test_only: bool | None = None) -> Scenario:
+    """Look up a scenario, or ``SCENARIO@TOPOLOGY``: the scenario run on a named topology
+    (harness.spec.topology.on_topology); KeyError names the known ids (or topologies)."""
+    from harness.spec.topology import TOPOLOGY_SEP, on_topology, topology
+
+    base, sep, name = scenario_id.partition(TOPOLOGY_SEP)
+    known = {s.id: s for s in all_scenarios(include_test_only)}
+    if base not in known:
+        raise KeyError(f"unknown scenario {base!r} (known: {', '.join(known)})")
+    if sep and not known[base].runs_on(name):
+        raise KeyError(f"{base} does not run on topology {name}: {known[base].topologies[1]}")
+    return on_topology(known[base], topology(name)) if sep else known[base]

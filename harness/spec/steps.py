@@ -91,6 +91,20 @@ class StartRoles:
     #: own role process: one bootstrap port (stage 0 serves it), one rendezvous for their
     #: PP group, every stage's bootstrap address that of stage 0
     prefill_stages: tuple[Layout, ...] = ()
+    #: attention TP ranks of every prefill and of every decode (harness.spec.topology): with
+    #: more than one, each role of ``prefills``/``decodes`` is a group of rank processes
+    #: (rank 0 named as the role, rank r ``ROLE.tp<r>``) that the steps naming the role drive
+    #: together, as a server's TP ranks run the same scheduler steps; each rank holds its
+    #: share of ``kv_heads`` KV heads (0: the layout's own) of ``head_bytes`` bytes per token
+    tp_ranks: tuple[int, int] = (1, 1)
+    kv_heads: int = 0
+    head_bytes: int = 0
+
+    def __post_init__(self):
+        if min(self.tp_ranks) < 1:
+            raise ValueError(f"StartRoles tp_ranks {self.tp_ranks}: at least one rank each side")
+        if max(self.tp_ranks) > 1 and (self.prefill_stages or self.decode_attn_tp > 1):
+            raise ValueError("StartRoles: TP rank groups do not combine with prefill_stages or decode_attn_tp yet")
 
 
 # Default bound (seconds) of a step that a conforming implementation completes in well

@@ -127,16 +127,8 @@ class Topology:
                                     f"{heads} KV heads")
 
     def heads_of(self, side: str, tp_rank: int) -> tuple[int, int]:
-        """(first global KV head, heads) TP rank ``tp_rank`` of ``side`` holds: an even share,
-        or, with more ranks than heads, one head replicated on consecutive ranks (GQA
-        replication, as ``compute_head_slice_params`` in common/staging_buffer.py maps it)."""
-        s, heads = self.side(side), self.model.kv_heads
-        if self.model.attention == "MLA":
-            return 0, 1
-        if s.tp <= heads:
-            share = heads // s.tp
-            return tp_rank * share, share
-        return tp_rank // (s.tp // heads), 1
+        """(first global KV head, heads) TP rank ``tp_rank`` of ``side`` holds (:func:`rank_heads`)."""
+        return rank_heads(self.model.kv_heads, self.side(side).tp, tp_rank, self.model.attention == "MLA")
 
     def to_dict(self) -> dict:
         """The JSON ``pdconform list --topologies --json`` prints for this topology."""
@@ -201,3 +193,74 @@ def default_set() -> list[Topology]:
 def with_model(t: Topology, **changes) -> Topology:
     """``t`` with its model shape changed (a test's or a generator's variant)."""
     return replace(t, model=replace(t.model, **changes))
+
+
+# ---- ranks of a started role -------------------------------------------------------------------
+
+def rank_heads(total: int, tp: int, tp_rank: int, mla: bool) -> tuple[int, int]:
+    """(first global KV head, heads) attention TP rank ``tp_rank`` of ``tp`` holds of ``total``
+    KV heads: an even share, or with more ranks than heads one head replicated on consecutive
+    ranks (as ``compute_head_slice_params`` in common/staging_buffer.py maps them); MLA: the
+    one latent head, on every rank."""
+    if mla:
+        return 0, 1
+    if tp <= total:
+        share = total // tp
+        return tp_rank * share, share
+    return tp_rank // (tp // total), 1
+
+
+def rank_name(role: str, tp_rank: int) -> str:
+    """The role process of attention TP rank ``tp_rank`` of ``role``: rank 0 is the role itself."""
+    return role if tp_rank == 0 else f"{role}.tp{tp_rank}"
+
+
+def group_layouts(layout: Layout, tp: int, kv_heads: int = 0, head_bytes: int = 0) -> list[Layout]:
+    """Each of ``tp`` ranks' layout for a role whose scenario gave ``layout``: the same layers,
+    stage, pages and aux; of the model's ``kv_heads`` KV heads (0: the layout's) of
+    ``head_bytes`` bytes per token (0: the layout's), the rank's share (:func:`rank_heads`)."""
+    total = kv_heads or layout.model_kv_heads
+    per_head = head_bytes or layout.page_bytes // (layout.page_size * layout.kv_heads)
+    out = []
+    for r in range(tp):
+        start, count = rank_heads(total, tp, r, layout.mla)
+        out.append(replace(layout, kv_heads=count, total_kv_heads=1 if layout.mla else total, head_start=start,
+                           page_bytes=layout.page_size * count * per_head))
+    return out
+
+
+def sources(prefill_ranks: list[Layout], decode: Layout) -> list[int]:
+    """Which prefill TP ranks a decode rank takes its KV from (indices into ``prefill_ranks``,
+    one PP stage's ranks): for each KV head the decode rank holds, the lowest rank holding it,
+    so every head comes from exactly one rank (MLA: rank 0, every rank holds the whole latent)."""
+    chosen: list[int] = []
+    for head in range(decode.head_start, decode.head_start + decode.kv_heads):
+        rank = next((i for i, p in enumerate(prefill_ranks) if p.head_start <= head < p.head_start + p.kv_heads), None)
+        if rank is not None and rank not in chosen:
+            chosen.append(rank)
+    return sorted(chosen)
+
+
+def apply(steps: list, t: Topology) -> list:
+    """``steps`` run on topology ``t``: its StartRoles start every prefill and decode as a
+    group of ``t``'s TP ranks, of ``t``'s KV heads (an MHA scenario layout; an MLA one keeps
+    its one latent head on every rank).  ``p1-d1`` changes nothing."""
+    from harness.spec.steps import StartRoles
+
+    if (t.prefill.tp, t.decode.tp) == (1, 1):
+        return list(steps)
+    return [replace(step, tp_ranks=(t.prefill.tp, t.decode.tp), kv_heads=t.model.kv_heads,
+                    head_bytes=t.model.head_bytes) if isinstance(step, StartRoles) else step for step in steps]
+
+
+TOPOLOGY_SEP = "@"  # a scenario run on another topology than p1-d1 is SCENARIO@TOPOLOGY
+
+
+def on_topology(scenario, t: Topology):
+    """``scenario`` (harness.spec.scenario.Scenario) run on ``t``: the same checks, its steps
+    through :func:`apply`, its id ``SCENARIO@TOPOLOGY`` (the scenario itself for ``p1-d1``)."""
+    if t.name == "p1-d1":
+        return scenario
+    base_steps = scenario.steps
+    return replace(scenario, id=f"{scenario.id}{TOPOLOGY_SEP}{t.name}", title=f"{scenario.title} [{t.name}]",
+                   steps=lambda seed: apply(base_steps(seed), t))

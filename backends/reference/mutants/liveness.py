@@ -55,9 +55,9 @@ def _ready_flag(kill: Callable[[list[bytes]], bool]) -> None:
     """The prefill's control thread reads state its constructor assigns after starting it:
     a frame ``kill`` picks that arrives before start_prefill returns kills the thread."""
     def make_start(orig):
-        def start_prefill(self, layout, bootstrap_port, pp=(1, 0, "")):
+        def start_prefill(self, layout, bootstrap_port, pp=(1, 0, ""), attn_tp=(1, 0)):
             self._planted_ready = False
-            out = orig(self, layout, bootstrap_port, pp)
+            out = orig(self, layout, bootstrap_port, pp, attn_tp)
             self._planted_ready = True
             return out
         return start_prefill

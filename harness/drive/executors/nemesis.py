@@ -23,8 +23,12 @@ POLL_INTERVAL_S = 0.05  # between reads of a role's point hits (seconds)
 
 
 def _signal(d: "CellDriver", role: str, signum: int, what: Op) -> None:
-    d.handles[role].signal(signum)
-    d.record(Event.NEMESIS, what, role, args={"signal": signal.Signals(signum).name})
+    """Signal every process of ``role`` (each of its TP ranks: the server as a whole)."""
+    ranks = d.ranks(role)
+    for rank in ranks:
+        d.handles[rank].signal(signum)
+    d.record(Event.NEMESIS, what, role, args={"signal": signal.Signals(signum).name,
+                                              **({"ranks": ranks} if len(ranks) > 1 else {})})
 
 
 def kill_role(d: "CellDriver", step: s.KillRole) -> None:
@@ -96,6 +100,8 @@ def restart_role(d: "CellDriver", step: s.RestartRole) -> None:
     manager behind the same bootstrap port.  CellAborted (old prefill left running) when
     the replacement does not come up."""
     name = step.role
+    if len(d.ranks(name)) > 1:
+        raise CellAborted(f"RestartRole: restarting {name}'s {len(d.ranks(name))} TP ranks is not built", unsupported=True)
     if name not in d.prefill_setup:
         raise CellAborted(f"RestartRole: {name} is not a started prefill")
     layout, port = d.prefill_setup[name]
@@ -127,16 +133,18 @@ def arm_point(d: "CellDriver", step: s.ArmPoint) -> None:
 
 
 def await_point(d: "CellDriver", step: s.AwaitPoint) -> None:
-    """Poll ``step.role``'s point hits until a thread reached ``step.point`` (or the bound passed)."""
+    """Poll ``step.role``'s point hits until a thread reached ``step.point`` (or the bound
+    passed); on a role of TP ranks, a thread of every rank."""
     args = {"point": step.point, "timeout_s": step.timeout_s}
     start = time.monotonic()
     while True:
         try:
-            hits = d.clients[step.role].call("point_hits", CALL_TIMEOUT_S)
+            by_rank = d.rank_results(step.role, "point_hits", CALL_TIMEOUT_S, {})
         except RoleError as exc:
             d.record(Event.FAIL, Op.AWAIT_POINT, step.role, args=args, error=str(exc))
             return
-        reached = step.point in hits["paused"] or any(h["point"] == step.point for h in hits["log"])
+        reached = all(step.point in hits["paused"] or any(h["point"] == step.point for h in hits["log"])
+                      for hits in by_rank.values())
         if reached or time.monotonic() - start > step.timeout_s:
             break
         time.sleep(POLL_INTERVAL_S)

@@ -1,0 +1,58 @@
+"""Cells on other deployment topologies, run for real: a prefill of two attention-TP ranks into
+a decode of one, and one into two, each rank its own role process with its share of the KV
+heads, the bytes checked on every decode rank at head-slice granularity; a TP pair the engine
+cannot serve here is UNSUPPORTED before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.spec.scenario import get_scenario
+from tests.cellruns import run_cells
+
+HAPPY = [get_scenario("happy-path@p2-d1"), get_scenario("happy-path@p1-d2")]
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory):
+    """happy-path on p2-d1 and p1-d2 for the reference, Mooncake (real engine) and NIXL."""
+    out = tmp_path_factory.mktemp("tp")
+    return run_cells(["reference", "mooncake", "nixl"], HAPPY, out, jobs=6), out
+
+
+def _cell(run, scenario: str, impl: str):
+    return next(c for c in run.cells if (c.scenario, c.impl) == (scenario, impl))
+
+
+def test_tp_pairs_transfer_real_bytes_checked_per_head_slice(tp_run):
+    run, out = tp_run
+    for scenario in ("happy-path@p2-d1", "happy-path@p1-d2"):
+        for impl in ("reference", "mooncake"):
+            cell = _cell(run, scenario, impl)
+            assert cell.verdict == "PASS", (scenario, impl, cell.reason)
+            assert cell.bytes_verified > 0
+    # every rank is its own role process: the prefill's two ranks, or the decode's two
+    folder = out / "cells" / "happy-path@p2-d1--mooncake"
+    assert (folder / "prefill.log").is_file() and (folder / "prefill.tp1.log").is_file()
+    events = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["op"] == "start_prefill" and e["type"] == "ok"]
+    assert [(e["role"], e["value"]["attn_tp"], e["args"]["layout"]["head_start"]) for e in starts] == [
+        ("prefill", [2, 0], 0), ("prefill.tp1", [2, 1], 2)]
+    assert len({e["args"]["bootstrap_port"] for e in starts}) == 1  # rank 0 serves it, rank 1 registers
+    verify = next(e for e in events if e["op"] == "verify" and e["type"] == "ok")
+    assert verify["value"]["ok"] and verify["value"]["bytes_verified"] == _cell(run, "happy-path@p2-d1", "mooncake").bytes_verified
+    decode = out / "cells" / "happy-path@p1-d2--mooncake" / "history.jsonl"
+    verify = next(e for e in map(json.loads, decode.read_text().splitlines())
+                  if e["op"] == "verify" and e["type"] == "ok")
+    assert verify["value"]["ranks"] == 2 and verify["value"]["ok"]  # each decode rank checked its own heads
+
+
+def test_a_tp_pair_the_engine_cannot_serve_here_is_unsupported_with_what_would_make_it_run(tp_run):
+    run, _ = tp_run
+    for scenario in ("happy-path@p2-d1", "happy-path@p1-d2"):
+        cell = _cell(run, scenario, "nixl")
+        assert cell.verdict == "UNSUPPORTED", cell.reason
+        assert cell.reason.startswith("needs VRAM") and "run on a GPU host" in cell.reason
+        assert cell.divergence is None  # nothing ran to diverge
