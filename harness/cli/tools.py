@@ -112,6 +112,8 @@ def bench(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: cores)."),
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementations of the timed matrix (default all)."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenarios of the timed matrix (default all)."),
+    topology: Optional[List[str]] = typer.Option(None, "--topology", help="Topologies of the timed matrix (default "
+                                                 "p1-d1; 'default' or 'nightly' for a set), as `run --topology`."),
     seeds: int = typer.Option(2000, "--seeds", min=1, help="Simulator seeds per sample."),
     engine_mib: int = typer.Option(128, "--engine-mib", min=1, max=4096,
                                    help="MiB per engine throughput sample (a source and a destination buffer each)."),
@@ -125,7 +127,7 @@ def bench(
     from harness.drive.runner import default_jobs
 
     jobs = jobs or default_jobs()
-    impls, scenarios = _select(impl, scenario)
+    impls, scenarios = _select(impl, scenario, topology)
     out = _out_dir(out)
     try:  # every option is checked before a file is written
         plan = plan_bench(out, repeat, jobs, impls, scenarios, set(skip or []), seeds, engine_mib,
