@@ -119,6 +119,8 @@ class CellDriver:
         """``op`` on every rank of ``role`` at once, unrecorded: each rank's value, by rank;
         RoleError (naming the rank) for the first rank that failed, after every reply is read."""
         ranks, errors = self.ranks(role), {}
+        if len(ranks) == 1:  # one process: one plain call
+            return {role: self.clients[role].call(op, deadline_s, **{**kwargs, **(per_rank or {}).get(role, {})})}
         for rank in ranks:
             try:
                 self.clients[rank].send(op, **{**kwargs, **(per_rank or {}).get(rank, {})})
