@@ -6,12 +6,14 @@ cannot serve here is UNSUPPORTED before anything is written."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from harness.spec.scenario import get_scenario
 from tests.cellruns import run_cells
 
+ROOT = Path(__file__).resolve().parents[1]
 HAPPY = [get_scenario("happy-path@p2-d1"), get_scenario("happy-path@p1-d2")]
 
 
@@ -56,3 +58,21 @@ def test_a_tp_pair_the_engine_cannot_serve_here_is_unsupported_with_what_would_m
         assert cell.verdict == "UNSUPPORTED", cell.reason
         assert cell.reason.startswith("needs VRAM") and "run on a GPU host" in cell.reason
         assert cell.divergence is None  # nothing ran to diverge
+
+
+def test_a_prefill_of_two_pp_stages_runs_as_two_role_processes(tmp_path):
+    """p1pp2-d1: the prefill's two stages (sglang's default split of 3 layers: [0, 1), [1, 3))
+    are two role processes on one bootstrap port; the reference lands every byte, and Mooncake's
+    verdict is the one its expectations say (B4: V of one stage's layer in another's)."""
+    from harness.session import read_expectations
+
+    run = run_cells(["reference", "mooncake"], [get_scenario("happy-path@p1pp2-d1")], tmp_path, jobs=2,
+                    expectations=read_expectations(ROOT / "expectations" / "sglang-0.5.23.toml"))
+    reference, mooncake = _cell(run, "happy-path@p1pp2-d1", "reference"), _cell(run, "happy-path@p1pp2-d1", "mooncake")
+    assert reference.verdict == "PASS" and reference.bytes_verified > 0, reference.reason
+    assert mooncake.as_expected, (mooncake.verdict, mooncake.reason)
+    events = [json.loads(line) for line in
+              (tmp_path / "cells" / "happy-path@p1pp2-d1--mooncake" / "history.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["op"] == "start_prefill" and e["type"] == "ok"]
+    assert [(e["role"], e["args"]["pp"][:2], e["args"]["layout"]["stage_start"], e["args"]["layout"]["stage_end"])
+            for e in starts] == [("prefill", [2, 0], 0, 1), ("prefill.pp1", [2, 1], 1, 3)]

@@ -167,11 +167,16 @@ class NixlRole(SglangCommonRole):
         indices = shell._build_transfer_dst_indices(peer_info=peer, n_src=n_src, n_dst=n_dst)
         return list(enumerate(indices))
 
-    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool) -> str | None:
+    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1) -> str | None:
         """nixl/conn.py ``_prepare_payload_xfer`` refuses a heterogeneous-TP MHA transfer into a
         decode whose KV is not VRAM ("heterogeneous-TP direct-to-host KV transfer is not
         implemented safely yet"), on the prefill's bootstrap thread; this adapter registers its
         KV as DRAM, as a CPU machine must."""
+        if prefill_pp > 1:
+            return (f"needs VRAM: NIXL takes a whole-model decode fed by one of {prefill_pp} prefill stages (more KV "
+                    "entries on the decode) for decode-only speculative decoding and refuses it unless the decode's "
+                    "KV is VRAM (nixl/conn.py _prepare_payload_xfer); on this CPU machine the KV is registered as "
+                    "DRAM: run on a GPU host")
         if prefill_tp != decode_tp and not mla:
             return (f"needs VRAM: NIXL's heterogeneous-TP transfer (prefill TP {prefill_tp} -> decode TP "
                     f"{decode_tp}) writes head slices into GPU KV only (nixl/conn.py _prepare_payload_xfer); "

@@ -253,11 +253,12 @@ class RoleAdapter(ABC):
         (None: it can).  Such layouts are skipped and listed, never judged."""
         return None
 
-    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool) -> str | None:
+    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1) -> str | None:
         """Can this run here?  Why the engine cannot serve a prefill of ``prefill_tp`` attention
-        TP ranks into a decode of ``decode_tp`` (``mla``: MLA KV) on this machine (memory
-        kind, transport), saying what would make it run; None when it can.  Asked before any
-        manager starts: such a cell is UNSUPPORTED, never FAIL."""
+        TP ranks (and ``prefill_pp`` pipeline stages, into a whole-model decode) into a decode
+        of ``decode_tp`` (``mla``: MLA KV) on this machine (memory kind, transport), saying
+        what would make it run; None when it can.  Asked before any manager starts: such a
+        cell is UNSUPPORTED, never FAIL."""
         return None
 
 

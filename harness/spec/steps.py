@@ -99,12 +99,18 @@ class StartRoles:
     tp_ranks: tuple[int, int] = (1, 1)
     kv_heads: int = 0
     head_bytes: int = 0
+    #: pipeline stages of every prefill (harness.spec.topology): with more than one, each role
+    #: of ``prefills`` is a group of stage processes (stage 0 named as the role, stage s
+    #: ``ROLE.pp<s>``) holding sglang's default layer split, driven together like TP ranks
+    pp_stages: int = 1
 
     def __post_init__(self):
         if min(self.tp_ranks) < 1:
             raise ValueError(f"StartRoles tp_ranks {self.tp_ranks}: at least one rank each side")
-        if max(self.tp_ranks) > 1 and (self.prefill_stages or self.decode_attn_tp > 1):
-            raise ValueError("StartRoles: TP rank groups do not combine with prefill_stages or decode_attn_tp yet")
+        if (max(self.tp_ranks) > 1 or self.pp_stages > 1) and (self.prefill_stages or self.decode_attn_tp > 1):
+            raise ValueError("StartRoles: TP or PP groups do not combine with prefill_stages or decode_attn_tp yet")
+        if self.pp_stages > 1 and self.tp_ranks[0] > 1:
+            raise ValueError("StartRoles: a prefill of several TP ranks and several PP stages is not built yet")
 
 
 # Default bound (seconds) of a step that a conforming implementation completes in well

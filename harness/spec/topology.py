@@ -170,6 +170,8 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
            about="prefill TP 2 into decode TP 1: each prefill rank writes its half of the KV heads"),
     _named("p1-d2", Side(), Side(tp=2), GQA, default=True, nightly=True,
            about="prefill TP 1 into decode TP 2: each decode rank takes its half of the KV heads"),
+    _named("p1pp2-d1", Side(pp=2), Side(), default=True, nightly=True,
+           about="a prefill of 2 pipeline stages (sglang's default split), one role each, into a whole-model decode"),
     _named("p4-d2", Side(tp=4), Side(tp=2), GQA, nightly=True, about="TP 4 into TP 2"),
     _named("p2-d4", Side(tp=2), Side(tp=4), GQA, nightly=True, about="TP 2 into TP 4 (decode first)"),
     _named("p4-d4", Side(tp=4), Side(tp=4), GQA, nightly=True, about="TP 4 into TP 4"),
@@ -210,9 +212,21 @@ def rank_heads(total: int, tp: int, tp_rank: int, mla: bool) -> tuple[int, int]:
     return tp_rank // (tp // total), 1
 
 
-def rank_name(role: str, tp_rank: int) -> str:
-    """The role process of attention TP rank ``tp_rank`` of ``role``: rank 0 is the role itself."""
-    return role if tp_rank == 0 else f"{role}.tp{tp_rank}"
+def rank_name(role: str, tp_rank: int, kind: str = "tp") -> str:
+    """The role process of attention TP rank ``tp_rank`` (``kind`` "pp": of PP stage ``tp_rank``)
+    of ``role``: rank 0 is the role itself."""
+    return role if tp_rank == 0 else f"{role}.{kind}{tp_rank}"
+
+
+def stage_layouts(layout: Layout, pp: int) -> list[Layout]:
+    """Each of ``pp`` pipeline stages' layout of a prefill whose scenario layout is ``layout``:
+    sglang's default layer split (:func:`default_pp_split`), the draft layers on the last stage."""
+    split, start, out = default_pp_split(layout.num_layers, pp), 0, []
+    for s, n in enumerate(split):
+        out.append(replace(layout, stage_start=start, stage_end=start + n,
+                           draft_layers=layout.draft_layers if s == pp - 1 else 0))
+        start += n
+    return out
 
 
 def group_layouts(layout: Layout, tp: int, kv_heads: int = 0, head_bytes: int = 0) -> list[Layout]:
@@ -247,10 +261,11 @@ def apply(steps: list, t: Topology) -> list:
     its one latent head on every rank).  ``p1-d1`` changes nothing."""
     from harness.spec.steps import StartRoles
 
-    if (t.prefill.tp, t.decode.tp) == (1, 1):
+    if (t.prefill.tp, t.decode.tp, t.prefill.pp) == (1, 1, 1):
         return list(steps)
-    return [replace(step, tp_ranks=(t.prefill.tp, t.decode.tp), kv_heads=t.model.kv_heads,
-                    head_bytes=t.model.head_bytes) if isinstance(step, StartRoles) else step for step in steps]
+    heads = {"kv_heads": t.model.kv_heads, "head_bytes": t.model.head_bytes} if max(t.prefill.tp, t.decode.tp) > 1 else {}
+    return [replace(step, tp_ranks=(t.prefill.tp, t.decode.tp), pp_stages=t.prefill.pp, **heads)
+            if isinstance(step, StartRoles) else step for step in steps]
 
 
 TOPOLOGY_SEP = "@"  # a scenario run on another topology than p1-d1 is SCENARIO@TOPOLOGY

@@ -32,6 +32,8 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
     for logical, tp in [(n, tp_prefill) for n in step.prefills] + [(n, tp_decode) for n in step.decodes]:
         if tp > 1:
             d.groups[logical] = [rank_name(logical, r) for r in range(tp)]
+    for logical in step.prefills if step.pp_stages > 1 else ():
+        d.groups[logical] = [rank_name(logical, s, "pp") for s in range(step.pp_stages)]
     names = [(n, "prefill") for p in step.prefills for n in d.ranks(p)] + \
         [(n, "decode") for dec in step.decodes for n in d.ranks(dec)]
     env = dict(step.env)
@@ -40,9 +42,10 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
         d.handles[name] = d.launcher.start(RoleSpec(name=name, impl=d.impl, role=role, env=env))
     for name, _ in names:
         connect(d, name, d.handles[name], step.ready_timeout_s)
-    if max(step.tp_ranks) > 1:  # can this run here? asked before any manager starts
+    if max(step.tp_ranks) > 1 or step.pp_stages > 1:  # can this run here? asked before any manager starts
         mla = (step.decode_layout or step.layout).mla
-        why = d.call(step.prefills[0], "unsupported_topology", prefill_tp=tp_prefill, decode_tp=tp_decode, mla=mla)
+        why = d.call(step.prefills[0], "unsupported_topology", prefill_tp=tp_prefill, decode_tp=tp_decode, mla=mla,
+                     prefill_pp=step.pp_stages)
         if why:
             raise CellAborted(why, unsupported=True)
     for arm in step.arm:
@@ -81,6 +84,17 @@ def _next_port(d: "CellDriver") -> int:
 def _prefill_starts(d: "CellDriver", step: s.StartRoles) -> list[tuple[str, str, dict]]:
     """The start_prefill calls of ``step``: each prefill its own bootstrap port, or (with
     ``prefill_stages``) every stage of the one prefill the same port and rendezvous."""
+    if step.pp_stages > 1:  # each prefill: its stages on one port and one rendezvous
+        from harness.spec.topology import stage_layouts
+
+        starts = []
+        for logical in step.prefills:
+            port, rendezvous = _next_port(d), f"tcp://{bind_address()}:{_next_port(d)}"
+            starts += [(name, "start_prefill", {"layout": layout.to_dict(), "bootstrap_port": port,
+                                                "pp": (step.pp_stages, s, rendezvous)})
+                       for s, (name, layout) in enumerate(zip(d.ranks(logical), stage_layouts(step.layout,
+                                                                                                step.pp_stages)))]
+        return starts
     if not step.prefill_stages:
         layouts, tp = _rank_layouts(step, step.layout, step.tp_ranks[0]), step.tp_ranks[0]
         starts = []
