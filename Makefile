@@ -15,8 +15,9 @@ setup:
 matrix: setup
 	$(PDCONFORM) run --jobs $(JOBS) $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 
+# three workers (pytest-xdist): the tests mostly wait on role processes and timers
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 3
 
 # Benchmarks and long property runs: not part of `make test`.
 bench: setup

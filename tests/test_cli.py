@@ -26,7 +26,7 @@ def pdconform(*args, cwd=None, timeout=180):
     (["repro", "[/x]", "--impl", "reference"], "unknown scenario [/x]"),
     (["run", "--impl", "reference", "--out", "~no-such-user-pdconform/x"], "cannot use --out"),
     (["run", "--impl", "reference", "--topology", "p9-d9"], "unknown --topology p9-d9"),
-    (["run", "--impl", "reference", "--scenario", "happy-path@p9-d9"], "unknown --scenario happy-path@p9-d9"),
+    (["run", "--impl", "reference", "--scenario", "happy-path@p9-d9"], "unknown topology p9-d9 in --scenario happy-path@p9-d9"),
     (["run", "--impl", "reference", "--scenario", "failure-fan-out", "--topology", "p2-d1"],
      "failure-fan-out does not run on topology p2-d1: it starts its own decode"),
     (["repro", "failure-fan-out@p2-d1", "--impl", "reference"], "does not run on topology p2-d1"),

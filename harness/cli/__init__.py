@@ -84,24 +84,28 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]], topology: 
         raise _usage_error(f"unknown --impl {', '.join(unknown)} (known: {', '.join(registry.names())})")
     sets = {"default": [t for t in TOPOLOGIES.values() if t.default],
             "nightly": [t for t in TOPOLOGIES.values() if t.nightly]}
-    topologies = []
+    topologies, named = [], set()  # named: asked for by name, not through a set
     for name in topology or ["p1-d1"]:
         if name not in TOPOLOGIES and name not in sets:
             raise _usage_error(f"unknown --topology {name} (known: {', '.join(TOPOLOGIES)}, default, nightly; "
                                "see `pdconform list --topologies`)")
         topologies += sets.get(name) or [TOPOLOGIES[name]]
+        named |= {name} if name in TOPOLOGIES else set()
     known = {s.id: s for s in all_scenarios()}
     wanted = list(dict.fromkeys(scenario or known))
     cells = []
     for sid in wanted:
-        base, sep, named = sid.partition(TOPOLOGY_SEP)
-        if base not in known or (sep and named not in TOPOLOGIES):
+        base, sep, its = sid.partition(TOPOLOGY_SEP)
+        if base not in known:
             raise _usage_error(f"unknown {what} {sid} (known: {', '.join(known)}, each also as SCENARIO@TOPOLOGY; "
                                "see `pdconform list`)")
-        for t in [TOPOLOGIES[named]] if sep else list(dict.fromkeys(topologies)):
+        if sep and its not in TOPOLOGIES:
+            raise _usage_error(f"unknown topology {its} in {what} {sid} (known: {', '.join(TOPOLOGIES)}; "
+                               "see `pdconform list --topologies`)")
+        for t in [TOPOLOGIES[its]] if sep else list(dict.fromkeys(topologies)):
             if known[base].runs_on(t.name):
                 cells.append(on_topology(known[base], t))
-            elif sep or scenario:  # asked for by name: say why it does not run
+            elif sep or (scenario and t.name in named):  # this scenario on this topology by name: say why not
                 raise _usage_error(f"{base} does not run on topology {t.name}: {known[base].topologies[1]}")
     return impls, list({s.id: s for s in cells}.values())
 

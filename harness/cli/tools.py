@@ -98,8 +98,9 @@ def _list_topologies(as_json: bool) -> None:
     width = max(len(r["name"]) for r in rows) + 2
     for r in rows:
         sets = ", ".join(name for name, on in (("default", r["default"]), ("nightly", r["nightly"])) if on)
-        sides = "  ".join(f"{side} tp {r[side]['tp']} pp {r[side]['pp']} dp {r[side]['dp']}"
-                          for side in ("prefill", "decode"))
+        sides = "  ".join(f"{side} tp {r[side]['tp']} pp {r[side]['pp']}"
+                          + (" (layers " + " ".join(f"[{a},{b})" for a, b in r[side]["stages"]) + ")"
+                             if r[side]["pp"] > 1 else "") + f" dp {r[side]['dp']}" for side in ("prefill", "decode"))
         m = r["prefill"]["model"]
         console.print(f"[bold]{r['name']:<{width}}[/]{sides}  [dim]{m['attention']}, {m['num_layers']} layers, "
                       f"{m['kv_heads']} KV heads x {m['head_bytes']} B, page {m['page_size']} tokens; "

@@ -167,6 +167,7 @@ def first_divergence(reference: list[dict], observed: list[dict], checks: list[d
         return {**{k: v for k, v in overall[1].items()}, "requirement": requirement}
     entries = list(found.values())  # the reason's check's divergence first
     out = {k: v for k, v in entries[0].items() if k not in ("case", "checks")}
+    out["check"] = entries[0]["checks"][0]
     overall_case = _case_of(overall, ref, obs)
     if len(entries) > 1 or (entries[0]["case"], entries[0]["step"]) != (overall_case, overall[1]["step"]):
         out["cases"] = sorted(entries, key=lambda e: e["step"] if e["step"] is not None else -1)
@@ -195,7 +196,8 @@ def describe(divergence: dict | None) -> str:
     d = divergence
     if len(d.get("cases") or []) > 1:
         return "; ".join(f"{c['case']} ({', '.join(c['checks'])}): " + _line(c) for c in d["cases"])
-    return _line(d, f" [{d['requirement']}]" if d.get("requirement") else "")
+    return _line(d, (f" [{d['requirement']}]" if d.get("requirement") else "")
+                 + (f", where {d['check']} failed" if d.get("check") else ""))
 
 
 def describe_parts(divergence: dict | None) -> tuple[str, list[str]]:
@@ -204,7 +206,8 @@ def describe_parts(divergence: dict | None) -> tuple[str, list[str]]:
     if not divergence:
         return "", []
     d = divergence
-    head = _line(d, f" [{d['requirement']}]" if d.get("requirement") else "")
+    head = _line(d, (f" [{d['requirement']}]" if d.get("requirement") else "")
+                 + (f", where {d['check']} failed" if d.get("check") else ""))
     cases = d.get("cases") or []
     return head, [f"{c['case']} ({', '.join(c['checks'])}): " + _line(c) for c in cases] if len(cases) > 1 else []
 

@@ -13,7 +13,8 @@ The verdict, in order:
 1. ERROR when the runner killed the cell at its deadline (the last step it reached is named);
 2. ERROR when the cell process ended before its history did, or its steps raised something
    other than a step it cannot take (a crash; the exception or the log's tail is quoted);
-3. UNSUPPORTED when the implementation could not perform a step;
+3. UNSUPPORTED when the implementation could not perform a step (no check is reported: the
+   steps after it never ran, so their checks would only say that);
 4. ERROR when the cell could not go on (a role did not start) or declares no check;
 5. FAIL when a MUST check failed (evidence beats a check that could not tell);
 6. ERROR when a check could not tell; UNSUPPORTED when a check could not be judged on this
@@ -124,8 +125,8 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
     else:
         checks = [check.run(history) for check in postconditions.checks_of(scenario, seed)]
         verdict, reason = verdict_of(checks)
-        if end.get("outcome") == "unsupported":
-            verdict, reason = Verdict.UNSUPPORTED, end.get("reason", "")
+        if end.get("outcome") == "unsupported":  # the cell stopped at a step it cannot take: nothing was judged
+            verdict, reason, checks = Verdict.UNSUPPORTED, end.get("reason", ""), []
         elif end.get("outcome") == "aborted":
             verdict, reason = Verdict.ERROR, end.get("reason", "")
         reason += _fail_fast_note(history)

@@ -136,7 +136,8 @@ def junit_xml(run: RunResult) -> JUnitXml:
 
 def _matrix_markdown(run: RunResult) -> list[str]:
     impls = list(dict.fromkeys(c.impl for c in run.cells))
-    engines = {impl: next((c.engine for c in run.cells if c.impl == impl and c.engine), "?") for impl in impls}
+    engines = {impl: next((c.engine for c in run.cells if c.impl == impl and c.engine), "no manager started")
+               for impl in impls}
     by_key = {(c.scenario, c.impl): c for c in run.cells}
     lines = ["| scenario | " + " | ".join(f"{md(i)} ({md(engines[i])})" for i in impls) + " |",
              "|---" * (len(impls) + 1) + "|"]

@@ -27,7 +27,7 @@ from harness.spec.requirements import requirements
 
 def _engine_label(cells: list[CellResult]) -> str:
     engines = list(dict.fromkeys(c.engine for c in cells if c.engine))
-    return " / ".join(engines) if engines else "no role started"
+    return " / ".join(engines) if engines else "no manager started"
 
 
 def cell_href(cell: CellResult) -> str:
