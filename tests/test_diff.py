@@ -33,15 +33,22 @@ def test_a_shorter_history_diverges_where_it_ends():
     assert d["observed"].startswith("(no such event") and d["reference"] == "Failed"
 
 
-def _two_rooms(a_status: str, b_status: str):
+def _two_polls(a_status: str, b_status: str, rooms=(11, 22), first_step: int = 0, label: dict | None = None):
+    """Two steps, each one AwaitStatus: the prefill's poll of ``rooms[0]``, then the decode's of ``rooms[1]``."""
     return [
-        {"seq": 0, "t": 0, "step": 0, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
-        {"seq": 1, "t": 1, "step": 0, "op": "await_status", "role": "prefill", "type": "ok",
-         "args": {"room": 11}, "value": {"status_name": a_status}},
-        {"seq": 2, "t": 2, "step": 1, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
-        {"seq": 3, "t": 3, "step": 1, "op": "await_status", "role": "decode", "type": "ok",
-         "args": {"room": 22}, "value": {"status_name": b_status}},
+        {"seq": 0, "t": 0, "step": first_step, "op": "step", "role": None, "type": "info",
+         "args": {"step": "AwaitStatus"}},
+        {"seq": 1, "t": 1, "step": first_step, "op": "await_status", "role": "prefill", "type": "ok",
+         "args": {"room": rooms[0]}, "value": {"status_name": a_status}},
+        {"seq": 2, "t": 2, "step": first_step + 1, "op": "step", "role": None, "type": "info",
+         "args": {"step": "AwaitStatus"}},
+        {"seq": 3, "t": 3, "step": first_step + 1, "op": "await_status", "role": "decode", "type": "ok",
+         "args": {"room": rooms[1], **(label or {})}, "value": {"status_name": b_status}},
     ]
+
+
+def _two_rooms(a_status: str, b_status: str):
+    return _two_polls(a_status, b_status)
 
 
 def test_the_divergence_is_the_failing_cases_not_an_unrelated_passing_one():
@@ -68,14 +75,7 @@ def test_each_failing_case_gets_its_own_first_divergence():
 def _reused_room(first_prefill: str, second_decode: str):
     """One room id, two lifecycles: step 1 polls the prefill of the first, step 2 the decode of
     the second (the room reused)."""
-    return [
-        {"seq": 0, "t": 0, "step": 1, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
-        {"seq": 1, "t": 1, "step": 1, "op": "await_status", "role": "prefill", "type": "ok",
-         "args": {"room": 7}, "value": {"status_name": first_prefill}},
-        {"seq": 2, "t": 2, "step": 2, "op": "step", "role": None, "type": "info", "args": {"step": "AwaitStatus"}},
-        {"seq": 3, "t": 3, "step": 2, "op": "await_status", "role": "decode", "type": "ok",
-         "args": {"room": 7, "label": "after-reuse"}, "value": {"status_name": second_decode}},
-    ]
+    return _two_polls(first_prefill, second_decode, rooms=(7, 7), first_step=1, label={"label": "after-reuse"})
 
 
 def test_the_divergence_is_at_the_step_the_failing_check_was_decided_on():
