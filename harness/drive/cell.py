@@ -114,31 +114,44 @@ class CellDriver:
         self.record(Event.OK, op, role, args=kwargs, value=value)
         return value
 
+    def _exchange(self, calls: list[tuple[str, str, dict]], deadline_s: float,
+                  on_sent: Any = None) -> list[Any]:
+        """Send every ``(role, op, kwargs)`` call (to distinct roles) before reading any reply;
+        each call's value, or the RoleError it ended with, in order.  ``on_sent(role, op, kwargs)``
+        runs before each send (to record the invoke)."""
+        sent: list[RoleError | None] = []
+        for role, op, kwargs in calls:
+            if on_sent:
+                on_sent(role, op, kwargs)
+            try:
+                self.clients[role].send(op, **kwargs)
+                sent.append(None)
+            except RoleError as exc:
+                sent.append(exc)
+        out: list[Any] = []
+        for (role, _, _), error in zip(calls, sent):
+            try:
+                if error is not None:
+                    raise error
+                out.append(self.clients[role].result(deadline_s))
+            except RoleError as exc:
+                out.append(exc)
+        return out
+
     def rank_results(self, role: str, op: str, deadline_s: float, kwargs: dict,
                      per_rank: dict[str, dict] | None = None) -> dict[str, Any]:
         """``op`` on every rank of ``role`` at once, unrecorded: each rank's value, by rank;
         RoleError (naming the rank) for the first rank that failed, after every reply is read."""
-        ranks, errors = self.ranks(role), {}
+        ranks, extra = self.ranks(role), per_rank or {}
         if len(ranks) == 1:  # one process: one plain call
-            return {role: self.clients[role].call(op, deadline_s, **{**kwargs, **(per_rank or {}).get(role, {})})}
-        for rank in ranks:
-            try:
-                self.clients[rank].send(op, **{**kwargs, **(per_rank or {}).get(rank, {})})
-            except RoleError as exc:
-                errors[rank] = exc
-        values = {}
-        for rank in ranks:
-            if rank in errors:
-                continue
-            try:
-                values[rank] = self.clients[rank].result(deadline_s)
-            except RoleError as exc:
-                errors[rank] = exc
-        if errors:
-            rank, exc = next(iter(errors.items()))
+            return {role: self.clients[role].call(op, deadline_s, **{**kwargs, **extra.get(role, {})})}
+        replies = self._exchange([(rank, op, {**kwargs, **extra.get(rank, {})}) for rank in ranks], deadline_s)
+        failed = next(((rank, r) for rank, r in zip(ranks, replies) if isinstance(r, RoleError)), None)
+        if failed:
+            rank, exc = failed
             raise RoleError(f"{rank}: {exc}", unsupported=exc.unsupported, remote_message=exc.remote_message,
                             remote_traceback=exc.remote_traceback) from exc
-        return values
+        return dict(zip(ranks, replies))
 
     def _group_call(self, role: str, op: str, deadline_s: float, kwargs: dict, per_rank: dict[str, dict]) -> Any:
         self.record(Event.INVOKE, op, role, args=kwargs)
@@ -158,28 +171,18 @@ class CellDriver:
         order (None for a call that failed, as :meth:`call` records it).  The history gets
         every invoke, then every completion, in the order of ``calls``.  CellAborted (after
         every reply is read) when one of them is unsupported."""
-        sent: list[RoleError | None] = []
-        for role, op, kwargs in calls:
-            self.record(Event.INVOKE, op, role, args=kwargs)
-            try:
-                self.clients[role].send(op, **kwargs)
-                sent.append(None)
-            except RoleError as exc:
-                sent.append(exc)
+        replies = self._exchange(calls, deadline_s,
+                                 on_sent=lambda role, op, kwargs: self.record(Event.INVOKE, op, role, args=kwargs))
         values, unsupported = [], None
-        for (role, op, kwargs), error in zip(calls, sent):
-            try:
-                if error is not None:
-                    raise error
-                value = self.clients[role].result(deadline_s)
-            except RoleError as exc:
-                self._record_failure(role, op, kwargs, exc)
-                if exc.unsupported and unsupported is None:
-                    unsupported = f"{role}.{op}: {exc.remote_message or exc}"
+        for (role, op, kwargs), reply in zip(calls, replies):
+            if isinstance(reply, RoleError):
+                self._record_failure(role, op, kwargs, reply)
+                if reply.unsupported and unsupported is None:
+                    unsupported = f"{role}.{op}: {reply.remote_message or reply}"
                 values.append(None)
                 continue
-            self.record(Event.OK, op, role, args=kwargs, value=value)
-            values.append(value)
+            self.record(Event.OK, op, role, args=kwargs, value=reply)
+            values.append(reply)
         if unsupported:
             raise CellAborted(unsupported, unsupported=True)
         return values
