@@ -75,6 +75,17 @@ def sampling(workdir):
         sampler.join()
 
 
+def _lingering(scenario_id: str, seconds: float = 1.0):
+    """The scenario with its roles kept up ``seconds`` longer at the end, so the 20 ms sampler
+    sees every listener even when other tests load the machine (make test runs three workers)."""
+    from dataclasses import replace
+
+    from harness.spec.steps import Sleep
+
+    scenario = get_scenario(scenario_id)
+    return replace(scenario, steps=lambda seed: [*scenario.steps(seed), Sleep(seconds)])
+
+
 def _host_addresses() -> list[str]:
     """This machine's own non-loopback IPv4 addresses (what a neighbour would connect to)."""
     return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
@@ -87,7 +98,7 @@ def test_no_role_listener_is_reachable_from_outside_the_cell(tmp_path):
     happy-path cell, in the cell's own namespace, and none answers on the host's addresses."""
     host_net = os.readlink("/proc/self/ns/net")
     with sampling(tmp_path) as sampled:
-        run = run_cells(["mooncake"], [get_scenario("happy-path")], tmp_path)
+        run = run_cells(["mooncake"], [_lingering("happy-path")], tmp_path)
     assert run.cells[0].verdict == "PASS", run.cells[0].reason
     assert "private loopback-only network namespace" in run.network
     wide = [(pid, addr, port, ns) for (pid, ns), found in sampled.items() for addr, port in found
@@ -112,7 +123,7 @@ def test_bind_puts_every_reference_listener_on_that_address(tmp_path):
     roles also advertise; the sampler would see one left on loopback."""
     addr = _host_addresses()[0]
     with sampling(tmp_path) as sampled:
-        run = run_cells(["reference"], [get_scenario("happy-path")], tmp_path, bind=addr)
+        run = run_cells(["reference"], [_lingering("happy-path")], tmp_path, bind=addr)
     assert run.cells[0].verdict == "PASS", run.cells[0].reason
     assert f"roles listen on {addr} (--bind)" in run.network
     listeners = [entry for found in sampled.values() for entry in found]
