@@ -76,8 +76,8 @@ class CellDriver:
         self.stalled_step: int | None = None  # the first step whose must-come status never came
         # a role started as attention TP ranks -> its rank roles, rank 0 (named as the role) first
         self.groups: dict[str, list[str]] = {}
-        # with TP rank groups: "rank R" of a prefill -> the decode ranks that take KV from it
-        self.destinations: dict[str, int] = {}
+        # with TP rank groups: for each prefill rank, how many decode ranks take KV from it
+        self.destinations: list[int] = []
 
     def ranks(self, role: str) -> list[str]:
         """The role processes behind ``role``: its TP ranks, or the role alone."""

@@ -191,13 +191,8 @@ def _side(mine: dict | None, other: dict | None) -> str:
 def describe(divergence: dict | None) -> str:
     """One line: ``step 7 AwaitStatus await_status on decode: reference Failed, observed WaitingForInput``;
     with several failing cases, one such line per case, each naming its case and checks."""
-    if not divergence:
-        return ""
-    d = divergence
-    if len(d.get("cases") or []) > 1:
-        return "; ".join(f"{c['case']} ({', '.join(c['checks'])}): " + _line(c) for c in d["cases"])
-    return _line(d, (f" [{d['requirement']}]" if d.get("requirement") else "")
-                 + (f", where {d['check']} failed" if d.get("check") else ""))
+    head, cases = describe_parts(divergence)
+    return "; ".join(cases) if cases else head
 
 
 def describe_parts(divergence: dict | None) -> tuple[str, list[str]]:

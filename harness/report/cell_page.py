@@ -19,12 +19,11 @@ history, the cell folder's file names and role logs): :func:`render_cell_page`; 
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 from pathlib import Path
 from urllib.parse import quote
-from typing import Any, Mapping
+from typing import Mapping
 
 from harness import ROOT
 from harness.judge.divergence import describe_parts
@@ -175,11 +174,6 @@ def _diff(reference: list[dict], observed: list[dict], impl: str) -> dict:
             "count": len(obs), "error": None}
 
 
-def _short(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=repr)
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
 def _rows(events: list[dict], keep: set[int]) -> tuple[list[dict], int]:
     """The raw table: the first MAX_EVENTS events and every event in ``keep`` (pinned), each
     row ``{"seq", "t", "step", "role", "op", "type", "shown", "cls", "gap"}``; and how many
@@ -197,9 +191,9 @@ def _rows(events: list[dict], keep: set[int]) -> tuple[list[dict], int]:
         if e.get("op") == Op.STEP:
             shown = (e.get("args") or {}).get("step", "")
         elif e.get("type") == Event.INVOKE:
-            shown = _short(e.get("args") or "", MAX_VALUE_CHARS)
+            shown = tl.short(e.get("args") or "", MAX_VALUE_CHARS)
         else:
-            shown = _short(tl.describe_event(e), MAX_VALUE_CHARS * 2)
+            shown = tl.short(tl.describe_event(e), MAX_VALUE_CHARS * 2)
         t = e.get("t")
         rows.append({"seq": e.get("seq"), "t": f"{t:.3f}" if isinstance(t, (int, float)) else "",
                      "step": "" if e.get("step") is None else e["step"], "role": e.get("role") or "",
@@ -258,6 +252,7 @@ def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, refer
     if cell.impl != REFERENCE and reference and events:
         diff = _diff(reference, events, cell.impl)
     divergence_row = (cell.divergence or {}).get("seq")
+    divergence_line, divergence_cases = describe_parts(cell.divergence)
     return {
         "cell": cell, "run": run,
         "unexpected": not cell.as_expected,
@@ -265,8 +260,8 @@ def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, refer
         "bug_href": docs_href(run, cell.expected_link) if cell.expected_link else None,
         "failing": failing,
         "checks_total": len(cell.checks),
-        "divergence": describe_parts(cell.divergence)[0],
-        "divergence_cases": describe_parts(cell.divergence)[1],
+        "divergence": divergence_line,
+        "divergence_cases": divergence_cases,
         "divergence_row": divergence_row if divergence_row in shown else None,
         "timeline": timed,
         "tracebacks": [{**t, "seq": t["seq"] if t["seq"] in shown else None,

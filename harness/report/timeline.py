@@ -83,7 +83,8 @@ def _lane_order(roles: list[str]) -> list[str]:
     return [HARNESS, *sorted(roles, key=rank), FAULTS]
 
 
-def _short(value: Any, limit: int = 140) -> str:
+def short(value: Any, limit: int = 140) -> str:
+    """``value`` as text (JSON when it is not a string), cut to ``limit`` characters with an ellipsis."""
     import json
 
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=repr)
@@ -115,7 +116,7 @@ def describe_event(event: dict) -> str:
     try:
         return _describe(event)
     except (TypeError, ValueError, AttributeError, KeyError):
-        return f"{event.get('op')} on {event.get('role')}: {event.get('type')}: {_short(event.get('value'))}"
+        return f"{event.get('op')} on {event.get('role')}: {event.get('type')}: {short(event.get('value'))}"
 
 
 def _describe(event: dict) -> str:
@@ -123,7 +124,7 @@ def _describe(event: dict) -> str:
     room = f" room {args['room']}" if "room" in args else ""
     head = f"{event['op']}{' on ' + event['role'] if event.get('role') else ''}{room}"
     if event.get("error"):
-        return f"{head}: {event['type']}: {_short(event['error'])}"
+        return f"{head}: {event['type']}: {short(event['error'])}"
     value = event.get("value")
     if event["op"] == Op.AWAIT_STATUS and isinstance(value, dict):
         wanted = "/".join(str(x) for x in args.get("statuses") or [])
@@ -133,13 +134,13 @@ def _describe(event: dict) -> str:
         return f"{head}: {value.get('status_name')} after {value.get('waited_s')} s"
     if event["op"] in (Op.INJECT, Op.INJECT_ABORT, Op.INJECT_CAPTURED) and "sample" in args:
         frames = "; ".join("[" + ", ".join(m) + "]" for m in decode_frames(args["sample"]))
-        return f"{head}: {args.get('messages')} message(s): {_short(frames, 300)}"
+        return f"{head}: {args.get('messages')} message(s): {short(frames, 300)}"
     if event["op"] == Op.VERIFY and isinstance(value, dict):
         return f"{head}: " + ("bytes exact" if value.get("ok") else f"{value.get('mismatch_pages')} page(s) wrong")
     if event["op"] in (Op.OBSERVE, Op.OBSERVE_MID) and isinstance(value, dict):
         dead = value.get("dead_threads") or []
         return f"{head}: " + (f"{len(dead)} dead thread(s): {dead[0].get('exception')}" if dead else "loops alive")
-    return f"{head}: {event['type']}" + (f": {_short(value)}" if value not in (None, {}, []) else "")
+    return f"{head}: {event['type']}" + (f": {short(value)}" if value not in (None, {}, []) else "")
 
 
 def _kind(invoke: dict | None, done: dict) -> str:
@@ -255,7 +256,7 @@ def _pins(timed: list[dict], checks: list[dict], divergence: dict | None, x) -> 
         where = f"step {event['step']}" if event.get("step") is not None else "the end of the cell"
         pins.append(Pin(x(event["t"]), "check", "\u2716 " + ", ".join(c["name"] for c in here),
                         "; ".join(f"{c.get('level', '')} {c['requirement']} {c['name']} failed here ({where}): "
-                                  f"{_short(c.get('detail', ''), 300)}" for c in here), seq, f"pin-check-{n}"))
+                                  f"{short(c.get('detail', ''), 300)}" for c in here), seq, f"pin-check-{n}"))
     event = by_seq.get((divergence or {}).get("seq"))
     if event is not None:
         pins.append(Pin(x(event["t"]), "divergence", "first divergence",
@@ -270,7 +271,7 @@ def _pins(timed: list[dict], checks: list[dict], divergence: dict | None, x) -> 
         first = first if isinstance(first, dict) else {"message": str(first)}
         pins.append(Pin(x(dead["t"]), "dead-thread", f"\u2620 {dead['role']} thread died",
                         f"first seen at step {dead['step']}: {first.get('thread')}: {first.get('exception')}: "
-                        f"{_short(first.get('message', ''), 200)}", dead["seq"], "pin-dead-thread"))
+                        f"{short(first.get('message', ''), 200)}", dead["seq"], "pin-dead-thread"))
     return pins
 
 

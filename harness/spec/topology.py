@@ -143,16 +143,16 @@ class Topology:
 
 
 def rank_layout(topology: Topology, side: str, tp_rank: int = 0, pp_rank: int = 0, num_pages: int = 16) -> Layout:
-    """The pool layout of one rank: its PP stage's layers, its TP rank's KV heads, pages of
-    ``page_size`` tokens x its heads x ``head_bytes``; the side's draft layers on its last stage."""
+    """The pool layout of one rank: its PP stage's layers (:func:`stage_layouts`, or the side's
+    explicit split), its TP rank's KV heads (:func:`group_layouts`), pages of ``page_size``
+    tokens x its heads x ``head_bytes``; the side's draft layers on its last stage."""
     s, model = topology.side(side), topology.model
+    whole = Layout(num_layers=model.num_layers, num_pages=num_pages, page_size=model.page_size,
+                   page_bytes=model.page_size * model.kv_heads * model.head_bytes, mla=model.attention == "MLA",
+                   kv_heads=model.kv_heads, draft_layers=s.draft_layers)
+    rank = group_layouts(whole, s.tp)[tp_rank]
     start, end = topology.stages(side)[pp_rank]
-    head_start, heads = topology.heads_of(side, tp_rank)
-    return Layout(num_layers=model.num_layers, num_pages=num_pages, page_size=model.page_size,
-                  page_bytes=model.page_size * heads * model.head_bytes, mla=model.attention == "MLA",
-                  kv_heads=heads, total_kv_heads=model.kv_heads, head_start=head_start,
-                  stage_start=start, stage_end=end,
-                  draft_layers=s.draft_layers if pp_rank == s.pp - 1 else 0)
+    return replace(rank, stage_start=start, stage_end=end, draft_layers=s.draft_layers if pp_rank == s.pp - 1 else 0)
 
 
 def _named(name: str, p: Side, d: Side, model: ModelShape = ModelShape(), **kw) -> Topology:

@@ -59,7 +59,7 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
             starts.append((name, "start_decode", {"layout": decode_layouts[r].to_dict(), "bootstrap_port": d.base_port,
                                                   **extra}))
     if max(step.tp_ranks) > 1:
-        d.destinations = _destinations(step, d)
+        d.destinations = _destinations(step)
     for (name, op, kwargs), facts in zip(starts, d.call_all(starts, deadline_s=START_TIMEOUT_S)):
         if facts is None:
             raise CellAborted(f"{op.split('_')[1]} {name} failed to start: {d.last_error(name)}")
@@ -120,7 +120,7 @@ def _rank_layouts(step: s.StartRoles, layout, tp: int) -> list:
     return group_layouts(layout, tp, step.kv_heads, step.head_bytes) if tp > 1 or step.kv_heads else [layout]
 
 
-def _destinations(step: s.StartRoles, d: "CellDriver") -> dict[str, int]:
+def _destinations(step: s.StartRoles) -> list[int]:
     """For each prefill rank, how many decode ranks take KV from it (harness.spec.topology.sources):
     the number of registrations its sender waits for (open_sender's ``destinations``)."""
     from harness.spec.topology import sources
@@ -130,7 +130,7 @@ def _destinations(step: s.StartRoles, d: "CellDriver") -> dict[str, int]:
     for decode in _rank_layouts(step, step.decode_layout or step.layout, step.tp_ranks[1]):
         for r in sources(prefill, decode):
             counts[r] += 1
-    return {f"rank {r}": n for r, n in enumerate(counts)}
+    return counts
 
 
 def _sender_extras(d: "CellDriver", prefill: str, destinations: int) -> dict[str, dict]:
@@ -139,7 +139,8 @@ def _sender_extras(d: "CellDriver", prefill: str, destinations: int) -> dict[str
     ranks = d.ranks(prefill)
     if len(ranks) == 1 and not d.destinations:
         return {}
-    return {name: {"destinations": destinations * d.destinations.get(f"rank {r}", 1)} for r, name in enumerate(ranks)}
+    return {name: {"destinations": destinations * (d.destinations[r] if d.destinations else 1)}
+            for r, name in enumerate(ranks)}
 
 
 def connect(d: "CellDriver", name: str, handle: RoleHandle, timeout_s: float, **args: Any) -> None:
