@@ -127,3 +127,35 @@ def test_a_client_that_gives_up_neither_ends_the_fork_server_nor_leaves_its_chil
         assert client.fork("cell", ["--bad-argument"], tmp_path / "next.log").wait(timeout=30) == 2
     finally:
         fork_server.close()
+
+
+def test_a_wait_is_held_by_the_server_until_its_child_exits_and_others_are_answered_meanwhile(tmp_path):
+    # A waiting client used to ask "status" 20 times a second (12,000 requests in a 78-cell
+    # matrix, a fifth of the fork server's CPU); now the server holds one "wait" per waiter.
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    fork_server = ForkServer(impls=[], wait=True, log_dir=tmp_path)
+    try:
+        client = fork_server.wait_ready()
+        role = client.fork("role", ["--impl", "selftest", "--role", "prefill", "--ready-file",
+                                    str(tmp_path / "ready"), "--parent-pid", str(os.getpid())], tmp_path / "role.log")
+        started = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            role.wait(timeout=0.5)  # still running: the held wait ends at its timeout, not before
+        assert 0.45 < time.monotonic() - started < 5
+        ended: list[float] = []
+        waiter = threading.Thread(target=lambda: (role.wait(timeout=30), ended.append(time.monotonic())))
+        waiter.start()
+        time.sleep(0.3)
+        assert not ended and client.call({"op": "ping"})["ok"]  # a held wait does not block the others
+        killed = time.monotonic()
+        os.kill(role.pid, signal.SIGKILL)
+        waiter.join(timeout=10)
+        assert ended and ended[0] - killed < 1.0  # answered at the exit (SIGCHLD wakes the server)
+        assert role.returncode == -signal.SIGKILL and role.wait(timeout=1) == -signal.SIGKILL
+    finally:
+        fork_server.close()

@@ -27,19 +27,22 @@ environment (harness.target.sglang); the client side of the protocol is there to
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 
 from harness.drive.contain import become_subreaper, describe, enter_network_of
 from harness.drive.contain import children as contain_children
 
-POLL_S = 0.05  # how often the server checks its parent and reaps children (seconds)
+POLL_S = 0.05
+_WAKE_FDS: list[int] = []  # the SIGCHLD self-pipe of serve(), closed in each child  # how often the server checks its parent and reaps children (seconds)
 
 
 def preload(impls: list[str]) -> list[str]:
@@ -91,6 +94,9 @@ def _child(request: dict, listener: socket.socket, clients: list[socket.socket])
         listener.close()
         for c in clients:
             c.close()
+        signal.set_wakeup_fd(-1)
+        for wake in _WAKE_FDS:  # the server's SIGCHLD self-pipe is not the child's
+            os.close(wake)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if request.get("netns"):  # a role joins its cell's private network
@@ -195,9 +201,15 @@ def _drop(sock: socket.socket, clients: list[socket.socket], buffers: dict) -> N
     sock.close()
 
 
+def _status(children: _Children, pid: int) -> dict:
+    if pid in children.exited:
+        return {"ok": True, "returncode": children.exited[pid]}
+    return {"ok": True, "returncode": None if pid in children.running else "unknown"}
+
+
 def _answer(request: dict, children: _Children, listener: socket.socket, clients: list[socket.socket]) -> dict:
     """The reply to one request: ``ping``, ``fork`` (a new cell or role process), ``status``
-    (a child's return code), ``group_cpu`` (CPU seconds of a process group's exited members)."""
+    (a child's return code; ``wait``: the same, held by :func:`serve` while the child runs), ``group_cpu`` (CPU seconds of a process group's exited members)."""
     op = request.get("op")
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
@@ -211,12 +223,9 @@ def _answer(request: dict, children: _Children, listener: socket.socket, clients
             pass
         children.add(pid, request.get("pgid") or pid)
         return {"ok": True, "pid": pid}
-    if op == "status":
+    if op in ("status", "wait"):  # a wait reaching here: its child had already exited
         children.reap()
-        pid = int(request["pid"])
-        if pid in children.exited:
-            return {"ok": True, "returncode": children.exited[pid]}
-        return {"ok": True, "returncode": None if pid in children.running else "unknown"}
+        return _status(children, int(request["pid"]))
     if op == "group_cpu":
         children.reap()
         group = int(request["pgid"])
@@ -226,45 +235,121 @@ def _answer(request: dict, children: _Children, listener: socket.socket, clients
 
 
 def serve(listener: socket.socket, parent_pid: int) -> None:
-    """Answer fork/status requests (one JSON line each) on the bound, listening UNIX socket
-    ``listener`` until the parent is gone; then kill every child's process group."""
+    """Answer fork/status/wait requests (one JSON line each) on the bound, listening UNIX
+    socket ``listener`` until the parent is gone; then kill every child's process group.
+
+    A ``wait`` is answered when its child exits or its ``timeout_s`` passes, so a client
+    waiting for a cell or role holds one idle connection instead of asking ``status`` 20
+    times a second (12,000 requests in a 78-cell matrix; docs/performance.md).  SIGCHLD
+    wakes the loop through a self-pipe, so an exit is answered at once."""
     clients: list[socket.socket] = []
     buffers: dict[socket.socket, bytes] = {}
     children = _Children()
+    waiters = _Waiters()
     become_subreaper()  # what a role's process leaves behind is re-parented here, and ended
+    wake_r, wake_w = os.pipe()
+    _WAKE_FDS[:] = [wake_r, wake_w]
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd is written
     while os.getppid() == parent_pid:
         children.reap()
         children.end_adopted()
-        readable, _, _ = select.select([listener, *clients], [], [], POLL_S)
+        waiters.answer(children, clients, buffers)
+        readable, _, _ = select.select([listener, wake_r, *clients], [], [], waiters.timeout(POLL_S))
         for sock in readable:
+            if sock is wake_r:
+                _drain(wake_r)
+                continue
             if sock is listener:
                 conn, _ = listener.accept()
                 clients.append(conn)
                 buffers[conn] = b""
                 continue
-            try:
-                data = sock.recv(65536)
-            except OSError:  # reset by a client that gave up
-                data = b""
-            if not data:
-                _drop(sock, clients, buffers)
-                continue
-            buffers[sock] += data
-            while sock in buffers and b"\n" in buffers[sock]:
-                line, buffers[sock] = buffers[sock].split(b"\n", 1)
-                request: dict = {}
-                try:
-                    request = json.loads(line)
-                    reply = _answer(request, children, listener, clients)
-                except Exception as exc:  # noqa: BLE001 - a bad request must not end the fork server
-                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                try:
-                    sock.sendall(json.dumps(reply).encode() + b"\n")
-                except OSError:  # the client gave up waiting (a call timeout): the fork server goes on
-                    if isinstance(request, dict) and request.get("op") == "fork" and reply.get("ok"):
-                        children.end_unclaimed(reply["pid"])  # nobody knows this child: it must not run unseen
-                    _drop(sock, clients, buffers)
+            _read(sock, children, waiters, listener, clients, buffers)
     children.kill_all()  # the runner is gone: so are its cells
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _read(sock: socket.socket, children: "_Children", waiters: "_Waiters", listener: socket.socket,
+          clients: list[socket.socket], buffers: dict) -> None:
+    """Read what a client sent and answer each complete request line (a ``wait`` may be deferred)."""
+    try:
+        data = sock.recv(65536)
+    except OSError:  # reset by a client that gave up
+        data = b""
+    if not data:
+        waiters.forget(sock)
+        _drop(sock, clients, buffers)
+        return
+    buffers[sock] += data
+    while sock in buffers and b"\n" in buffers[sock]:
+        line, buffers[sock] = buffers[sock].split(b"\n", 1)
+        request: dict = {}
+        try:
+            request = json.loads(line)
+            if request.get("op") == "wait" and waiters.defer(request, sock, children):
+                continue
+            reply = _answer(request, children, listener, clients)
+        except Exception as exc:  # noqa: BLE001 - a bad request must not end the fork server
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        if not _reply(sock, reply, clients, buffers) and request.get("op") == "fork" and reply.get("ok"):
+            children.end_unclaimed(reply["pid"])  # nobody knows this child: it must not run unseen
+
+
+def _reply(sock: socket.socket, reply: dict, clients: list[socket.socket], buffers: dict) -> bool:
+    """Send one reply line; False (and the connection dropped) when the client has gone."""
+    try:
+        sock.sendall(json.dumps(reply).encode() + b"\n")
+        return True
+    except OSError:  # the client gave up waiting (a call timeout): the fork server goes on
+        if sock in clients:
+            _drop(sock, clients, buffers)
+        return False
+
+
+class _Waiters:
+    """Deferred ``wait`` requests: (pid, client socket, deadline on the monotonic clock)."""
+
+    def __init__(self):
+        self.pending: list[tuple[int, socket.socket, float]] = []
+
+    def defer(self, request: dict, sock: socket.socket, children: "_Children") -> bool:
+        """Hold the request when its child still runs; False: answer it now (as ``status``)."""
+        children.reap()
+        pid = int(request["pid"])
+        if pid not in children.running:
+            return False
+        self.pending.append((pid, sock, time.monotonic() + max(0.0, float(request.get("timeout_s", 0.0)))))
+        return True
+
+    def forget(self, sock: socket.socket) -> None:
+        self.pending = [w for w in self.pending if w[1] is not sock]
+
+    def timeout(self, longest: float) -> float:
+        """How long the loop may sleep before the next deadline (at most ``longest`` seconds)."""
+        if not self.pending:
+            return longest
+        return max(0.0, min(longest, min(w[2] for w in self.pending) - time.monotonic()))
+
+    def answer(self, children: "_Children", clients: list[socket.socket], buffers: dict) -> None:
+        now = time.monotonic()
+        still: list[tuple[int, socket.socket, float]] = []
+        for pid, sock, deadline in self.pending:
+            if pid in children.running and now < deadline:
+                still.append((pid, sock, deadline))
+                continue
+            if sock in clients:
+                _reply(sock, _status(children, pid), clients, buffers)
+        self.pending = still
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = preload([i for i in args.preload.split(",") if i])
     for line in failed:
         print(f"fork server: preload failed: {line}", flush=True)
+    # Every child starts with the preloaded objects: moved out of the collector's reach, a
+    # child's collections never walk (and copy-on-write fault) the ~1M objects sglang and
+    # torch import: a full collection in a child costs 17 ms of CPU instead of 430 ms
+    # (docs/performance.md).
+    gc.collect()
+    gc.freeze()
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     tmp = args.ready_file + ".tmp"
     Path(tmp).write_text(json.dumps({"pid": os.getpid(), "threads": threads, "failed": failed}))

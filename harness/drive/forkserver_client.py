@@ -24,6 +24,7 @@ FORK_SERVER_ENV = "PDCONFORM_FORK_SERVER"  # set in a forked cell: the socket it
 READY_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 10.0
 POLL_S = 0.05
+WAIT_SLICE_S = 30.0  # the longest one wait request is held by the fork server (seconds)
 
 
 DIR_PREFIX = "pdconform-forkserver-"  # the temporary folder of each fork server (its socket, its ready file)
@@ -119,11 +120,24 @@ class ForkedProcess:
         return code
 
     def wait(self, timeout: float | None = None) -> int:
+        """The return code once the process exits; subprocess.TimeoutExpired after ``timeout``
+        seconds.  The fork server holds the request until then (one idle connection, no polling)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
+        while self.returncode is None:
+            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0 and self.poll() is None:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            time.sleep(POLL_S)
+            slice_s = min(left, WAIT_SLICE_S)
+            try:
+                code = self.client.call({"op": "wait", "pid": self.pid, "timeout_s": slice_s},
+                                        timeout_s=slice_s + CALL_TIMEOUT_S)["returncode"]
+            except ForkServerError:
+                self.poll()  # gone with the fork server, or the server did not answer: the orphan path
+                if self.returncode is None:
+                    time.sleep(POLL_S)
+                continue
+            if code is not None:
+                self.returncode = -signal.SIGKILL if code == "unknown" else code
         return self.returncode
 
     def send_signal(self, signum: int) -> None:

@@ -30,6 +30,7 @@ from harness.spec.scenario import Scenario
 from harness.target.role_context import BIND_ENV
 from harness.target.sglang import SglangTarget, installed_target
 
+FOLLOW_S = 0.1  # how often a followed cell's history is read while it runs (seconds)
 LOG_TAIL_LINES = 15  # of cell.log, quoted when a cell process ends before its history does
 
 
@@ -120,7 +121,10 @@ def _wait(process, cmd: list[str], deadline_s: float, follower: _HistoryFollower
                 if time.monotonic() - start > deadline_s:
                     raise subprocess.TimeoutExpired(cmd, deadline_s)
                 follower.poll()
-                time.sleep(0.1)
+                try:  # a forked cell's wait is held by the fork server: no polling in between
+                    process.wait(timeout=min(FOLLOW_S, max(0.01, deadline_s - (time.monotonic() - start))))
+                except subprocess.TimeoutExpired:
+                    pass
             follower.poll()
         return True
     except subprocess.TimeoutExpired:
