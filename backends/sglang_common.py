@@ -181,17 +181,19 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         return args
 
     def _start(self, mode: str, layout_dict: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0),
-               pp: tuple[int, int, str] = (1, 0, "")) -> dict:
+               pp: tuple[int, int, str] = (1, 0, ""), dp: tuple[int, int] = (1, 0)) -> dict:
         from sglang.srt.disaggregation.utils import DisaggregationMode
 
         layout = Layout(**layout_dict)
         tp_size, tp_rank = (int(x) for x in attn_tp)
         pp_size, pp_rank, rendezvous = int(pp[0]), int(pp[1]), str(pp[2])
+        dp_size, dp_rank = (int(x) for x in dp)
         self.tp_rank, self.pp_rank = tp_rank, pp_rank
         server_args = role_context.prepare_role(
             role_context.RoleSettings(
                 mode=mode, backend=self.backend, bootstrap_port=bootstrap_port, page_size=layout.page_size,
                 attn_tp_size=tp_size, attn_tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank, pp_rendezvous=rendezvous,
+                dp_size=dp_size, dp_rank=dp_rank,
             )
         )
         before = set(threading.enumerate())
@@ -202,8 +204,10 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
             facts["attn_tp"] = [tp_size, tp_rank]
         if pp_size > 1:
             facts["pp"] = [pp_size, pp_rank]
+        if dp_size > 1:
+            facts["dp"] = [dp_size, dp_rank]
         if mode == "prefill":
-            if pp_rank == 0 and tp_rank == 0:  # one bootstrap server per prefill server; every rank registers
+            if pp_rank == 0 and tp_rank == 0 and dp_rank == 0:  # one bootstrap server per prefill server; every rank registers
                 self.bootstrap_server = getattr(self.conn, self.bootstrap_class)(self.host, bootstrap_port)
             wait_for_tcp_port(self.host, bootstrap_port, timeout_s=15)
             facts["bootstrap_addr"] = f"{self.host}:{bootstrap_port}"
@@ -213,7 +217,9 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
         manager_cls = getattr(self.conn, self.manager_class)
         try:
-            self.manager = manager_cls(self._kv_args(layout, kv, aux, tp_rank, pp_rank), dmode, server_args, layout.mla)
+            # the scheduler's tp_rank: a DP engine's is its DP rank (attention TP 1 each)
+            kv_args = self._kv_args(layout, kv, aux, tp_rank + dp_rank * tp_size, pp_rank)
+            self.manager = manager_cls(kv_args, dmode, server_args, layout.mla)
         except Exception as exc:  # staging buffers: sglang makes them on cuda and xpu devices only
             text = f"{type(exc).__name__}: {exc}"
             if "not supported on device type" in text or (role_context.staging_on() and "cuda" in text.lower()):
@@ -233,11 +239,12 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         return facts
 
     def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, ""),
-                      attn_tp: tuple[int, int] = (1, 0)) -> dict:
-        return self._start("prefill", layout, bootstrap_port, attn_tp, pp=pp)
+                      attn_tp: tuple[int, int] = (1, 0), dp: tuple[int, int] = (1, 0)) -> dict:
+        return self._start("prefill", layout, bootstrap_port, attn_tp, pp=pp, dp=dp)
 
-    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
-        return self._start("decode", layout, bootstrap_port, attn_tp)
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0),
+                     dp: tuple[int, int] = (1, 0)) -> dict:
+        return self._start("decode", layout, bootstrap_port, attn_tp, dp=dp)
 
     def teardown(self) -> None:
         # Only managers that declare role-switch support implement teardown()
@@ -292,8 +299,21 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         import numpy as np
 
         receiver = self.receivers[room]
-        receiver.init(0)
+        receiver.init(self._prefill_dp_rank(receiver, room))
         receiver.send_metadata(np.asarray(pages, dtype=np.int32), aux_slot, None)
+
+    def _prefill_dp_rank(self, receiver, room: int) -> int:
+        """The prefill DP engine serving ``room``, as decode.py ``_resolve_prefill_dp_rank``
+        resolves it without a router's hint: 0 for one engine, ``room mod DP`` when the prefill
+        follows the bootstrap room (R-DP-1).  Unsupported when the prefill wants to be asked."""
+        info = getattr(self.manager, "prefill_info_table", {}).get(getattr(receiver, "bootstrap_addr", None))
+        dp_size = int(getattr(info, "dp_size", 1) or 1)
+        if dp_size == 1:
+            return 0
+        if getattr(info, "follow_bootstrap_room", True):
+            return room % dp_size
+        raise Unsupported("the prefill's DP engines register each room's DP rank to be queried; pdconform's "
+                          "decode follows the bootstrap room only")
 
     def verify(self, kv_moves: list, aux_moves: list, unchecked_kv: list = (), unchecked_aux: list = (),
                sent_layers: list | None = None) -> dict:

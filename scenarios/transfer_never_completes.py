@@ -15,6 +15,8 @@ the transfer worker (R-TIMEOUT-3, R-LIVE-2); each side of it gets 15 s.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
@@ -38,7 +40,10 @@ ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)), ("MC_TRANSFER_
 
 def _plan(seed: int):
     planner = RoomAllocator(seed)
-    return planner.room(4, chunks=2), planner.room()
+    stuck, after = planner.room(4, chunks=2), planner.room()
+    # The next room takes the stuck room's path: on DP engines (room mod DP, R-DP-1) the same
+    # engine for any DP size dividing 12; another engine would dodge the stuck worker.
+    return stuck, replace(after, room=after.room - (after.room - stuck.room) % 12 or after.room + 12)
 
 
 def steps(seed: int):

@@ -167,7 +167,8 @@ class NixlRole(SglangCommonRole):
         indices = shell._build_transfer_dst_indices(peer_info=peer, n_src=n_src, n_dst=n_dst)
         return list(enumerate(indices))
 
-    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1) -> str | None:
+    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1,
+                             prefill_dp: int = 1, decode_dp: int = 1) -> str | None:
         """nixl/conn.py ``_prepare_payload_xfer`` refuses a heterogeneous-TP MHA transfer into a
         decode whose KV is not VRAM ("heterogeneous-TP direct-to-host KV transfer is not
         implemented safely yet"), on the prefill's bootstrap thread; this adapter registers its

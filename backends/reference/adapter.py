@@ -28,7 +28,7 @@ from typing import Any
 from backends.reference import decode_core as dc
 from backends.reference import landing
 from backends.reference import prefill_core as pc
-from backends.reference.bootstrap import REGISTER_TIMEOUT_S, BootstrapServer, fetch_stages, register_stage
+from backends.reference.bootstrap import REGISTER_TIMEOUT_S, BootstrapServer, fetch_stages, register_stage, room_engine
 from backends.reference.shared_events import Clear
 from backends.reference.wire import (  # noqa: F401
     HEALTH_TIMEOUT_S, ControlSide, MalformedFrame, abort_ack_frame, abort_frame, csv, endpoint, env_flag, env_seconds,
@@ -38,7 +38,7 @@ from harness.role.adapter import RoleAdapter
 from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
 from harness.role.pools import pattern_pools
 from harness.role.recorder import RoleRecorder
-from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
+from harness.spec.layout_plan import Plan, plan
 from harness.spec.protocol import KVPoll, Layout
 from harness.target.role_context import bind_address, staging_on
 
@@ -104,27 +104,6 @@ class ReferenceRole(RoleAdapter):
         kv, aux = pattern_pools(side, layout)
         self.buffers = kv + [aux]
 
-    def _layout_plan(self, prefill: Layout) -> Plan | Rejection:
-        """Plan the room's buffer pairs by identity with :func:`harness.spec.layout_plan.plan`
-        (pipeline stages and draft KV included), or reject a layout this pair cannot serve
-        (R-LAYOUT-2): a different attention kind, model, page geometry or heads."""
-        mine = self.layout
-
-        def head_bytes(layout: Layout) -> int:  # of one KV head of one token
-            return layout.page_bytes // (layout.page_size * layout.kv_heads)
-
-        for name, get in (("mla", lambda x: x.mla), ("num_layers", lambda x: x.num_layers),
-                          ("page_size", lambda x: x.page_size), ("aux_bytes", lambda x: x.aux_bytes),
-                          ("total_kv_heads", lambda x: x.model_kv_heads), ("head_bytes", head_bytes)):
-            if get(prefill) != get(mine):
-                return Rejection(f"prefill {name}={get(prefill)} but decode {name}={get(mine)}")
-
-        def side(layout: Layout) -> SideLayout:
-            return SideLayout(layout.main_layers.start, layout.main_layers.stop, layout.draft_layers)
-
-        return plan(LayoutSpec("MLA" if mine.mla else "MHA", mine.num_layers, side(prefill), side(mine),
-                               mine.page_size, mine.kv_heads))
-
     def _record(self, room: int, status: int, reason: str) -> None:
         self.status[room] = status
         if status == KVPoll.Failed:
@@ -132,13 +111,14 @@ class ReferenceRole(RoleAdapter):
 
     # ---- prefill -----------------------------------------------------------------
     def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, ""),
-                      attn_tp: tuple[int, int] = (1, 0)) -> dict:
+                      attn_tp: tuple[int, int] = (1, 0), dp: tuple[int, int] = (1, 0)) -> dict:
         """Stage ``pp[1]`` of a prefill of ``pp[0]`` pipeline stages, attention-TP rank
-        ``attn_tp[1]`` of ``attn_tp[0]`` (one process each; the reference needs no
-        rendezvous, ``pp[2]``): rank 0 of stage 0 serves the bootstrap server
-        (backends/reference/bootstrap.py), every rank registers its endpoint and layout."""
+        ``attn_tp[1]`` of ``attn_tp[0]``, DP engine ``dp[1]`` of ``dp[0]`` (one process each; the
+        reference needs no rendezvous, ``pp[2]``): rank 0 of stage 0 of engine 0 serves the
+        bootstrap server (backends/reference/bootstrap.py), every rank registers its endpoint and layout."""
         pp_size, pp_rank = int(pp[0]), int(pp[1])
         tp_size, tp_rank = int(attn_tp[0]), int(attn_tp[1])
+        dp_size, dp_rank = int(dp[0]), int(dp[1])
         self.layout = Layout(**layout)
         self._pools(pattern.PREFILL, self.layout)
         # A write that never completes fails its room after the waiting timeout, the
@@ -151,18 +131,20 @@ class ReferenceRole(RoleAdapter):
         worker = threading.Thread(target=self._transfer_worker, name="reference-prefill-transfer", daemon=True)
         self.threads = [self.side.thread, worker]
         addr = f"{bind_address()}:{bootstrap_port}"
-        if pp_rank == 0 and tp_rank == 0:
-            self.http = BootstrapServer(bootstrap_port, pp_size, tp_size)
+        if pp_rank == 0 and tp_rank == 0 and dp_rank == 0:
+            self.http = BootstrapServer(bootstrap_port, pp_size, tp_size, dp_size)
             self.http.register(0, self.side.endpoint, layout)
             self.http.thread.start()
             self.threads.append(self.http.thread)
         else:
-            register_stage(addr, pp_rank, self.side.endpoint, layout, timeout_s=REGISTER_TIMEOUT_S, tp_rank=tp_rank)
+            register_stage(addr, pp_rank, self.side.endpoint, layout, timeout_s=REGISTER_TIMEOUT_S, tp_rank=tp_rank,
+                           dp_rank=dp_rank)
         worker.start()
         self.side.thread.start()
         self.points.hit("prefill-control-started", endpoint=self.side.endpoint)
         return {"mode": "prefill", "bootstrap_addr": addr, "engine": self.engine(), "pp": [pp_size, pp_rank],
                 **({"attn_tp": [tp_size, tp_rank]} if tp_size > 1 else {}),
+                **({"dp": [dp_size, dp_rank]} if dp_size > 1 else {}),
                 "rank_port": self.side.port, "deferred_release": self.deferred_release,
                 "bootstrap_timeout_s": self.bootstrap_timeout_s, "staging": self.staging}
 
@@ -278,7 +260,8 @@ class ReferenceRole(RoleAdapter):
         self.chunks.put((room, list(pages)))
 
     # ---- decode ------------------------------------------------------------------
-    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0),
+                     dp: tuple[int, int] = (1, 0)) -> dict:
         # The reference's prefill takes the destination count from open_sender; a
         # decode rank needs no rank of its own (MLA: each rank gets the whole KV).
         self.layout = Layout(**layout)
@@ -361,10 +344,10 @@ class ReferenceRole(RoleAdapter):
 
     def open_receiver(self, room: int, bootstrap_addr: str, timeout_s: float) -> None:
         self.rooms_seen.append(room)
-        stages = landing.chosen_ranks(fetch_stages(bootstrap_addr, timeout_s), self.layout)
+        stages = landing.chosen_ranks(room_engine(fetch_stages(bootstrap_addr, timeout_s), room), self.layout)
         self.peer[room] = [stage["endpoint"] for stage in stages]
         self.sources[room] = [Layout(**stage["layout"]) for stage in stages]
-        results = [self._layout_plan(layout) for layout in self.sources[room]]
+        results = [landing.layout_plan(layout, self.layout) for layout in self.sources[room]]
         rejected = next((r for r in results if not isinstance(r, Plan)), None)
         self.status.setdefault(room, KVPoll.Bootstrapping)
 

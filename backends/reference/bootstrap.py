@@ -38,13 +38,13 @@ class NotReady(OSError):
 
 
 class BootstrapServer:
-    """Stage 0's HTTP bootstrap server for a prefill of ``pp_size`` stages of ``tp_size``
-    attention-TP ranks each, on ``port``; ``thread`` serves it.  OSError when the port
-    cannot be bound."""
+    """Stage 0's HTTP bootstrap server for a prefill of ``dp_size`` DP engines of ``pp_size``
+    stages of ``tp_size`` attention-TP ranks each, on ``port``; ``thread`` serves it.
+    OSError when the port cannot be bound."""
 
-    def __init__(self, port: int, pp_size: int, tp_size: int = 1):
-        self.pp_size, self.tp_size = pp_size, tp_size
-        self.stages: dict[tuple[int, int], dict] = {}
+    def __init__(self, port: int, pp_size: int, tp_size: int = 1, dp_size: int = 1):
+        self.pp_size, self.tp_size, self.dp_size = pp_size, tp_size, dp_size
+        self.stages: dict[tuple[int, int, int], dict] = {}
         self.lock = threading.Lock()
         server = self
 
@@ -54,7 +54,7 @@ class BootstrapServer:
                     self._reply(200, b"ok")
                 elif self.path == "/bootstrap":
                     with server.lock:
-                        ready = len(server.stages) == server.pp_size * server.tp_size
+                        ready = len(server.stages) == server.pp_size * server.tp_size * server.dp_size
                         body = json.dumps({"stages": [server.stages[r] for r in sorted(server.stages)]}).encode()
                     self._reply(200 if ready else 503, body if ready else b"stages still registering")
                 else:
@@ -64,15 +64,16 @@ class BootstrapServer:
                 try:
                     stage = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
                     rank, endpoint, layout = int(stage["pp_rank"]), str(stage["endpoint"]), dict(stage["layout"])
-                    tp_rank = int(stage.get("tp_rank", 0))
+                    tp_rank, dp_rank = int(stage.get("tp_rank", 0)), int(stage.get("dp_rank", 0))
                     Layout(**layout)  # a layout the decode could not read is refused here, not there
                 except (ValueError, KeyError, TypeError, AttributeError):
                     self._reply(400, b"not a stage registration")
                     return
-                if self.path != "/register" or not 0 <= rank < server.pp_size or not 0 <= tp_rank < server.tp_size:
+                if self.path != "/register" or not 0 <= rank < server.pp_size or not 0 <= tp_rank < server.tp_size \
+                        or not 0 <= dp_rank < server.dp_size:
                     self._reply(400, b"no such stage")
                     return
-                server.register(rank, endpoint, layout, tp_rank)
+                server.register(rank, endpoint, layout, tp_rank, dp_rank)
                 self._reply(200, b"ok")
 
             def _reply(self, code: int, body: bytes) -> None:
@@ -86,12 +87,12 @@ class BootstrapServer:
         self.http = ThreadingHTTPServer((bind_address(), port), Handler)
         self.thread = threading.Thread(target=self.http.serve_forever, name="reference-bootstrap-http", daemon=True)
 
-    def register(self, pp_rank: int, endpoint: str, layout: dict, tp_rank: int = 0) -> None:
-        """Rank ``tp_rank`` of stage ``pp_rank`` is served at ``endpoint`` with ``layout``
-        (rank 0 of stage 0 itself, or a rank's POST /register)."""
+    def register(self, pp_rank: int, endpoint: str, layout: dict, tp_rank: int = 0, dp_rank: int = 0) -> None:
+        """Rank ``tp_rank`` of stage ``pp_rank`` of DP engine ``dp_rank`` is served at ``endpoint``
+        with ``layout`` (rank 0 of stage 0 of engine 0 itself, or a rank's POST /register)."""
         with self.lock:
-            self.stages[(pp_rank, tp_rank)] = {"pp_rank": pp_rank, "tp_rank": tp_rank, "endpoint": endpoint,
-                                               "layout": layout}
+            self.stages[(dp_rank, pp_rank, tp_rank)] = {"dp_rank": dp_rank, "pp_rank": pp_rank, "tp_rank": tp_rank,
+                                                        "endpoint": endpoint, "layout": layout}
 
     def shutdown(self) -> None:
         """Stop serving and close the listening socket."""
@@ -110,10 +111,12 @@ def _retrying(timeout_s: float) -> Retrying:
 
 
 def register_stage(bootstrap_addr: str, pp_rank: int, endpoint: str, layout: dict, timeout_s: float,
-                   tp_rank: int = 0) -> None:
-    """Register rank ``tp_rank`` of stage ``pp_rank`` with the server at ``bootstrap_addr``
-    (host:port), trying until it answers; OSError when it has not within ``timeout_s`` seconds."""
-    body = json.dumps({"pp_rank": pp_rank, "tp_rank": tp_rank, "endpoint": endpoint, "layout": layout}).encode()
+                   tp_rank: int = 0, dp_rank: int = 0) -> None:
+    """Register rank ``tp_rank`` of stage ``pp_rank`` of DP engine ``dp_rank`` with the server at
+    ``bootstrap_addr`` (host:port), trying until it answers; OSError when it has not within
+    ``timeout_s`` seconds."""
+    body = json.dumps({"pp_rank": pp_rank, "tp_rank": tp_rank, "dp_rank": dp_rank, "endpoint": endpoint,
+                       "layout": layout}).encode()
 
     def once() -> None:
         request = urllib.request.Request(f"http://{bootstrap_addr}/register", data=body, method="POST")
@@ -123,8 +126,14 @@ def register_stage(bootstrap_addr: str, pp_rank: int, endpoint: str, layout: dic
     _retrying(timeout_s)(once)
 
 
+def room_engine(stages: list[dict], room: int) -> list[dict]:
+    """The stages of the prefill DP engine that serves ``room``: engine ``room mod DP`` (R-DP-1)."""
+    dp = 1 + max((int(st.get("dp_rank", 0)) for st in stages), default=0)
+    return [st for st in stages if int(st.get("dp_rank", 0)) == room % dp]
+
+
 def fetch_stages(bootstrap_addr: str, timeout_s: float) -> list[dict]:
-    """The stages of the prefill at ``bootstrap_addr``, in stage order, once all have
+    """The stages of the prefill at ``bootstrap_addr`` (every DP engine's), in stage order, once all have
     registered; TimeoutError when that has not happened within ``timeout_s`` seconds,
     urllib.error.HTTPError when the server refused the request."""
     def once() -> list[dict]:

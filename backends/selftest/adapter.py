@@ -44,10 +44,11 @@ class SelftestRole(RoleAdapter):
         return "reference"
 
     def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, ""),
-                      attn_tp: tuple[int, int] = (1, 0)) -> dict:
+                      attn_tp: tuple[int, int] = (1, 0), dp: tuple[int, int] = (1, 0)) -> dict:
         return {"mode": "prefill", "bootstrap_addr": f"{bind_address()}:{bootstrap_port}", "engine": self.engine()}
 
-    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0),
+                     dp: tuple[int, int] = (1, 0)) -> dict:
         return {"mode": "decode", "engine": self.engine()}
 
     def teardown(self) -> None:

@@ -78,10 +78,22 @@ class CellDriver:
         self.groups: dict[str, list[str]] = {}
         # with TP rank groups: for each prefill rank, how many decode ranks take KV from it
         self.destinations: list[int] = []
+        self.dp: dict[str, int] = {}  # a role started as DP engines -> how many (its group: engine k at k)
+        # a decode of DP engines: the destination pages and aux slots each engine's rooms asked for
+        self.dp_requested: dict[str, tuple[set[int], set[int]]] = {}
 
     def ranks(self, role: str) -> list[str]:
-        """The role processes behind ``role``: its TP ranks, or the role alone."""
+        """The role processes behind ``role``: its TP ranks, PP stages or DP engines, or the role alone."""
         return self.groups.get(role, [role])
+
+    def route(self, role: str, kwargs: dict) -> list[str]:
+        """The processes a call on ``role`` with ``kwargs`` concerns: on DP engines a call that
+        names a room goes to engine ``room mod DP`` only (R-DP-1, as sglang's
+        follow_bootstrap_room places it); anything else concerns every rank."""
+        ranks, dp = self.ranks(role), self.dp.get(role, 1)
+        if dp > 1 and isinstance(kwargs.get("room"), int):
+            return [ranks[kwargs["room"] % dp]]
+        return ranks
 
     # ---- recording ----------------------------------------------------------
     def record(self, type_: Event, op: Op | str, role: str | None, **fields: Any) -> dict:
@@ -100,18 +112,21 @@ class CellDriver:
         role of TP ranks a scheduler call (:data:`GROUP_OPS`) goes to every rank at once, each
         with ``kwargs`` and its ``per_rank`` extras: one invoke and one completion under the
         role, the value ``{"ranks": {rank: value}}``, failed when one rank failed (named)."""
-        if len(self.ranks(role)) > 1 and op in GROUP_OPS:
+        targets = self.route(role, kwargs)
+        if len(targets) > 1 and op in GROUP_OPS:
             return self._group_call(role, op, deadline_s, kwargs, per_rank or {})
-        kwargs = {**kwargs, **(per_rank or {}).get(role, {})}
-        self.record(Event.INVOKE, op, role, args=kwargs)
+        target = targets[0] if len(targets) == 1 else role  # a DP room's engine; else rank 0, the role
+        kwargs = {**kwargs, **(per_rank or {}).get(target, {})}
+        engine = {"engine": target} if target != role else {}
+        self.record(Event.INVOKE, op, role, args=kwargs, **engine)
         try:
-            value = self.clients[role].call(op, deadline_s, **kwargs)
+            value = self.clients[target].call(op, deadline_s, **kwargs)
         except RoleError as exc:
             self._record_failure(role, op, kwargs, exc)
             if exc.unsupported:
                 raise CellAborted(f"{role}.{op}: {exc.remote_message or exc}", unsupported=True) from exc
             return None
-        self.record(Event.OK, op, role, args=kwargs, value=value)
+        self.record(Event.OK, op, role, args=kwargs, value=value, **engine)
         return value
 
     def _exchange(self, calls: list[tuple[str, str, dict]], deadline_s: float,
@@ -140,11 +155,11 @@ class CellDriver:
 
     def rank_results(self, role: str, op: str, deadline_s: float, kwargs: dict,
                      per_rank: dict[str, dict] | None = None) -> dict[str, Any]:
-        """``op`` on every rank of ``role`` at once, unrecorded: each rank's value, by rank;
+        """``op`` on every rank of ``role`` it concerns (:meth:`route`) at once, unrecorded: each rank's value, by rank;
         RoleError (naming the rank) for the first rank that failed, after every reply is read."""
-        ranks, extra = self.ranks(role), per_rank or {}
+        ranks, extra = self.route(role, kwargs), per_rank or {}
         if len(ranks) == 1:  # one process: one plain call
-            return {role: self.clients[role].call(op, deadline_s, **{**kwargs, **extra.get(role, {})})}
+            return {ranks[0]: self.clients[ranks[0]].call(op, deadline_s, **{**kwargs, **extra.get(ranks[0], {})})}
         replies = self._exchange([(rank, op, {**kwargs, **extra.get(rank, {})}) for rank in ranks], deadline_s)
         failed = next(((rank, r) for rank, r in zip(ranks, replies) if isinstance(r, RoleError)), None)
         if failed:
@@ -195,8 +210,9 @@ class CellDriver:
         try:
             if op in NEMESIS_GROUP_OPS and len(self.ranks(role)) > 1:
                 value = self.rank_results(role, op, CALL_TIMEOUT_S, kwargs)[role]
-            else:
-                value = self.clients[role].call(op, CALL_TIMEOUT_S, **kwargs)
+            else:  # a room's DP engine, else the role (rank 0)
+                targets = self.route(role, kwargs)
+                value = self.clients[targets[0] if len(targets) == 1 else role].call(op, CALL_TIMEOUT_S, **kwargs)
         except RoleError as exc:
             self.record(Event.FAIL, what, role, args=kwargs, error=str(exc), unsupported=exc.unsupported)
             raise CellAborted(f"{role}.{op}: {exc.remote_message if exc.unsupported and exc.remote_message else exc}",

@@ -87,7 +87,7 @@ class RoleAdapter(ABC):
 
     @abstractmethod
     def start_prefill(self, layout: dict, bootstrap_port: int, pp: tuple[int, int, str] = (1, 0, ""),
-                      attn_tp: tuple[int, int] = (1, 0)) -> dict:
+                      attn_tp: tuple[int, int] = (1, 0), dp: tuple[int, int] = (1, 0)) -> dict:
         """Start the bootstrap server on ``bootstrap_port`` and the prefill manager
         over pattern-filled pools.  Returns facts for the history (ports, engine).
         ``pp``: (stages, this stage, rendezvous ``tcp://host:port``): this role is one
@@ -96,12 +96,16 @@ class RoleAdapter(ABC):
         holds this stage's layers (``stage_start``/``stage_end``).  ``attn_tp``: (ranks,
         this rank): this role is one attention-TP rank of a prefill whose ranks are one
         role process each, all on ``bootstrap_port`` (rank 0 serves it); ``layout`` holds
-        this rank's KV heads (``kv_heads`` from ``head_start`` of ``total_kv_heads``)."""
+        this rank's KV heads (``kv_heads`` from ``head_start`` of ``total_kv_heads``).
+        ``dp``: (engines, this engine): one DP engine of a prefill whose engines share
+        ``bootstrap_port`` (engine 0 serves it) and serve room r on engine r mod engines (R-DP-1)."""
 
     @abstractmethod
-    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0)) -> dict:
+    def start_decode(self, layout: dict, bootstrap_port: int, attn_tp: tuple[int, int] = (1, 0),
+                     dp: tuple[int, int] = (1, 0)) -> dict:
         """Start the decode manager over pattern-filled pools, as attention-TP rank
-        ``attn_tp[1]`` of a decode with ``attn_tp[0]`` ranks (one process per rank)."""
+        ``attn_tp[1]`` of a decode with ``attn_tp[0]`` ranks (one process per rank), of DP
+        engine ``dp[1]`` of ``dp[0]`` (each engine its own manager and pools)."""
 
     @abstractmethod
     def teardown(self) -> None:
@@ -253,10 +257,11 @@ class RoleAdapter(ABC):
         (None: it can).  Such layouts are skipped and listed, never judged."""
         return None
 
-    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1) -> str | None:
+    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1,
+                             prefill_dp: int = 1, decode_dp: int = 1) -> str | None:
         """Can this run here?  Why the engine cannot serve a prefill of ``prefill_tp`` attention
-        TP ranks (and ``prefill_pp`` pipeline stages, into a whole-model decode) into a decode
-        of ``decode_tp`` (``mla``: MLA KV) on this machine (memory kind, transport), saying
+        TP ranks (and ``prefill_pp`` pipeline stages, into a whole-model decode; ``prefill_dp``
+        and ``decode_dp`` engines each side) into a decode of ``decode_tp`` (``mla``: MLA KV) on this machine (memory kind, transport), saying
         what would make it run; None when it can.  Asked before any manager starts: such a
         cell is UNSUPPORTED, never FAIL."""
         return None

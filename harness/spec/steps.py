@@ -103,6 +103,11 @@ class StartRoles:
     #: of ``prefills`` is a group of stage processes (stage 0 named as the role, stage s
     #: ``ROLE.pp<s>``) holding sglang's default layer split, driven together like TP ranks
     pp_stages: int = 1
+    #: DP engines of every prefill and of every decode (harness.spec.topology): with more than
+    #: one, each role is a group of engine processes (engine 0 named as the role, engine k
+    #: ``ROLE.dp<k>``), each its own manager and pools; a step naming a room goes to the
+    #: engine ``room mod DP`` (R-DP-1), any other to every engine
+    dp_ranks: tuple[int, int] = (1, 1)
 
     def __post_init__(self):
         if min(self.tp_ranks) < 1:
@@ -111,6 +116,11 @@ class StartRoles:
             raise ValueError("StartRoles: TP or PP groups do not combine with prefill_stages or decode_attn_tp yet")
         if self.pp_stages > 1 and self.tp_ranks[0] > 1:
             raise ValueError("StartRoles: a prefill of several TP ranks and several PP stages is not built yet")
+        if min(self.dp_ranks) < 1:
+            raise ValueError(f"StartRoles dp_ranks {self.dp_ranks}: at least one engine each side")
+        if max(self.dp_ranks) > 1 and (max(self.tp_ranks) > 1 or self.pp_stages > 1 or self.prefill_stages
+                                       or self.decode_attn_tp > 1):
+            raise ValueError("StartRoles: DP engines of several ranks each are not built yet")
 
 
 # Default bound (seconds) of a step that a conforming implementation completes in well

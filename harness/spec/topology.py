@@ -12,6 +12,10 @@ The named topologies (:data:`TOPOLOGIES`): ``p1-d1`` is the shape every scenario
 written for (one rank each side); the default set (``default=True``) is what ``make
 matrix`` adds to it; the wide set (``nightly=True``) sweeps the TP pairs vLLM's connector
 tests sweep, in both directions.  Names read ``p<tp>[pp<n>][dp<n>]-d<tp>[dp<n>]``.
+
+DP engines route rooms the way sglang does: a room is served by prefill DP rank ``room mod
+DP`` (``follow_bootstrap_room``, what a PD prefill resolves ``load_balance_method=auto`` to)
+and the harness routes it to decode DP rank ``room mod DP`` (R-DP-1, docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -121,6 +125,9 @@ class Topology:
                                or min(s.pp_split) < 1):
                 raise TopologyError(f"{self.name}: {name} split {s.pp_split} is not {s.pp} non-empty stages "
                                     f"of {self.model.num_layers} layers")
+            if s.dp > 1 and (s.tp > 1 or s.pp > 1):
+                raise TopologyError(f"{self.name}: {name} DP {s.dp} engines of TP {s.tp} x PP {s.pp} ranks each "
+                                    "is not built yet (a DP engine is one rank)")
             heads = self.model.kv_heads
             if self.model.attention == "MHA" and heads % s.tp and s.tp % heads:
                 raise TopologyError(f"{self.name}: {name} TP {s.tp} neither divides nor is a multiple of "
@@ -172,6 +179,11 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
            about="prefill TP 1 into decode TP 2: each decode rank takes its half of the KV heads"),
     _named("p1pp2-d1", Side(pp=2), Side(), default=True, nightly=True,
            about="a prefill of 2 pipeline stages (sglang's default split), one role each, into a whole-model decode"),
+    _named("p1-d1dp2", Side(), Side(dp=2), default=True, nightly=True,
+           about="two decode DP engines: each room goes to one of them (room mod 2), each its own pools"),
+    _named("p1dp2-d1", Side(dp=2), Side(), nightly=True,
+           about="two prefill DP engines behind one bootstrap server: a room is served by prefill DP rank "
+                 "room mod 2 (follow_bootstrap_room), which the decode must ask for"),
     _named("p4-d2", Side(tp=4), Side(tp=2), GQA, nightly=True, about="TP 4 into TP 2"),
     _named("p2-d4", Side(tp=2), Side(tp=4), GQA, nightly=True, about="TP 2 into TP 4 (decode first)"),
     _named("p4-d4", Side(tp=4), Side(tp=4), GQA, nightly=True, about="TP 4 into TP 4"),
@@ -213,8 +225,8 @@ def rank_heads(total: int, tp: int, tp_rank: int, mla: bool) -> tuple[int, int]:
 
 
 def rank_name(role: str, tp_rank: int, kind: str = "tp") -> str:
-    """The role process of attention TP rank ``tp_rank`` (``kind`` "pp": of PP stage ``tp_rank``)
-    of ``role``: rank 0 is the role itself."""
+    """The role process of attention TP rank ``tp_rank`` (``kind`` "pp": of PP stage ``tp_rank``;
+    "dp": of DP engine ``tp_rank``) of ``role``: rank 0 is the role itself."""
     return role if tp_rank == 0 else f"{role}.{kind}{tp_rank}"
 
 
@@ -258,13 +270,15 @@ def sources(prefill_ranks: list[Layout], decode: Layout) -> list[int]:
 def apply(steps: list, t: Topology) -> list:
     """``steps`` run on topology ``t``: its StartRoles start every prefill and decode as a
     group of ``t``'s TP ranks, of ``t``'s KV heads (an MHA scenario layout; an MLA one keeps
-    its one latent head on every rank).  ``p1-d1`` changes nothing."""
+    its one latent head on every rank), its prefill PP stages and each side's DP engines.
+    ``p1-d1`` changes nothing."""
     from harness.spec.steps import StartRoles
 
-    if (t.prefill.tp, t.decode.tp, t.prefill.pp) == (1, 1, 1):
+    if (t.prefill.tp, t.decode.tp, t.prefill.pp, t.prefill.dp, t.decode.dp) == (1, 1, 1, 1, 1):
         return list(steps)
     heads = {"kv_heads": t.model.kv_heads, "head_bytes": t.model.head_bytes} if max(t.prefill.tp, t.decode.tp) > 1 else {}
-    return [replace(step, tp_ranks=(t.prefill.tp, t.decode.tp), pp_stages=t.prefill.pp, **heads)
+    return [replace(step, tp_ranks=(t.prefill.tp, t.decode.tp), pp_stages=t.prefill.pp,
+                    dp_ranks=(t.prefill.dp, t.decode.dp), **heads)
             if isinstance(step, StartRoles) else step for step in steps]
 
 

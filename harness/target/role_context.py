@@ -70,6 +70,10 @@ class RoleSettings:
     ``pp_size``/``pp_rank``: this role is pipeline stage ``pp_rank`` of ``pp_size``;
     with ``pp_size`` > 1 the stages meet at ``pp_rendezvous`` (``tcp://host:port``, the
     TCP store rank 0 listens on) to form their gloo group.
+    ``dp_size``/``dp_rank``: this role is DP engine ``dp_rank`` of ``dp_size`` (one rank each:
+    sglang's ``--tp N --dp N --enable-dp-attention``, attention TP 1), with the
+    ``load_balance_method`` a PD launch resolves ``auto`` to (arg_groups/serving_hook.py:
+    ``follow_bootstrap_room`` on a prefill, ``round_robin`` on a decode).
     ``extra`` is passed to ``ServerArgs`` verbatim.
     """
 
@@ -83,6 +87,8 @@ class RoleSettings:
     pp_size: int = 1
     pp_rank: int = 0
     pp_rendezvous: str = ""
+    dp_size: int = 1
+    dp_rank: int = 0
 
 
 #: seconds the stages of one prefill wait for each other to join their group: well under the
@@ -200,10 +206,18 @@ def _server_args(settings: RoleSettings):
         disaggregation_transfer_backend=settings.backend,
         disaggregation_bootstrap_port=settings.bootstrap_port,
         page_size=settings.page_size,
-        tp_size=settings.attn_tp_size,
+        tp_size=settings.attn_tp_size * settings.dp_size,
         pp_size=settings.pp_size,
+        **_dp_args(settings),
         **{**_staging_args(settings.page_size), **settings.extra},
     )
+
+
+def _dp_args(settings: RoleSettings) -> dict:
+    if settings.dp_size == 1:
+        return {}
+    return {"dp_size": settings.dp_size, "enable_dp_attention": True,
+            "load_balance_method": "follow_bootstrap_room" if settings.mode == "prefill" else "round_robin"}
 
 
 def _staging_args(page_size: int) -> dict:
@@ -227,7 +241,8 @@ def _prepare_published_context(settings: RoleSettings):
     from sglang.srt import runtime_context
 
     server_args = _server_args(settings)
-    world_rank = settings.attn_tp_size * settings.pp_rank + settings.attn_tp_rank
+    tp = settings.attn_tp_size * settings.dp_size  # a DP engine's rank in the TP world is its DP rank
+    world_rank = tp * settings.pp_rank + settings.attn_tp_size * settings.dp_rank + settings.attn_tp_rank
     runtime_context.publish(
         server_args,
         role="scheduler",
@@ -264,6 +279,9 @@ def _prepare_parallel_globals(settings: RoleSettings):
       ``parallel_state._PP`` slot gets the single-rank stand-in.
     """
     global _HELD_OVERRIDE
+    if settings.dp_size > 1:
+        raise UnsupportedSglang("DP engines are driven on sglang >= 0.5.19 only (its published runtime context); "
+                                "run this topology against a newer sglang")
     from sglang.srt import runtime_context
     from sglang.srt.distributed import parallel_state
     from sglang.srt.layers import dp_attention
@@ -328,6 +346,8 @@ def prepare_role(settings: RoleSettings):
         raise ValueError(f"role mode must be 'prefill' or 'decode', got {settings.mode!r}")
     if not 0 <= settings.attn_tp_rank < settings.attn_tp_size:
         raise ValueError(f"attention TP rank {settings.attn_tp_rank} is not a rank of {settings.attn_tp_size}")
+    if not 0 <= settings.dp_rank < settings.dp_size:
+        raise ValueError(f"DP rank {settings.dp_rank} is not a rank of {settings.dp_size}")
     if not 0 <= settings.pp_rank < settings.pp_size or (settings.pp_size > 1 and not settings.pp_rendezvous):
         raise ValueError(f"PP stage {settings.pp_rank} of {settings.pp_size} needs a rank in range and a rendezvous")
     apply_role_env()

@@ -22,7 +22,7 @@ START_TIMEOUT_S = 60.0  # a manager and its engine start (seconds)
 
 
 def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
-    """Launch every role process (every TP rank of a role: ``step.tp_ranks``), arm constructor
+    """Launch every role process (every TP rank, PP stage or DP engine of a role), arm constructor
     points, then start every role's manager and engine at once (the decodes do not need the
     prefills yet); the history records the calls in the step's order.  CellAborted when a
     role does not come up."""
@@ -34,6 +34,10 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
             d.groups[logical] = [rank_name(logical, r) for r in range(tp)]
     for logical in step.prefills if step.pp_stages > 1 else ():
         d.groups[logical] = [rank_name(logical, s, "pp") for s in range(step.pp_stages)]
+    dp_prefill, dp_decode = step.dp_ranks
+    for logical, dp in [(n, dp_prefill) for n in step.prefills] + [(n, dp_decode) for n in step.decodes]:
+        if dp > 1:
+            d.groups[logical], d.dp[logical] = [rank_name(logical, k, "dp") for k in range(dp)], dp
     names = [(n, "prefill") for p in step.prefills for n in d.ranks(p)] + \
         [(n, "decode") for dec in step.decodes for n in d.ranks(dec)]
     env = dict(step.env)
@@ -42,10 +46,11 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
         d.handles[name] = d.launcher.start(RoleSpec(name=name, impl=d.impl, role=role, env=env))
     for name, _ in names:
         connect(d, name, d.handles[name], step.ready_timeout_s)
-    if max(step.tp_ranks) > 1 or step.pp_stages > 1:  # can this run here? asked before any manager starts
-        mla = (step.decode_layout or step.layout).mla
+    if max(step.tp_ranks) > 1 or step.pp_stages > 1 or max(step.dp_ranks) > 1:  # can this run here? asked
+        mla = (step.decode_layout or step.layout).mla                            # before any manager starts
+        dp = {"prefill_dp": dp_prefill, "decode_dp": dp_decode} if max(step.dp_ranks) > 1 else {}
         why = d.call(step.prefills[0], "unsupported_topology", prefill_tp=tp_prefill, decode_tp=tp_decode, mla=mla,
-                     prefill_pp=step.pp_stages)
+                     prefill_pp=step.pp_stages, **dp)
         if why:
             raise CellAborted(why, unsupported=True)
     for arm in step.arm:
@@ -55,8 +60,9 @@ def start_roles(d: "CellDriver", step: s.StartRoles) -> None:
     for i, logical in enumerate(step.decodes):
         for r, name in enumerate(d.ranks(logical)):
             extra = {"attn_tp": (step.decode_attn_tp, i % step.decode_attn_tp)} if step.decode_attn_tp > 1 else \
-                {"attn_tp": (tp_decode, r)} if tp_decode > 1 else {}
-            starts.append((name, "start_decode", {"layout": decode_layouts[r].to_dict(), "bootstrap_port": d.base_port,
+                {"attn_tp": (tp_decode, r)} if tp_decode > 1 else {"dp": (dp_decode, r)} if dp_decode > 1 else {}
+            starts.append((name, "start_decode", {"layout": decode_layouts[r if tp_decode > 1 else 0].to_dict(),
+                                                  "bootstrap_port": d.base_port,
                                                   **extra}))
     if max(step.tp_ranks) > 1:
         d.destinations = _destinations(step)
@@ -98,10 +104,12 @@ def _prefill_starts(d: "CellDriver", step: s.StartRoles) -> list[tuple[str, str,
     if not step.prefill_stages:
         layouts, tp = _rank_layouts(step, step.layout, step.tp_ranks[0]), step.tp_ranks[0]
         starts = []
-        for logical in step.prefills:  # a prefill's TP ranks share its bootstrap port (rank 0 serves it)
+        dp = step.dp_ranks[0]
+        for logical in step.prefills:  # a prefill's TP ranks or DP engines share its bootstrap port (rank 0 serves it)
             port = _next_port(d)
-            starts += [(name, "start_prefill", {"layout": layouts[r].to_dict(), "bootstrap_port": port,
-                                                **({"attn_tp": (tp, r)} if tp > 1 else {})})
+            starts += [(name, "start_prefill", {"layout": layouts[0 if dp > 1 else r].to_dict(), "bootstrap_port": port,
+                                                **({"attn_tp": (tp, r)} if tp > 1 else {}),
+                                                **({"dp": (dp, r)} if dp > 1 else {})})
                        for r, name in enumerate(d.ranks(logical))]
         return starts
     if len(step.prefill_stages) != len(step.prefills):
@@ -191,6 +199,11 @@ def open_sender(d: "CellDriver", step: s.OpenSender) -> None:
 
 
 def request_kv(d: "CellDriver", step: s.RequestKV) -> None:
+    if d.dp.get(step.decode, 1) > 1:  # where this room's bytes must land, and nowhere else (R-DP-1)
+        engine = d.route(step.decode, {"room": step.room})[0]
+        pages, slots = d.dp_requested.setdefault(engine, (set(), set()))
+        pages.update(step.pages)
+        slots.add(step.aux_slot)
     d.call(step.decode, "request_kv", room=step.room, pages=list(step.pages), aux_slot=step.aux_slot)
 
 
@@ -262,7 +275,8 @@ def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
     while True:
         checks += 1
         try:
-            report = _merged(d.rank_results(step.decode, "verify", CALL_TIMEOUT_S, kwargs))
+            report = _merged(d.rank_results(step.decode, "verify", CALL_TIMEOUT_S, kwargs,
+                                            _engine_moves(d, step.decode, kwargs)))
         except RoleError as exc:
             d.record(Event.FAIL, Op.VERIFY, step.decode, args=args, error=str(exc), unsupported=exc.unsupported,
                      remote_traceback=exc.remote_traceback)
@@ -274,6 +288,27 @@ def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
         time.sleep(s.VERIFY_RETRY_S)
     value = {**report, "checks": checks, "settled_s": round(time.monotonic() - start, 3)}
     d.record(Event.OK, Op.VERIFY, step.decode, args=args, value=value)
+
+
+def _engine_moves(d: "CellDriver", decode: str, kwargs: dict) -> dict[str, dict]:
+    """On a decode of DP engines, each engine's share of a verification: the moves (and
+    unchecked pages) into the pages and aux slots its own rooms requested; every other page
+    of its pools must be untouched, so a byte written to the wrong engine is named there."""
+    if d.dp.get(decode, 1) == 1:
+        return {}
+    out = {}
+    engines = d.ranks(decode)
+    asked = [d.dp_requested.get(engine, (set(), set())) for engine in engines]
+    # a page or slot no room asked for on any engine is checked on engine 0: never on none
+    orphans = (set(m[1] for m in kwargs["kv_moves"]).difference(*(a[0] for a in asked)),
+               set(m[1] for m in kwargs["aux_moves"]).difference(*(a[1] for a in asked)))
+    for k, engine in enumerate(engines):
+        pages, slots = asked[k] if k else (asked[0][0] | orphans[0], asked[0][1] | orphans[1])
+        out[engine] = {"kv_moves": [m for m in kwargs["kv_moves"] if m[1] in pages],
+                       "aux_moves": [m for m in kwargs["aux_moves"] if m[1] in slots],
+                       "unchecked_kv": [p for p in kwargs["unchecked_kv"] if p in pages],
+                       "unchecked_aux": [a for a in kwargs["unchecked_aux"] if a in slots]}
+    return out
 
 
 def _merged(reports: dict[str, dict]) -> dict:
