@@ -23,6 +23,10 @@ from harness.report.files import write_json_and_markdown
 from harness.report.safe import md, md_code
 
 
+#: cells on other topologies than p1-d1 that ``pdconform mutants`` runs besides every
+#: scenario: where the requirements of deployment shapes (R-DP-1) are checked
+TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1")
+
 @dataclass
 class MutantOutcome:
     """What the suite did with one mutant: ``catching`` lists ``{"scenario", "check",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 
 from harness.judge import checks as c
+from harness.judge.topology_checks import served_on_room_engine
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, Clear, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
@@ -59,6 +60,8 @@ def checks(seed: int):
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
         c.Check("prefill-success", "R-XFER-1", c.reached_status(room, "prefill", KVPoll.Success)),
         c.Check("decode-success", "R-XFER-1", c.reached_status(room, "decode", KVPoll.Success)),
+        *(c.Check(f"{side}-served-on-room-engine", "R-DP-1", served_on_room_engine(room, side))
+          for side in ("prefill", "decode")),
         c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
         c.Check("success-stays", "R-TERM-1", c.stays_terminal(room, ("prefill", "decode"))),
         c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads()),

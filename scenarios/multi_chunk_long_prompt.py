@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from harness.judge import checks as c
+from harness.judge.topology_checks import served_on_room_engine
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Clear, InitSender, SendChunk, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, room_succeeds, verify
@@ -52,6 +54,8 @@ def checks(seed: int):
     return [
         *room_succeeds(long, "R-XFER-1", "long-room"),
         *room_succeeds(short, "R-XFER-1", "interleaved-room"),
+        *(c.Check(f"{name}-{side}-served-on-room-engine", "R-DP-1", served_on_room_engine(p.room, side))
+          for name, p in (("long-room", long), ("interleaved-room", short)) for side in ("prefill", "decode")),
         *pair_healthy(),
     ]
 

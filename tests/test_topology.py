@@ -81,7 +81,8 @@ def test_shapes_no_config_produces_are_refused():
                      (Topology("x", prefill=Side(pp=4)), "4 stages for 3 layers"),
                      (Topology("x", prefill=Side(pp=2, pp_split=(1, 1))), "not 2 non-empty stages"),
                      (Topology("x", model=ModelShape(attention="MLA", kv_heads=2)), "one latent"),
-                     (Topology("x", model=ModelShape(head_bytes=12)), "multiple of 8")):
+                     (Topology("x", model=ModelShape(head_bytes=12)), "multiple of 8"),
+                     (Topology("x", decode=Side(tp=2, dp=2), model=GQA), "DP 2 engines of TP 2")):
         with pytest.raises(TopologyError, match=why):
             bad.check()
     for t in TOPOLOGIES.values():
@@ -92,7 +93,8 @@ def test_shapes_no_config_produces_are_refused():
 
 def test_the_sets_cover_the_tp_pairs_vllm_sweeps_both_ways():
     default = {t.name for t in TOPOLOGIES.values() if t.default}
-    assert {"p1-d1", "p2-d1", "p1-d2"} <= default
+    assert {"p1-d1", "p2-d1", "p1-d2", "p1pp2-d1", "p1-d1dp2"} <= default  # the "few shapes that matter"
+    assert TOPOLOGIES["p1-d1dp2"].decode.dp == 2 and TOPOLOGIES["p1dp2-d1"].prefill.dp == 2
     pairs = {(t.prefill.tp, t.decode.tp) for t in TOPOLOGIES.values() if t.nightly}
     assert {(1, 1), (2, 1), (4, 2), (4, 4), (1, 2), (2, 4)} <= pairs
 

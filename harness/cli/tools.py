@@ -288,6 +288,11 @@ def mutants(
         raise _usage_error(f"unknown --mutant {', '.join(unknown)} (known: {', '.join(by_id)})")
     if mutant:
         planted = {by_id[m]: planted[by_id[m]] for m in dict.fromkeys(mutant)}
+    if not scenario:  # every scenario, and the cells that check the deployment shapes' requirements
+        from harness.mutants import TOPOLOGY_CELLS
+        from harness.spec.scenario import all_scenarios
+
+        scenario = [s.id for s in all_scenarios()] + list(TOPOLOGY_CELLS)
     _, scenarios = _select([REFERENCE], scenario)
     jobs = jobs or 6 * (os.cpu_count() or 1)  # reference cells mostly wait on timeouts
     out = _out_dir(out)

@@ -106,9 +106,13 @@ class Points:
             return {"paused": sorted(self._paused), "log": list(self._log)}
 
     def release(self, point: str) -> bool:
-        """Let the thread paused at ``point`` go on; False when none waits there."""
+        """Let the thread paused at ``point`` go on; False when none waits there, and then the
+        point is disarmed: a release ends the point (of a role's DP engines only the room's
+        reaches it; the others must not hold a later room's thread)."""
         with self._lock:
             armed = self._paused.get(point)
+            if armed is None:
+                self._armed.pop(point, None)
         if armed is None:
             return False
         armed.released.set()

@@ -58,6 +58,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "draft's", "PR #35281 (Mori's draft-KV V offset)", transfer._draft_v_offset),
     Mutant("stage-start-ignored", "R-LAYOUT-2", "a prefill PP stage's layers are written at their index within "
            "the stage", "PR #35281 (Mori's index-based copy across PP stages)", transfer._stage_start_ignored),
+    Mutant("dp-engine-zero", "R-DP-1", "the decode takes every room from prefill DP engine 0, not engine room mod "
+           "DP", "a prefill DP rank resolved without the bootstrap room (decode.py _resolve_prefill_dp_rank)",
+           transfer._dp_engine_zero),
     Mutant("failed-raised-to-success", "R-TERM-1", "a Failed room becomes Success when a Success arrives later "
            "(status merged with max)", "common/conn.py update_status merges statuses with max()",
            transfer._failed_raised_to_success),

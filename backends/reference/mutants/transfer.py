@@ -1,4 +1,4 @@
-"""Planted bugs in what a room transfers and how its lifecycle ends: R-XFER, R-LAYOUT, R-TERM,
+"""Planted bugs in what a room transfers and how its lifecycle ends: R-XFER, R-LAYOUT, R-DP, R-TERM,
 R-TIMEOUT, R-REUSE, R-RESIDUE (backends.reference.mutants lists them)."""
 
 from __future__ import annotations
@@ -114,6 +114,13 @@ def _stage_start_ignored() -> None:
             return None
         return p.dst - (spec.prefill.start_layer - spec.decode.start_layer)
     _shifted_plan(shift)
+
+
+# ---- R-DP-1 ------------------------------------------------------------------------
+
+def _dp_engine_zero() -> None:
+    # the decode takes every room from prefill DP engine 0, whatever engine the room selects
+    ra.room_engine = lambda stages, room: [st for st in stages if int(st.get("dp_rank", 0)) == 0]
 
 
 # ---- R-TERM-1 ----------------------------------------------------------------------

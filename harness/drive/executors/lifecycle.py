@@ -255,6 +255,8 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
         value["reason_call_s"] = reason_call_s
     if reason_error:
         value["failure_reason_error"] = reason_error
+    if d.dp.get(step.role, 1) > 1:  # the DP engine that was asked (R-DP-1, harness.judge.topology_checks)
+        value["engine"] = rank
     if len(by_rank) > 1:  # each rank's own read, for R-TERM-1 over every rank (harness.judge.postconditions)
         value["ranks"] = {name: {"status": r["status"], "trail": r["trail"]} for name, r in by_rank.items()}
         value["rank"] = rank

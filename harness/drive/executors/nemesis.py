@@ -140,7 +140,7 @@ def arm_point(d: "CellDriver", step: s.ArmPoint) -> None:
 
 def await_point(d: "CellDriver", step: s.AwaitPoint) -> None:
     """Poll ``step.role``'s point hits until a thread reached ``step.point`` (or the bound
-    passed); on a role of TP ranks, a thread of every rank."""
+    passed); on a role of TP ranks, a thread of every rank; of DP engines, of one engine."""
     args = {"point": step.point, "timeout_s": step.timeout_s}
     start = time.monotonic()
     while True:
@@ -149,8 +149,10 @@ def await_point(d: "CellDriver", step: s.AwaitPoint) -> None:
         except RoleError as exc:
             d.record(Event.FAIL, Op.AWAIT_POINT, step.role, args=args, error=str(exc))
             return
-        reached = all(step.point in hits["paused"] or any(h["point"] == step.point for h in hits["log"])
-                      for hits in by_rank.values())
+        # TP ranks and PP stages each run the room's work; of DP engines only the room's does
+        every = any if d.dp.get(step.role, 1) > 1 else all
+        reached = every(step.point in hits["paused"] or any(h["point"] == step.point for h in hits["log"])
+                        for hits in by_rank.values())
         if reached or time.monotonic() - start > step.timeout_s:
             break
         time.sleep(POLL_INTERVAL_S)
