@@ -42,7 +42,7 @@ def test_list_json_names_scenarios_and_requirements():
     out = pdconform("list", "--json")
     assert out.returncode == 0, out.stderr
     rows = {row["id"]: row for row in json.loads(out.stdout)}
-    assert rows["happy-path"]["requirements"] == ["R-XFER-1", "R-LAYOUT-1", "R-TERM-1", "R-LIVE-2"]
+    assert rows["happy-path"]["requirements"] == ["R-XFER-1", "R-DP-1", "R-LAYOUT-1", "R-TERM-1", "R-LIVE-2"]
     assert rows["happy-path"]["title"]
     assert rows["no-residue"]["opt_out"].keys() == {"no-residue-after-clear"} and rows["happy-path"]["opt_out"] == {}
 

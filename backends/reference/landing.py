@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.role import pattern
-from harness.spec.layout_plan import LayoutSpec, Plan, Rejection, SideLayout, plan
+from harness.spec.layout_plan import Plan, Rejection, plan_pair
 from harness.spec.protocol import Layout
 
 
@@ -78,21 +78,6 @@ def land_heads(tensor, dst: list[int], pages, mine: Layout, source: Layout) -> N
 
 
 def layout_plan(prefill: Layout, mine: Layout) -> Plan | Rejection:
-    """The buffer pairs a decode of layout ``mine`` receives from a prefill rank of layout
-    ``prefill``, by identity (:func:`harness.spec.layout_plan.plan`: pipeline stages and draft
-    KV included), or the rejection of a pair it cannot serve (R-LAYOUT-2): a different
-    attention kind, model, page geometry or head size."""
-    def head_bytes(layout: Layout) -> int:  # of one KV head of one token
-        return layout.page_bytes // (layout.page_size * layout.kv_heads)
-
-    for name, get in (("mla", lambda x: x.mla), ("num_layers", lambda x: x.num_layers),
-                      ("page_size", lambda x: x.page_size), ("aux_bytes", lambda x: x.aux_bytes),
-                      ("total_kv_heads", lambda x: x.model_kv_heads), ("head_bytes", head_bytes)):
-        if get(prefill) != get(mine):
-            return Rejection(f"prefill {name}={get(prefill)} but decode {name}={get(mine)}")
-
-    def side(layout: Layout) -> SideLayout:
-        return SideLayout(layout.main_layers.start, layout.main_layers.stop, layout.draft_layers)
-
-    return plan(LayoutSpec("MLA" if mine.mla else "MHA", mine.num_layers, side(prefill), side(mine),
-                           mine.page_size, mine.kv_heads))
+    """The plan of a decode of layout ``mine`` for a prefill rank of layout ``prefill``, or its
+    rejection: the spec's rule, harness.spec.layout_plan.plan_pair (R-LAYOUT-2)."""
+    return plan_pair(prefill, mine)

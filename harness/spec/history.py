@@ -68,6 +68,8 @@ class Op(StrEnum):
     LAYOUT_SHRINK = "layout-shrink"
     LAYOUT_TRANSFER = "layout-transfer"
     LAYOUT_START = "layout-start"
+    LAYOUT_PAIR = "layout-pair"  # a drawn layout pair's transfer begins (harness.spec.layout_pairs)
+    LAYOUT_PAIR_SHRINK = "layout-pair-shrink"  # the smallest pair found that goes wrong the same way
     ABORT_ACKS = "abort-acks"  # info: the ABORT_ACKs a decode received (copied in at the end)
     # nemesis
     KILL = "kill"

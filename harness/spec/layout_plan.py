@@ -140,3 +140,24 @@ def plan(spec: LayoutSpec) -> Union[Plan, Rejection]:
     where = {buffer: index for index, buffer in enumerate(dst)}
     pairs = tuple(BufferPair(i, where[buffer], buffer) for i, buffer in enumerate(src))
     return Plan(pairs)
+
+
+def plan_pair(prefill, decode) -> Union[Plan, Rejection]:
+    """The buffer pairs a decode rank of layout ``decode`` receives from a prefill rank of
+    layout ``prefill`` (harness.spec.protocol.Layout each, drawn on their own), or why the
+    pair cannot be served (R-LAYOUT-2): a different attention kind, model layer count, page
+    geometry, aux size or head size, then :func:`plan` by buffer identity (stages, draft KV)."""
+    def head_bytes(layout) -> int:  # of one KV head of one token
+        return layout.page_bytes // (layout.page_size * layout.kv_heads)
+
+    for name, get in (("mla", lambda x: x.mla), ("num_layers", lambda x: x.num_layers),
+                      ("page_size", lambda x: x.page_size), ("aux_bytes", lambda x: x.aux_bytes),
+                      ("total_kv_heads", lambda x: x.model_kv_heads), ("head_bytes", head_bytes)):
+        if get(prefill) != get(decode):
+            return Rejection(f"prefill {name}={get(prefill)} but decode {name}={get(decode)}")
+
+    def side(layout) -> SideLayout:
+        return SideLayout(layout.main_layers.start, layout.main_layers.stop, layout.draft_layers)
+
+    return plan(LayoutSpec("MLA" if decode.mla else "MHA", decode.num_layers, side(prefill), side(decode),
+                           decode.page_size, decode.kv_heads))

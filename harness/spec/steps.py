@@ -376,6 +376,20 @@ class TransferLayouts:
 
 
 @dataclass(frozen=True)
+class TransferPairs:
+    """Real transfers between ``count`` layout pairs whose sides are drawn on their own
+    (harness.spec.layout_pairs, seed ``seed``), each on roles of its own
+    (``prefill-P<i>``/``decode-P<i>``), each judged against the spec's planner; then for up to
+    ``max_shrinks`` ways a pair went wrong, up to ``shrink_examples`` more transfers looking for
+    the smallest pair that goes wrong the same way (harness.drive.executors.layout_pairs)."""
+
+    count: int = 8
+    seed: int = 0
+    max_shrinks: int = 2
+    shrink_examples: int = 3
+
+
+@dataclass(frozen=True)
 class Clear:
     """Clear ``room`` on ``role`` (the scheduler releasing the request)."""
 
@@ -394,4 +408,4 @@ class Abort:
 Step = (StartRoles | OpenRoom | OpenSender | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools
         | KillRole | RestartRole | InjectAbort | RequireFact
         | FreezeRole | ThawRole | InjectFrames | CaptureFrames | InjectCaptured | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
-        | Clear | Abort | Observe | PlanLayouts | TransferLayouts)
+        | Clear | Abort | Observe | PlanLayouts | TransferLayouts | TransferPairs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from harness.drive.executors import layouts, lifecycle, nemesis
+from harness.drive.executors import layout_pairs, layouts, lifecycle, nemesis
 from harness.spec import steps as s
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ EXECUTORS: dict[type, Callable[[Any, Any], None]] = {
     s.EngineFaults: nemesis.engine_faults,
     s.PlanLayouts: layouts.plan_layouts,
     s.TransferLayouts: layouts.transfer_layouts,
+    s.TransferPairs: layout_pairs.transfer_pairs,
 }
 
 

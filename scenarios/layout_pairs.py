@@ -1,0 +1,51 @@
+"""layout-pairs: layout pairs whose two sides are drawn on their own, as two sglang configs
+may set them (attention kind, layers, the decode's stage, draft KV layers, page size, KV
+heads, bytes per head), each transferred for real on roles of its own (R-LAYOUT-2).
+
+The spec's planner (harness.spec.layout_plan.plan_pair) says for each pair where every
+buffer lands or that the pair must be refused.  A served pair must arrive byte-exact; a
+refused one must fail visibly on both sides (the decode with a reason) within the roles'
+short timeouts, with no page of the decode written; a hang, a one-sided refusal or a dead
+thread is a silent refusal.  The check counts the four outcomes over the drawn pairs and
+names, for each way a pair went wrong, the smallest pair found that goes wrong the same way.
+``PDCONFORM_LAYOUT_PAIRS`` sets how many pairs (default 6; a nightly run draws more).
+"""
+
+from __future__ import annotations
+
+import os
+
+from harness.judge import checks as c
+from harness.judge.layout_pairs import pairs_as_specified
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import TransferPairs
+
+PAIRS_ENV = "PDCONFORM_LAYOUT_PAIRS"
+
+
+def _count() -> int:
+    """Pairs per cell: ``PDCONFORM_LAYOUT_PAIRS`` when it is a positive number, else 6."""
+    value = os.environ.get(PAIRS_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 6
+
+
+def steps(seed: int):
+    return [TransferPairs(count=_count(), seed=seed)]
+
+
+def checks(seed: int):
+    return [c.Check("pairs-as-specified", "R-LAYOUT-2", pairs_as_specified()),
+            c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads())]
+
+
+SCENARIO = register(
+    Scenario(
+        id="layout-pairs",
+        title="Layout pairs drawn side by side (heads, pages, layers, draft KV): served byte-exact or refused "
+              "visibly, as the spec's planner says",
+        steps=steps,
+        checks=checks,
+        timeout_s=240.0,
+        topologies=(("p1-d1",), "it draws both sides' layouts itself and starts roles of its own for each pair"),
+    )
+)
