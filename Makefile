@@ -33,9 +33,11 @@ soak: setup
 mutants: setup
 	$(PDCONFORM) mutants
 
+# the wide topology set, and the scenarios only a nightly run takes (layout-pairs, 24 pairs)
 nightly: setup
 	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q
 	$(VENV)/bin/pdconform simulate --seeds 100000
+	PDCONFORM_LAYOUT_PAIRS=24 $(PDCONFORM) run --jobs $(JOBS) --topology nightly $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 
 doctor: setup
 	$(PDCONFORM) doctor

@@ -92,7 +92,8 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]], topology: 
         topologies += sets.get(name) or [TOPOLOGIES[name]]
         named |= {name} if name in TOPOLOGIES else set()
     known = {s.id: s for s in all_scenarios()}
-    wanted = list(dict.fromkeys(scenario or known))
+    nightly = "nightly" in (topology or [])  # a nightly run also takes the scenarios only it runs
+    wanted = list(dict.fromkeys(scenario or [sid for sid, s in known.items() if nightly or not s.nightly]))
     cells = []
     for sid in wanted:
         base, sep, its = sid.partition(TOPOLOGY_SEP)

@@ -67,7 +67,8 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
     rows = [{"id": s.id, "title": s.title, "requirements": list(s.requirements),
              "levels": {rid: requirement(rid).level for rid in s.requirements},
              "opt_out": dict(s.opt_out),
-             "topologies": {"only": list(s.topologies[0]), "why": s.topologies[1]} if s.topologies else None}
+             "topologies": {"only": list(s.topologies[0]), "why": s.topologies[1]} if s.topologies else None,
+             "nightly": s.nightly or None}
             for s in all_scenarios()]
     if as_json:
         console.print_json(json.dumps(rows))
@@ -86,6 +87,11 @@ def list_scenarios(as_json: bool = typer.Option(False, "--json", help="Print JSO
         if row["topologies"]:
             console.print(f"  {row['id']} runs on {', '.join(row['topologies']['only'])} only: "
                           f"{escape(row['topologies']['why'])}", highlight=False)
+    later = [row for row in rows if row["nightly"]]
+    if later:
+        console.print("\nRun when named, or with `--topology nightly`, not in the default matrix:", highlight=False)
+    for row in later:
+        console.print(f"  {row['id']}: {escape(row['nightly'])}", highlight=False)
 
 
 def _list_topologies(as_json: bool) -> None:
@@ -292,7 +298,7 @@ def mutants(
         from harness.mutants import TOPOLOGY_CELLS
         from harness.spec.scenario import all_scenarios
 
-        scenario = [s.id for s in all_scenarios()] + list(TOPOLOGY_CELLS)
+        scenario = [s.id for s in all_scenarios() if not s.nightly] + list(TOPOLOGY_CELLS)
     _, scenarios = _select([REFERENCE], scenario)
     jobs = jobs or 6 * (os.cpu_count() or 1)  # reference cells mostly wait on timeouts
     out = _out_dir(out)

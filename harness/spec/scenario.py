@@ -36,6 +36,8 @@ class Scenario:
     (harness.judge.postconditions) the judge must not add to this scenario's checks.
     ``topologies``: the named topologies (harness.spec.topology) it runs on, with the reason,
     only when it must say (it starts its own ranks or stages); empty: every topology.
+    ``nightly``: why it runs only when asked for (by id, or in a ``--topology nightly`` run),
+    not in the default matrix (it costs more than a CI gate spends); empty: in every run.
     """
 
     id: str
@@ -49,6 +51,7 @@ class Scenario:
     tags: tuple[str, ...] = field(default_factory=tuple)
     opt_out: tuple[tuple[str, str], ...] = ()
     topologies: tuple[tuple[str, ...], str] | tuple[()] = ()
+    nightly: str = ""
 
     def runs_on(self, topology: str) -> bool:
         """Whether this scenario runs on the named topology (see ``topologies``)."""
