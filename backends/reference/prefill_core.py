@@ -26,7 +26,9 @@ ENDED_GENERATION_MEMORY = frozenset({"acked", "tombstones", "retired"})
 class OpenSender:
     """The scheduler created a sender for ``room`` at time ``now`` (s); the room has
     ``destinations`` decode ranks (more than one when the decode's attention TP is
-    wider than the prefill's)."""
+    wider than the prefill's; 0 for a TP rank no decode rank takes KV from, MLA's extra
+    prefill ranks: the room waits for no registration and concludes when its last chunk
+    is sent, writing nothing, as sglang's dummy registrations let such a rank)."""
     room: int
     now: float
     destinations: int = 1
@@ -238,8 +240,10 @@ class PrefillCore:
         if e.room in self.rooms:
             return [Log("warning", f"room {e.room} opened twice; keeping the first sender")]
         self._see(e.now)
-        r = self.rooms[e.room] = _Room(opened_at=e.now, destinations=max(1, e.destinations))
+        r = self.rooms[e.room] = _Room(opened_at=e.now, destinations=max(0, e.destinations))
         actions: list[PrefillAction] = [StatusChanged(e.room, KVPoll.Bootstrapping)]
+        if r.destinations == 0:  # a TP rank no decode rank takes KV from (MLA): nothing to wait for
+            return actions + self._set(e.room, r, KVPoll.WaitingForInput)
         for reg, _ in self.registrations.pop(e.room, {}).values():
             actions += self._bind(e.room, r, reg)
         return actions
@@ -271,7 +275,7 @@ class PrefillCore:
         if r.status == KVPoll.Bootstrapping or r.num_pages is None:
             return self._set(e.room, r, KVPoll.Failed, "chunk sent before the decode registered or init")
         end = r.sent + len(e.pages)
-        if end > len(r.dst_pages) or end > r.num_pages:
+        if (r.dests and end > len(r.dst_pages)) or end > r.num_pages:
             return self._set(e.room, r, KVPoll.Failed,
                              f"chunk ends at page {end}, past the decode's {len(r.dst_pages)} destination pages")
         if e.last and end != r.num_pages:

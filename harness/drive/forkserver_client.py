@@ -23,6 +23,9 @@ from harness import ROOT
 FORK_SERVER_ENV = "PDCONFORM_FORK_SERVER"  # set in a forked cell: the socket its launcher forks roles through
 READY_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 10.0
+# a fork waits behind every other queued fork (a busy run's TP x 4 cells start 8 roles each at
+# once, each fork of the sglang server some 35 ms of its time): bounded by the role start bound
+FORK_TIMEOUT_S = 60.0
 POLL_S = 0.05
 WAIT_SLICE_S = 30.0  # the longest one wait request is held by the fork server (seconds)
 
@@ -95,7 +98,7 @@ class ForkServerClient:
         if kind not in ("cell", "role"):
             raise ValueError(f"kind must be 'cell' or 'role', got {kind!r}")
         reply = self.call({"op": "fork", "kind": kind, "argv": list(argv), "log": str(log), "env": env or {},
-                           "pgid": pgid, "cwd": str(cwd or ROOT), "netns": netns})
+                           "pgid": pgid, "cwd": str(cwd or ROOT), "netns": netns}, timeout_s=FORK_TIMEOUT_S)
         return ForkedProcess(self, reply["pid"])
 
 
