@@ -302,6 +302,22 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         receiver.init(self._prefill_dp_rank(receiver, room))
         receiver.send_metadata(np.asarray(pages, dtype=np.int32), aux_slot, None)
 
+    #: the manager's maps keyed by bootstrap room (common/conn.py CommonKVManager, and the
+    #: backends' transfer_infos): every room the manager holds, opened by the harness or not
+    ROOM_MAPS = ("request_status", "failure_records", "transfer_infos")
+
+    def _held_rooms(self) -> set[int]:
+        """Every room a key of the manager's room maps names (harness or not: a late
+        message's room, another engine's room), so the residue walk looks for each."""
+        held: set[int] = set()
+        for name in self.ROOM_MAPS:
+            table = getattr(self.manager, name, None)
+            try:
+                held |= {int(k) for k in list(table.keys()) if isinstance(k, int) and not isinstance(k, bool)}
+            except (AttributeError, TypeError, RuntimeError):  # not a dict (a PP consensus store), or changed meanwhile
+                continue
+        return held
+
     def _prefill_dp_rank(self, receiver, room: int) -> int:
         """The prefill DP engine serving ``room``, as decode.py ``_resolve_prefill_dp_rank``
         resolves it without a router's hint: 0 for one engine, ``room mod DP`` when the prefill
@@ -376,7 +392,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
     def observe(self, rooms: list[int] = (), residue: bool = True) -> dict:
         from harness.role.residue import find_rooms
 
-        wanted = set(rooms) | set(self.rooms_seen)
+        wanted = set(rooms) | set(self.rooms_seen) | self._held_rooms()
         found = find_rooms(self.manager, wanted) if self.manager is not None and residue else None
         return self.recorder.observation(self.role, self._threads, found.rooms if found else {},
                                          residue_incomplete=found.incomplete if found else "")

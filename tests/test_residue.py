@@ -111,3 +111,18 @@ def test_objects_that_refuse_to_be_read_are_skipped_and_bounds_are_said():
     walk = find_rooms(M(), [ROOM])
     assert walk.rooms == {ROOM: ["kept[7301000000001]"]}  # the 2 MiB byte string is not searched
     assert "more than 50000 items" in walk.incomplete
+
+
+def test_observations_look_for_every_room_the_manager_holds_not_only_the_harness_ones():
+    # A room the harness never opened (a late message's, another engine's) left in a
+    # manager's status map is residue too: the walk is asked for it.
+    from types import SimpleNamespace
+
+    from backends.sglang_common import SglangCommonRole
+    from harness.role.residue import find_rooms
+
+    manager = SimpleNamespace(request_status={7: 1, 99: 4}, failure_records={123: "x"}, transfer_infos={},
+                              other={5: 1})
+    held = SglangCommonRole._held_rooms(SimpleNamespace(manager=manager, ROOM_MAPS=SglangCommonRole.ROOM_MAPS))
+    assert held == {7, 99, 123}  # only the room maps' keys: 5 is not a room
+    assert set(find_rooms(manager, held).rooms) == {7, 99, 123}

@@ -460,7 +460,12 @@ class ReferenceRole(RoleAdapter):
 
         wanted = set(rooms) | set(self.rooms_seen)
         view = types.SimpleNamespace(**{name: getattr(self, name) for name in self.STATE})
-        walk = self._sync(lambda: find_rooms(view, wanted)) if self.side and residue else None
+
+        def walk_all():  # on the control thread: every room held too, opened by the harness or not
+            cores = [c for c in (self.prefill, self.decode) if c is not None]
+            return find_rooms(view, wanted | set(self.status) | {r for c in cores for r in c.rooms})
+
+        walk = self._sync(walk_all) if self.side and residue else None
         held: dict[int, list[str]] = {}
         remembered: dict[int, list[str]] = {}
         for room, paths in (walk.rooms if walk else {}).items():
