@@ -302,6 +302,18 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         receiver.init(self._prefill_dp_rank(receiver, room))
         receiver.send_metadata(np.asarray(pages, dtype=np.int32), aux_slot, None)
 
+    def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1,
+                             prefill_dp: int = 1, decode_dp: int = 1) -> str | None:
+        """DP engines need the runtime context sglang publishes from 0.5.19 on (a rank's DP
+        placement, harness/target/role_context.py); pdconform does not build it for older
+        releases."""
+        from harness.target.version import release_of
+
+        if max(prefill_dp, decode_dp) > 1 and self.sglang_version and release_of(self.sglang_version) < (0, 5, 19):
+            return (f"pdconform drives DP engines on sglang >= 0.5.19 only (its published runtime context); sglang "
+                    f"{self.sglang_version} has none: run this topology against a newer sglang")
+        return None
+
     #: the manager's maps keyed by bootstrap room (common/conn.py CommonKVManager, and the
     #: backends' transfer_infos): every room the manager holds, opened by the harness or not
     ROOM_MAPS = ("request_status", "failure_records", "transfer_infos")

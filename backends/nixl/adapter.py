@@ -173,6 +173,9 @@ class NixlRole(SglangCommonRole):
         decode whose KV is not VRAM ("heterogeneous-TP direct-to-host KV transfer is not
         implemented safely yet"), on the prefill's bootstrap thread; this adapter registers its
         KV as DRAM, as a CPU machine must."""
+        common = super().unsupported_topology(prefill_tp, decode_tp, mla, prefill_pp, prefill_dp, decode_dp)
+        if common:
+            return common
         if prefill_pp > 1:
             return (f"needs VRAM: NIXL takes a whole-model decode fed by one of {prefill_pp} prefill stages (more KV "
                     "entries on the decode) for decode-only speculative decoding and refuses it unless the decode's "
