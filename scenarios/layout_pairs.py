@@ -26,9 +26,14 @@ PAIRS_ENV = "PDCONFORM_LAYOUT_PAIRS"
 
 
 def _count() -> int:
-    """Pairs per cell: ``PDCONFORM_LAYOUT_PAIRS`` when it is a positive number, else 6."""
+    """Pairs per cell: ``PDCONFORM_LAYOUT_PAIRS`` (a positive whole number), 6 when unset.
+    ValueError, naming the variable, for anything else (the cell then says so)."""
     value = os.environ.get(PAIRS_ENV, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else 6
+    if not value:
+        return 6
+    if not (value.isascii() and value.isdigit() and int(value) > 0):
+        raise ValueError(f"{PAIRS_ENV} must be a positive whole number of layout pairs, got {value[:40]!r}")
+    return int(value)
 
 
 def steps(seed: int):

@@ -24,7 +24,10 @@ SHORT_PAGES, SHORT_CHUNKS = 10, 5
 
 def _plan(seed: int):
     planner = RoomAllocator(seed, POOL)
-    return planner.room(LONG_PAGES, LONG_CHUNKS), planner.room(SHORT_PAGES, SHORT_CHUNKS)
+    long, short = planner.room(LONG_PAGES, LONG_CHUNKS), planner.room(SHORT_PAGES, SHORT_CHUNKS)
+    # the two rooms on different DP engines (room mod DP, R-DP-1) for any DP size dividing 12
+    # but 1, so on a DP topology each engine serves one while the other interleaves
+    return long, replace(short, room=short.room - (short.room - long.room - 1) % 12)
 
 
 def steps(seed: int):

@@ -43,6 +43,12 @@ def test_each_outcome_is_told_from_the_history():
         (_refused(False), [*both_failed, _verify(True), dead], judged.REFUSED_SILENTLY),
         (MARK, [_poll("prefill-P0", KVPoll.Failed), _poll("decode-P0", KVPoll.Failed), _verify(True)],
          judged.REFUSED_SILENTLY),  # no reason anywhere
+        (MARK, [*both_ok], judged.UNVERIFIED),  # the pools were never checked: never "right"
+        (MARK, [*both_ok, {**_verify(True), "type": "fail", "value": None, "error": "TimeoutError"}], judged.UNVERIFIED),
+        (_refused(False), [*both_failed, {"seq": 2, "op": "verify", "type": "fail", "role": "decode-P0",
+                                          "error": "x"}], judged.UNVERIFIED),
+        (MARK, [*both_ok, {"seq": 3, "op": "observe", "type": "fail", "role": "decode-P0", "error": "gone"},
+                _verify(True)], judged.REFUSED_SILENTLY),  # a role that cannot be observed
     ]
     for marker, events, want in cases:
         assert judged.classify(marker, events)[0] == want, (marker["args"], events)

@@ -11,7 +11,8 @@ from harness.spec.history import Event, Op
 from harness.spec.protocol import KVPoll
 
 RIGHT, WRONG, REFUSED_VISIBLY, REFUSED_SILENTLY = "right", "wrong", "refused visibly", "refused silently"
-OUTCOMES = (RIGHT, WRONG, REFUSED_VISIBLY, REFUSED_SILENTLY)
+UNVERIFIED = "not verified"  # the pair's byte check did not run or failed to: no outcome can be told
+OUTCOMES = (RIGHT, WRONG, REFUSED_VISIBLY, REFUSED_SILENTLY, UNVERIFIED)
 
 
 def pairs(events: list[dict]) -> list[tuple[dict, list[dict]]]:
@@ -31,7 +32,9 @@ def classify(marker: dict, events: list[dict]) -> tuple[str, str]:
     the prefill); WRONG when a byte landed where the spec says none may (a refused pair
     written to, a served one misplaced) or a refused pair reached Success; REFUSED_VISIBLY
     when a pair the spec serves failed with a reason; REFUSED_SILENTLY for a hang, a
-    refusal on one side only, a Failed room with no reason, or a thread that died."""
+    refusal on one side only, a Failed room with no reason, a thread that died or a role that
+    could not be observed; UNVERIFIED when the pools were never checked (the check failed to
+    run, or the pair's transfer was cut short), which no outcome can be told from."""
     args = marker["args"]
     prefill, decode, served = args["prefill"], args["decode"], args["expected"] == "serve"
     start = next((e for e in events if e["op"] == Op.LAYOUT_START and e["type"] == Event.FAIL), None)
@@ -42,8 +45,11 @@ def classify(marker: dict, events: list[dict]) -> tuple[str, str]:
     seen = {role: v.get("status") for role, v in status.items()}
     dead = [f"{e['role']}: {d['thread']} died: {d['exception']}" for e in events
             if e["op"] == Op.OBSERVE and e["type"] == Event.OK for d in (e["value"] or {}).get("dead_threads", [])]
+    dead += [e.get("error", f"{e['role']} could not be observed") for e in events
+             if e["op"] == Op.OBSERVE and e["type"] == Event.FAIL]
     written_wrong = verify is not None and verify["type"] == Event.OK and not verify["value"]["ok"]
     said = f"prefill {_name(seen[prefill])}, decode {_name(seen[decode])}"
+    aborted = next((e for e in events if e["op"] == Op.LAYOUT_PAIR and e["type"] == Event.FAIL), None)
     if written_wrong:
         return WRONG, f"{said}; {verify['value']['mismatch_pages']} page(s) wrong: " + \
             "; ".join(verify["value"]["mismatches"][:2])
@@ -51,6 +57,9 @@ def classify(marker: dict, events: list[dict]) -> tuple[str, str]:
         return WRONG, f"{said}: a pair the spec refuses ({args.get('reason', '')}) was served"
     if dead:
         return REFUSED_SILENTLY, f"{said}; " + "; ".join(dead[:2])
+    if aborted is not None or verify is None or verify["type"] != Event.OK:  # the bytes were never judged
+        why = aborted.get("error") if aborted else (verify or {}).get("error", "the pools were never verified")
+        return UNVERIFIED, f"{said}; {str(why)[:200]}"
     reason = status[decode].get("failure_reason")
     if seen[prefill] == KVPoll.Failed and seen[decode] == KVPoll.Failed and reason:
         return (REFUSED_VISIBLY if served else RIGHT), f"{said}; the decode's reason: {reason[:200]}"
@@ -76,12 +85,15 @@ def pairs_as_specified():
         refused_right = sum(1 for m, got, _ in judged if got == RIGHT and m["args"]["expected"] != "serve")
         line = (f"{len(judged)} pairs drawn side by side: {counts[RIGHT]} right ({refused_right} of them refusals "
                 f"the spec asks for), {counts[WRONG]} wrong, {counts[REFUSED_VISIBLY]} refused visibly though the "
-                f"spec serves them, {counts[REFUSED_SILENTLY]} refused silently")
+                f"spec serves them, {counts[REFUSED_SILENTLY]} refused silently"
+                + (f", {counts[UNVERIFIED]} not verified" if counts[UNVERIFIED] else ""))
         shrunk = [e for e in events if e["op"] == Op.LAYOUT_PAIR_SHRINK]
         examples = [f"[{e['value']['outcome']}] {e['value']['layout']}: {e['value']['detail']}" for e in shrunk]
         if counts[RIGHT] == len(judged):
             return True, line
         first = next(m for m, got, _ in judged if got != RIGHT)
+        if counts[RIGHT] + counts[UNVERIFIED] == len(judged):  # nothing seen wrong, but not everything seen
+            return None, line, first["seq"]
         return False, line + ("; shrunk: " + "; ".join(examples) if examples else ""), first["seq"]
 
     return fn

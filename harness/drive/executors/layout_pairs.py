@@ -18,6 +18,8 @@ from harness.spec.layout_plan import Plan
 if TYPE_CHECKING:
     from harness.drive.cell import CellDriver
 
+SHRINK_CALLS = 4  # real transfers a shrink may spend, per example of its budget (hypothesis keeps asking)
+
 
 def transfer_pairs(d: "CellDriver", step: s.TransferPairs) -> None:
     """``step.count`` pairs drawn with ``step.seed``, each transferred for real and judged as it
@@ -48,11 +50,16 @@ def _run_pair(d: "CellDriver", spec: dict, tag: str, seed: int, shrink: bool = F
                          decode_layout=lp.layout(spec["decode"]), env=lp.ENV)
     stalled, ports = d.stalled_step, d.ports_used
     try:
-        lifecycle.start_roles(d, start)
-        for sub_step in lp.transfer_steps(spec, prefill, decode, seed=seed):
-            d.execute(sub_step)
-    except CellAborted as exc:  # this pair's roles did not start: its own outcome, not the cell's
-        d.record(Event.FAIL, Op.LAYOUT_START, prefill, args={}, error=str(exc))
+        try:
+            lifecycle.start_roles(d, start)
+        except CellAborted as exc:  # this pair's roles did not start: its own outcome, not the cell's
+            d.record(Event.FAIL, Op.LAYOUT_START, prefill, args={}, error=str(exc))
+            return judged.classify(marker, d.history.events[marker["seq"] + 1:])
+        try:
+            for sub_step in lp.transfer_steps(spec, prefill, decode, seed=seed):
+                d.execute(sub_step)
+        except CellAborted as exc:  # cut short after the start: the pair's bytes are not judged
+            d.record(Event.FAIL, Op.LAYOUT_PAIR, prefill, args={}, error=f"transfer cut short: {exc}")
     finally:
         d.retire([n for n in (prefill, decode) if n in d.clients])
         d.stalled_step = stalled  # a pair's hang is its outcome: later pairs keep their full bounds
@@ -76,10 +83,13 @@ def _shrink(d: "CellDriver", spec: dict, outcome: str, budget: int, tag: str, se
     from hypothesis.errors import HypothesisException
 
     same: dict[str, tuple[dict, str]] = {lp.describe(spec): (spec, "")}
-    count = iter(range(10 * budget + 10))
+    calls = [0]
 
     def same_way(candidate: dict) -> bool:
-        got, detail = _run_pair(d, candidate, f"{tag}-{next(count)}", seed, shrink=True)
+        calls[0] += 1
+        if calls[0] > SHRINK_CALLS * max(1, budget):  # hypothesis shrinks on: stop spending transfers
+            return False
+        got, detail = _run_pair(d, candidate, f"{tag}-{calls[0]}", seed, shrink=True)
         if got == outcome:
             same[lp.describe(candidate)] = (candidate, detail)
         return got == outcome

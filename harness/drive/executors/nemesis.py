@@ -93,11 +93,17 @@ def _one(d: "CellDriver", role: str, kwargs: dict) -> str:
 
 
 def _inject(d: "CellDriver", role: str, messages: list, what: Op, **args: Any) -> None:
-    endpoint = d.control_endpoint.get(_one(d, role, args))
-    if endpoint is None:
+    """Push ``messages`` into the control socket of ``role`` (rank 0), of the room's DP engine
+    when ``args`` name a room, or of every DP engine when they name none (each engine's loops
+    must survive them)."""
+    targets = d.route(role, args) if d.dp.get(role, 1) > 1 else [role]
+    endpoints = [d.control_endpoint.get(t) for t in targets]
+    if None in endpoints:
         raise CellAborted(f"{role} published no control socket to inject frames into", unsupported=True)
-    push_frames(endpoint, messages, d.ctx)
-    d.record(Event.NEMESIS, what, role, args={"endpoint": endpoint, "messages": len(messages), **args,
+    for endpoint in endpoints:
+        push_frames(endpoint, messages, d.ctx)
+    where = {"endpoint": endpoints[0]} if len(endpoints) == 1 else {"endpoints": endpoints}
+    d.record(Event.NEMESIS, what, role, args={**where, "messages": len(messages), **args,
                                               "sample": [[f[:40].hex() for f in m] for m in messages[:5]]})
 
 
