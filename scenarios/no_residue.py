@@ -86,7 +86,7 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=180.0,
-        topologies=(("p1-d1",), "its engine fault fails the prefill engine's first transfer, which on other TP shapes is a head slice of another destination"),
+        topologies=(("p1-d1", "p1-d1dp2"), "its engine fault fails the prefill engine's first transfer, which on the TP and PP shapes is a head slice or a stage of another destination, and with prefill DP engines the first transfer of each engine"),
         opt_out=(("no-residue-after-clear",
                   "judges residue itself, for every room including those cleared on one side only, after "
                   "waiting out the bootstrap timeout (the generic check would name the same state twice)"),),

@@ -70,6 +70,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=180.0,
-        topologies=(("p1-d1",), "restarting a prefill of several TP ranks is not built (RestartRole)"),
+        topologies=(("p1-d1", "p1-d1dp2"), "restarting a prefill of several TP ranks, PP stages or DP engines is not built (RestartRole)"),
     )
 )

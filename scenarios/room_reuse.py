@@ -109,6 +109,6 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=150.0,
-        topologies=(("p1-d1",), "the old lifecycle's delayed writes are timed to land after the reuse for one transfer per chunk; head-sliced TP writes are several"),
+        topologies=(("p1-d1", "p1-d1dp2", "p1dp2-d1"), "the old lifecycle's delayed writes are timed to land after the reuse for one transfer per chunk; head-sliced TP writes and PP stages are several"),
     )
 )
