@@ -24,8 +24,9 @@ from harness.report.safe import md, md_code
 
 
 #: cells on other topologies than p1-d1 that ``pdconform mutants`` runs besides every
-#: scenario: where the requirements of deployment shapes (R-DP-1) are checked
-TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1")
+#: scenario: where the deployment shapes' requirements and placements are checked (R-DP-1;
+#: R-LAYOUT-1 per KV head slice of a prefill of two TP ranks)
+TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1")
 
 @dataclass
 class MutantOutcome:

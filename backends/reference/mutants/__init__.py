@@ -58,6 +58,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "draft's", "PR #35281 (Mori's draft-KV V offset)", transfer._draft_v_offset),
     Mutant("stage-start-ignored", "R-LAYOUT-2", "a prefill PP stage's layers are written at their index within "
            "the stage", "PR #35281 (Mori's index-based copy across PP stages)", transfer._stage_start_ignored),
+    Mutant("head-slice-at-zero", "R-LAYOUT-1", "a prefill TP rank's KV heads land from the decode rank's first "
+           "head, not at their own", "a head offset taken within the source rank instead of the destination "
+           "(common/staging_buffer.py compute_head_slice_params)", transfer._head_slice_at_zero),
     Mutant("dp-engine-zero", "R-DP-1", "the decode takes every room from prefill DP engine 0, not engine room mod "
            "DP", "a prefill DP rank resolved without the bootstrap room (decode.py _resolve_prefill_dp_rank)",
            transfer._dp_engine_zero),

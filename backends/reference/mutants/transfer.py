@@ -116,6 +116,22 @@ def _stage_start_ignored() -> None:
     _shifted_plan(shift)
 
 
+def _head_slice_at_zero() -> None:
+    # a prefill TP rank's KV heads written from the decode rank's first head, not at their own
+    from backends.reference import landing
+
+    def land_heads(tensor, dst, pages, mine, source):
+        size = mine.page_size
+        head = mine.page_bytes // (size * mine.kv_heads)
+        first = max(mine.head_start, source.head_start)
+        last = min(mine.head_start + mine.kv_heads, source.head_start + source.kv_heads)
+        if first >= last:
+            return
+        src = pages.view(len(dst), size, source.kv_heads, head)[:, :, first - source.head_start:last - source.head_start]
+        tensor.view(tensor.shape[0], size, mine.kv_heads, head)[dst, :, 0:last - first] = src
+    landing.land_heads = land_heads
+
+
 # ---- R-DP-1 ------------------------------------------------------------------------
 
 def _dp_engine_zero() -> None:
