@@ -24,6 +24,10 @@ def tp_run(tmp_path_factory):
     return run_cells(["reference", "mooncake", "nixl"], HAPPY, out, jobs=6), out
 
 
+def _events(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+
+
 def _cell(run, scenario: str, impl: str):
     return next(c for c in run.cells if (c.scenario, c.impl) == (scenario, impl))
 
@@ -71,15 +75,10 @@ def test_a_prefill_of_two_pp_stages_runs_as_two_role_processes(tmp_path):
     reference, mooncake = _cell(run, "happy-path@p1pp2-d1", "reference"), _cell(run, "happy-path@p1pp2-d1", "mooncake")
     assert reference.verdict == "PASS" and reference.bytes_verified > 0, reference.reason
     assert mooncake.as_expected, (mooncake.verdict, mooncake.reason)
-    events = [json.loads(line) for line in
-              (tmp_path / "cells" / "happy-path@p1pp2-d1--mooncake" / "history.jsonl").read_text().splitlines()]
+    events = _events(tmp_path / "cells" / "happy-path@p1pp2-d1--mooncake")
     starts = [e for e in events if e["op"] == "start_prefill" and e["type"] == "ok"]
     assert [(e["role"], e["args"]["pp"][:2], e["args"]["layout"]["stage_start"], e["args"]["layout"]["stage_end"])
             for e in starts] == [("prefill", [2, 0], 0, 1), ("prefill.pp1", [2, 1], 1, 3)]
-
-
-def _events(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
 
 
 def test_dp_engines_serve_each_room_on_engine_room_mod_dp_with_bytes_checked_there(tmp_path):

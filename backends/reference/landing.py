@@ -62,19 +62,30 @@ def apply_write(buffers: list[tuple[pattern.BufferSpec, Any]], mine: Layout, pla
     return True, ""
 
 
-def land_heads(tensor, dst: list[int], pages, mine: Layout, source: Layout) -> None:
-    """Write the KV heads ``mine`` and ``source`` both hold: each token's slice of a
-    ``[len(dst), page_bytes]`` payload of ``source``'s heads into the same heads of ``tensor``'s
-    pages ``dst``."""
+def shared_heads(tensor, pages, mine: Layout, source: Layout):
+    """The KV heads ``mine`` and ``source`` both hold, global ``[first, last)``, with
+    ``tensor`` (a pool of ``mine``) viewed as ``[pages, tokens, heads, bytes]`` and the slice of
+    those heads of ``pages`` (a ``[n, page_bytes]`` payload of ``source``'s heads);
+    None when they hold none in common."""
     size = mine.page_size
     head = mine.page_bytes // (size * mine.kv_heads)
     first = max(mine.head_start, source.head_start)
     last = min(mine.head_start + mine.kv_heads, source.head_start + source.kv_heads)
     if first >= last:
-        return
-    src = pages.view(len(dst), size, source.kv_heads, head)[:, :, first - source.head_start:last - source.head_start]
-    view = tensor.view(tensor.shape[0], size, mine.kv_heads, head)
-    view[dst, :, first - mine.head_start:last - mine.head_start] = src
+        return None
+    src = pages.view(pages.shape[0], size, source.kv_heads, head)
+    return (first, last, tensor.view(tensor.shape[0], size, mine.kv_heads, head),
+            src[:, :, first - source.head_start:last - source.head_start])
+
+
+def land_heads(tensor, dst: list[int], pages, mine: Layout, source: Layout) -> None:
+    """Write the KV heads ``mine`` and ``source`` both hold: each token's slice of a
+    ``[len(dst), page_bytes]`` payload of ``source``'s heads into the same heads of ``tensor``'s
+    pages ``dst``."""
+    shared = shared_heads(tensor, pages, mine, source)
+    if shared is not None:
+        first, last, view, src = shared
+        view[dst, :, first - mine.head_start:last - mine.head_start] = src
 
 
 def layout_plan(prefill: Layout, mine: Layout) -> Plan | Rejection:

@@ -95,6 +95,12 @@ class CellDriver:
             return [ranks[kwargs["room"] % dp]]
         return ranks
 
+    def one(self, role: str, kwargs: dict) -> str:
+        """The process a single call on ``role`` goes to: the room's DP engine (:meth:`route`),
+        else the role itself (rank 0)."""
+        targets = self.route(role, kwargs)
+        return targets[0] if len(targets) == 1 else role
+
     # ---- recording ----------------------------------------------------------
     def record(self, type_: Event, op: Op | str, role: str | None, **fields: Any) -> dict:
         """One history event at the current step."""
@@ -115,7 +121,7 @@ class CellDriver:
         targets = self.route(role, kwargs)
         if len(targets) > 1 and op in GROUP_OPS:
             return self._group_call(role, op, deadline_s, kwargs, per_rank or {})
-        target = targets[0] if len(targets) == 1 else role  # a DP room's engine; else rank 0, the role
+        target = self.one(role, kwargs)
         kwargs = {**kwargs, **(per_rank or {}).get(target, {})}
         engine = {"engine": target} if target != role else {}
         self.record(Event.INVOKE, op, role, args=kwargs, **engine)
@@ -210,9 +216,8 @@ class CellDriver:
         try:
             if op in NEMESIS_GROUP_OPS and len(self.ranks(role)) > 1:
                 value = self.rank_results(role, op, CALL_TIMEOUT_S, kwargs)[role]
-            else:  # a room's DP engine, else the role (rank 0)
-                targets = self.route(role, kwargs)
-                value = self.clients[targets[0] if len(targets) == 1 else role].call(op, CALL_TIMEOUT_S, **kwargs)
+            else:
+                value = self.clients[self.one(role, kwargs)].call(op, CALL_TIMEOUT_S, **kwargs)
         except RoleError as exc:
             self.record(Event.FAIL, what, role, args=kwargs, error=str(exc), unsupported=exc.unsupported)
             raise CellAborted(f"{role}.{op}: {exc.remote_message if exc.unsupported and exc.remote_message else exc}",

@@ -7,8 +7,8 @@ Pure functions of the history: each pair's events lie between its ``layout-pair`
 
 from __future__ import annotations
 
-from harness.spec.history import Event, Op
-from harness.spec.protocol import KVPoll
+from harness.spec.history import Event, Op, completions
+from harness.spec.protocol import KVPoll, kvpoll_name
 
 RIGHT, WRONG, REFUSED_VISIBLY, REFUSED_SILENTLY = "right", "wrong", "refused visibly", "refused silently"
 UNVERIFIED = "not verified"  # the pair's byte check did not run or failed to: no outcome can be told
@@ -22,7 +22,7 @@ def pairs(events: list[dict]) -> list[tuple[dict, list[dict]]]:
 
 
 def _last(events: list[dict], op: str, role: str) -> dict | None:
-    found = [e for e in events if e["op"] == op and e["role"] == role and e["type"] in (Event.OK, Event.FAIL)]
+    found = list(completions(events, op=op, role=role))
     return found[-1] if found else None
 
 
@@ -69,8 +69,6 @@ def classify(marker: dict, events: list[dict]) -> tuple[str, str]:
 
 
 def _name(status) -> str:
-    from harness.spec.protocol import kvpoll_name
-
     return kvpoll_name(status) if status is not None else "never polled"
 
 

@@ -121,14 +121,10 @@ def _head_slice_at_zero() -> None:
     from backends.reference import landing
 
     def land_heads(tensor, dst, pages, mine, source):
-        size = mine.page_size
-        head = mine.page_bytes // (size * mine.kv_heads)
-        first = max(mine.head_start, source.head_start)
-        last = min(mine.head_start + mine.kv_heads, source.head_start + source.kv_heads)
-        if first >= last:
-            return
-        src = pages.view(len(dst), size, source.kv_heads, head)[:, :, first - source.head_start:last - source.head_start]
-        tensor.view(tensor.shape[0], size, mine.kv_heads, head)[dst, :, 0:last - first] = src
+        shared = landing.shared_heads(tensor, pages, mine, source)
+        if shared is not None:
+            first, last, view, src = shared
+            view[dst, :, 0:last - first] = src
     landing.land_heads = land_heads
 
 

@@ -48,24 +48,20 @@ def _run_pair(d: "CellDriver", spec: dict, tag: str, seed: int, shrink: bool = F
         **({} if isinstance(plan, Plan) else {"reason": plan.reason})})
     start = s.StartRoles(prefills=(prefill,), decodes=(decode,), layout=lp.layout(spec["prefill"]),
                          decode_layout=lp.layout(spec["decode"]), env=lp.ENV)
-    stalled, ports = d.stalled_step, d.ports_used
+    stalled, ports, started = d.stalled_step, d.ports_used, False
     try:
-        try:
-            lifecycle.start_roles(d, start)
-        except CellAborted as exc:  # this pair's roles did not start: its own outcome, not the cell's
-            d.record(Event.FAIL, Op.LAYOUT_START, prefill, args={}, error=str(exc))
-            return judged.classify(marker, d.history.events[marker["seq"] + 1:])
-        try:
-            for sub_step in lp.transfer_steps(spec, prefill, decode, seed=seed):
-                d.execute(sub_step)
-        except CellAborted as exc:  # cut short after the start: the pair's bytes are not judged
-            d.record(Event.FAIL, Op.LAYOUT_PAIR, prefill, args={}, error=f"transfer cut short: {exc}")
+        lifecycle.start_roles(d, start)
+        started = True
+        for sub_step in lp.transfer_steps(spec, prefill, decode, seed=seed):
+            d.execute(sub_step)
+    except CellAborted as exc:  # the pair's own outcome, not the cell's: not started, or cut short (bytes unjudged)
+        d.record(Event.FAIL, Op.LAYOUT_PAIR if started else Op.LAYOUT_START, prefill, args={},
+                 error=f"transfer cut short: {exc}" if started else str(exc))
     finally:
         d.retire([n for n in (prefill, decode) if n in d.clients])
         d.stalled_step = stalled  # a pair's hang is its outcome: later pairs keep their full bounds
         d.ports_used = ports  # the retired pair's bootstrap port serves the next pair
-    own = d.history.events[marker["seq"] + 1:]
-    return judged.classify(marker, own)
+    return judged.classify(marker, d.history.events[marker["seq"] + 1:])
 
 
 def _size(spec: dict) -> tuple:

@@ -200,7 +200,7 @@ def open_sender(d: "CellDriver", step: s.OpenSender) -> None:
 
 def request_kv(d: "CellDriver", step: s.RequestKV) -> None:
     if d.dp.get(step.decode, 1) > 1:  # where this room's bytes must land, and nowhere else (R-DP-1)
-        engine = d.route(step.decode, {"room": step.room})[0]
+        engine = d.one(step.decode, {"room": step.room})
         pages, slots = d.dp_requested.setdefault(engine, (set(), set()))
         pages.update(step.pages)
         slots.add(step.aux_slot)

@@ -68,7 +68,7 @@ def capture_frames(d: "CellDriver", step: s.CaptureFrames) -> None:
 
 def _build(d: "CellDriver", step: s.CaptureFrames, op: str, **kwargs: Any) -> list[bytes]:
     try:
-        return d.clients[_one(d, step.role, kwargs)].call(op, CALL_TIMEOUT_S, **kwargs)
+        return d.clients[d.one(step.role, kwargs)].call(op, CALL_TIMEOUT_S, **kwargs)
     except RoleError as exc:
         d.record(Event.FAIL, Op.CAPTURE, step.role, args={"label": step.label, **kwargs}, error=str(exc),
                  unsupported=exc.unsupported)
@@ -84,12 +84,6 @@ def inject_captured(d: "CellDriver", step: s.InjectCaptured) -> None:
         raise CellAborted(f"InjectCaptured: nothing was captured under {step.label!r}")
     frames = tuple(bytes.fromhex(f) for f in captured[-1]["value"])
     _inject(d, step.role, [frames], what=Op.INJECT_CAPTURED, label=step.label, room=captured[-1]["args"]["room"])
-
-
-def _one(d: "CellDriver", role: str, kwargs: dict) -> str:
-    """The process a message about ``kwargs``' room goes to: its DP engine; else the role (rank 0)."""
-    targets = d.route(role, kwargs)
-    return targets[0] if len(targets) == 1 else role
 
 
 def _inject(d: "CellDriver", role: str, messages: list, what: Op, **args: Any) -> None:
