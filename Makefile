@@ -4,8 +4,8 @@ VENV ?= .venv
 PDCONFORM = $(VENV)/bin/pdconform
 # The shipped expected verdicts for this sglang (docs/sglang-bugs.md explains each).
 EXPECTATIONS ?= $(wildcard expectations/sglang-$(SGLANG_VERSION).toml)
-# Cells at once: cells mostly wait on sglang's timers, so 6 per core (docs/performance.md).
-JOBS ?= $(shell echo $$(( 6 * $$(nproc) )))
+# Cells at once: cells mostly wait on sglang's timers, so 8 per core (docs/performance.md).
+JOBS ?= $(shell echo $$(( 8 * $$(nproc) )))
 
 .PHONY: setup matrix test doctor bench soak mutants nightly clean
 

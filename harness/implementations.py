@@ -76,6 +76,10 @@ class Implementation:
     releases its adapter supports (None: any, it imports no sglang); ``preload``: modules
     the fork server imports once for its roles; ``prepare``: ``"module:function"`` the
     fork server calls before preloading (e.g. put an engine stand-in on ``sys.path``);
+    ``own_fork_server``: ``"module:function"`` that loads what its roles would each load
+    and what must not reach any other implementation's roles (NIXL's UCX plugin patches
+    libc's ``mmap`` family when it loads): its cells then come from a fork server of their
+    own, forked from the shared one, which calls it once (harness.drive.forkserver);
     ``probe``: ``"module:function"`` returning ``(engine, reason)`` with ``engine``
     ``real`` or ``standin`` (raising with the reason when unusable), run by doctor in a
     child process; ``engine_settings``; ``tools``: named ``"module:attribute"`` hooks
@@ -91,6 +95,7 @@ class Implementation:
     sglang_range: SglangRange | None = None
     preload: tuple[str, ...] = ()
     prepare: str | None = None
+    own_fork_server: str | None = None
     probe: str | None = None
     engine_settings: tuple[EngineSetting, ...] = ()
     tools: dict[str, str] = field(default_factory=dict)
@@ -121,9 +126,10 @@ class Implementation:
 
     def hook(self, name: str) -> Any:
         """Import and return the object a ``"module:attribute"`` field or tool names:
-        ``adapter``, ``prepare``, ``probe`` or a key of ``tools``.  KeyError when this
-        implementation has none of that name."""
-        spec = getattr(self, name, None) if name in ("adapter", "prepare", "probe") else self.tools.get(name)
+        ``adapter``, ``prepare``, ``own_fork_server``, ``probe`` or a key of ``tools``.  KeyError
+        when this implementation has none of that name."""
+        fields = ("adapter", "prepare", "own_fork_server", "probe")
+        spec = getattr(self, name, None) if name in fields else self.tools.get(name)
         if not spec:
             raise KeyError(f"{self.name} has no {name}")
         module, _, attribute = spec.partition(":")

@@ -1,5 +1,7 @@
 """The fork server's start: a run starts its fork_servers without waiting, then waits per group."""
 
+import os
+
 import pytest
 
 from harness.drive.scheduler import fork_groups
@@ -159,3 +161,48 @@ def test_a_wait_is_held_by_the_server_until_its_child_exits_and_others_are_answe
         assert role.returncode == -signal.SIGKILL and role.wait(timeout=1) == -signal.SIGKILL
     finally:
         fork_server.close()
+
+
+def test_nixl_cells_come_from_a_fork_server_of_their_own_that_alone_holds_ucx(tmp_path):
+    # Loading nixl's UCX plugin patches libc's mmap family: it happens once, in NIXL's own
+    # fork server (forked from the shared one), and never in the shared one, whose
+    # Mooncake and Mori roles must run without UCX's memory hooks.
+    from harness.drive.forkserver_client import OwnForkServer
+    from harness.drive.scheduler import fork_group
+
+    assert fork_group("nixl") == "sglang-nixl" and fork_group("mooncake") == "sglang"
+
+    def has_ucx(pid: int) -> bool:
+        return any(line.rstrip().endswith("/libplugin_UCX.so") for line in open(f"/proc/{pid}/maps"))
+
+    base = ForkServer(impls=["mooncake", "nixl"], wait=False, log_dir=tmp_path)
+    own = OwnForkServer(base, "nixl", log_dir=tmp_path)
+    try:
+        assert not own.ready_now()  # nothing forks it before its base is ready
+        client = own.wait_ready()
+        pid = client.call({"op": "ping"})["pid"]
+        assert pid == own.pid != base.info["pid"]
+        assert has_ucx(pid) and not has_ucx(base.info["pid"])
+        assert own.info["threads"] == 1  # loading UCX started no thread (torch's stayed in the base): safe to fork
+    finally:
+        own.close()
+        base.close()
+    assert not os.path.exists(f"/proc/{own.pid}/maps") or open(f"/proc/{own.pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_fork_server_backs_its_preloaded_heap_with_huge_pages(tmp_path):
+    # Each fork then copies a page-table entry per 2 MB instead of 512 (docs/performance.md).
+    import subprocess
+    import sys
+
+    probe = ("import sys; from harness.drive.forkserver import collapse_to_huge_pages as c; "
+             "b = bytearray(64 << 20); b[::4096] = b'x' * (len(b) // 4096); n = c(); "
+             "huge = [int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')][0]; "
+             "print(n >> 20, huge >> 10)")
+    done, huge = map(int, subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                         timeout=60).stdout.split())
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if os.path.exists(
+        "/sys/kernel/mm/transparent_hugepage/enabled") else "[never]"
+    if done == 0 and (tuple(map(int, os.uname().release.split(".")[:2])) < (6, 1) or "[never]" in thp):
+        pytest.skip("no MADV_COLLAPSE here (Linux < 6.1 or THP never): the fork server skips it too")
+    assert done >= 60 and huge >= 60  # MiB: the 64 MiB buffer, collapsed and mapped as huge pages

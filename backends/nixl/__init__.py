@@ -30,6 +30,7 @@ IMPLEMENTATION = Implementation(
     rank=20,
     sglang_range=SGLANG_COMMON_RANGE,
     preload=(*COMMON_PRELOAD, "sglang.srt.disaggregation.nixl.conn", "backends.nixl.adapter"),
+    own_fork_server="backends.nixl.adapter:load_ucx_plugin",
     probe="backends.nixl:probe",
     engine_settings=(PROGRESS_DELAY,),
     tools={"engine_bench": "backends.nixl.engine_bench:SIDES"},

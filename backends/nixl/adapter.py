@@ -62,6 +62,34 @@ class _ProgressDelayBindings:
         return getattr(self._real, name)
 
 
+def load_ucx_plugin() -> str | None:
+    """Load nixl's UCX backend plugin (and with it UCX) into this process, as the first
+    agent a role creates would: the ``own_fork_server`` hook of the ``nixl`` implementation
+    (harness.implementations), run once in NIXL's own fork server so that each role's agent
+    finds it loaded (0.05 s of CPU per role instead of 0.5 s; docs/performance.md).  Its
+    load patches libc's ``mmap`` family (UCX's memory hooks), which is why no other
+    implementation's fork server does it.  The plugin comes from ``NIXL_PLUGIN_DIR`` when
+    set, else the ``plugins`` folder beside the ``libnixl.so`` nixl's bindings loaded.
+
+    Returns the loaded path, or None (nothing loaded; each role then loads it itself) when
+    no such plugin is found.  OSError when it is there but does not load."""
+    import ctypes
+
+    import nixl._api  # noqa: F401 - loads libnixl.so, whose folder holds the plugins
+
+    folder = os.environ.get("NIXL_PLUGIN_DIR")
+    if not folder:
+        with open("/proc/self/maps") as maps:
+            libnixl = next((line.split()[-1] for line in maps if line.rstrip().endswith("/libnixl.so")), None)
+        folder = os.path.join(os.path.dirname(libnixl), "plugins") if libnixl else ""
+    path = os.path.join(folder, "libplugin_UCX.so")
+    if not folder or not os.path.isfile(path):
+        log.warning("no nixl UCX plugin at %r: each NIXL role loads UCX itself", path)
+        return None
+    ctypes.CDLL(path)
+    return path
+
+
 def install_progress_delay(delay_us: int) -> bool:
     """Make the agents this process creates from now on use ``delay_us`` (see the module
     docstring).  Returns False, changing nothing, when this nixl's API does not build

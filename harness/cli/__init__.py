@@ -237,4 +237,4 @@ def main() -> None:
 
 
 
-from harness.cli import runs, tools  # noqa: E402,F401 - the commands register themselves on ``app``
+from harness.cli import explore, runs, tools  # noqa: E402,F401 - the commands register themselves on ``app``

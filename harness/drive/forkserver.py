@@ -15,6 +15,12 @@ each child starts from that clean state and leaves with ``os._exit``.  Engines w
 import starts native threads (``mooncake.engine``) are not preloaded; the child
 imports them (tens of milliseconds).
 
+An implementation whose engine is costly to load and changes the process when it loads
+(NIXL: loading its UCX plugin takes 0.4 s of CPU and patches libc's ``mmap`` family) gets
+a fork server of its own, forked from this one once it has imported everything: the
+engine loads there once (``Implementation.own_fork_server``), and no other
+implementation's role inherits it.
+
 Protocol: a UNIX stream socket; one JSON line per request, one JSON line per reply
 (see :class:`ForkServerClient`).  The fork server reaps its children and keeps their exit
 status until asked.  It exits when its parent (the runner) goes away.
@@ -87,18 +93,23 @@ def preload(impls: list[str]) -> list[str]:
     return failed
 
 
+def _leave_server(listener: socket.socket, clients: list[socket.socket]) -> None:
+    """In a forked child: drop the server's sockets, its SIGCHLD self-pipe and its handlers."""
+    listener.close()
+    for c in clients:
+        c.close()
+    signal.set_wakeup_fd(-1)
+    for wake in _WAKE_FDS:  # the server's SIGCHLD self-pipe is not the child's
+        os.close(wake)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _child(request: dict, listener: socket.socket, clients: list[socket.socket]) -> None:
     """In the forked child: become the requested cell or role; never returns."""
     code = 70
     try:
-        listener.close()
-        for c in clients:
-            c.close()
-        signal.set_wakeup_fd(-1)
-        for wake in _WAKE_FDS:  # the server's SIGCHLD self-pipe is not the child's
-            os.close(wake)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _leave_server(listener, clients)
         if request.get("netns"):  # a role joins its cell's private network
             enter_network_of(int(request["netns"]))
         os.setpgid(0, request.get("pgid") or 0)
@@ -207,12 +218,58 @@ def _status(children: _Children, pid: int) -> dict:
     return {"ok": True, "returncode": None if pid in children.running else "unknown"}
 
 
+def _sub_server(request: dict, listener: socket.socket, clients: list[socket.socket]) -> None:
+    """In the forked child: become a fork server of one implementation's own (see
+    :func:`_answer`'s ``server``): run its ``own_fork_server`` hook, listen on the requested
+    socket, say ready, serve until this server is gone; never returns."""
+    code = 70
+    try:
+        parent = os.getppid()
+        _leave_server(listener, clients)
+        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        from harness.implementations import implementation
+
+        impl = implementation(request["impl"])
+        impl.apply_role_env()  # what its roles would have set before the engine loads
+        own = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        own.bind(request["socket"])
+        own.listen(socket.SOMAXCONN)
+        impl.hook("own_fork_server")()
+        gc.collect()
+        gc.freeze()
+        collapse_to_huge_pages()
+        _say_ready(request["ready_file"], [])
+        serve(own, parent)
+        code = 0
+    except BaseException:  # noqa: BLE001 - the log says what went wrong; the client sees no ready file
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
 def _answer(request: dict, children: _Children, listener: socket.socket, clients: list[socket.socket]) -> dict:
-    """The reply to one request: ``ping``, ``fork`` (a new cell or role process), ``status``
-    (a child's return code; ``wait``: the same, held by :func:`serve` while the child runs), ``group_cpu`` (CPU seconds of a process group's exited members)."""
+    """The reply to one request: ``ping``, ``fork`` (a new cell or role process), ``server``
+    (a fork server of one implementation's own, forked from this one: its engine loads
+    there, not here, when loading it changes the process for every other implementation's
+    roles, e.g. NIXL's UCX patching libc's mmap family), ``status`` (a child's return code;
+    ``wait``: the same, held by :func:`serve` while the child runs), ``group_cpu`` (CPU
+    seconds of a process group's exited members)."""
     op = request.get("op")
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
+    if op == "server":
+        pid = os.fork()
+        if pid == 0:
+            _sub_server(request, listener, clients)
+        children.add(pid, os.getpgid(0))  # in this server's group: ended with it
+        return {"ok": True, "pid": pid}
     if op == "fork":
         pid = os.fork()
         if pid == 0:
@@ -301,7 +358,7 @@ def _read(sock: socket.socket, children: "_Children", waiters: "_Waiters", liste
             reply = _answer(request, children, listener, clients)
         except Exception as exc:  # noqa: BLE001 - a bad request must not end the fork server
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        if not _reply(sock, reply, clients, buffers) and request.get("op") == "fork" and reply.get("ok"):
+        if not _reply(sock, reply, clients, buffers) and request.get("op") in ("fork", "server") and reply.get("ok"):
             children.end_unclaimed(reply["pid"])  # nobody knows this child: it must not run unseen
 
 
@@ -371,12 +428,55 @@ def main(argv: list[str] | None = None) -> int:
     # (docs/performance.md).
     gc.collect()
     gc.freeze()
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-    tmp = args.ready_file + ".tmp"
-    Path(tmp).write_text(json.dumps({"pid": os.getpid(), "threads": threads, "failed": failed}))
-    os.replace(tmp, args.ready_file)
+    collapse_to_huge_pages()
+    _say_ready(args.ready_file, failed)
     serve(listener, parent)
     return 0
+
+
+HUGE_PAGE = 2 << 20  # bytes: the x86-64 PMD size
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # linux/mman.h (MADV_COLLAPSE: Linux 6.1)
+
+
+def collapse_to_huge_pages() -> int:
+    """Back this process's private anonymous memory (the heap and the arenas holding the
+    preloaded objects, some 375 MB with sglang) with transparent huge pages, now: each fork
+    then copies one page-table entry per 2 MB instead of 512 and each child's exit frees
+    as few, 20 -> 6 ms of the server's time per fork and 21 -> 9 ms of the child's
+    (docs/performance.md).  A child writing into such a page gets a 4 KB copy, as before.
+    Best effort: a kernel without ``MADV_COLLAPSE`` (before 6.1) or THP set to ``never``
+    changes nothing.  Returns the bytes collapsed."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return 0
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    for line in lines:
+        fields = line.split()
+        if not fields[1].startswith("rw") or fields[1][3] != "p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue  # only private writable anonymous memory: never a file's pages or a stack
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        start, end = -(-low // HUGE_PAGE) * HUGE_PAGE, high // HUGE_PAGE * HUGE_PAGE
+        if end - start < HUGE_PAGE:
+            continue
+        libc.madvise(start, end - start, MADV_HUGEPAGE)
+        if libc.madvise(start, end - start, MADV_COLLAPSE) == 0:
+            done += end - start
+    return done
+
+
+def _say_ready(ready_file: str, failed: list[str]) -> None:
+    """Write the ready file atomically: this pid, its thread count (a fork server must have
+    one: threads do not survive fork) and the preloads that failed."""
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    tmp = ready_file + ".tmp"
+    Path(tmp).write_text(json.dumps({"pid": os.getpid(), "threads": threads, "failed": failed}))
+    os.replace(tmp, ready_file)
 
 
 if __name__ == "__main__":

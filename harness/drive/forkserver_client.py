@@ -1,6 +1,7 @@
 """The client side of the fork server (harness.drive.forkserver): start one, fork through it.
 
-:class:`ForkServer` starts and owns a fork server process; :class:`ForkServerClient` sends it
+:class:`ForkServer` starts and owns a fork server process; :class:`OwnForkServer` one forked
+from it for one implementation's own cells; :class:`ForkServerClient` sends either
 requests (one JSON line each way per connection, so it is safe across fork and
 threads); :class:`ForkedProcess` is a process it forked, with the parts of
 ``subprocess.Popen`` the harness uses.
@@ -279,6 +280,85 @@ class ForkServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "ForkServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class OwnForkServer:
+    """A fork server of one implementation's own, forked from ``base`` (a :class:`ForkServer`
+    that preloaded it) once ``base`` is ready; there it runs the implementation's
+    ``own_fork_server`` hook (harness.implementations) and serves that implementation's
+    cells.  The same surface as :class:`ForkServer`: ``socket_path``, :meth:`ready_now`,
+    :meth:`wait_ready` (ForkServerError when ``base`` failed, or the child exited or was
+    not ready within ``ready_timeout_s`` seconds of the request), :meth:`close`."""
+
+    def __init__(self, base: ForkServer, impl: str, log_dir: str | os.PathLike | None = None,
+                 ready_timeout_s: float = READY_TIMEOUT_S, log_name: str | None = None):
+        import tempfile
+        import threading
+
+        self.base, self.impl, self._timeout_s = base, impl, ready_timeout_s
+        self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX)
+        Path(self._dir, OWNER_FILE).write_text(str(os.getpid()))
+        self.socket_path = os.path.join(self._dir, "fork_server.sock")
+        self._ready = Path(self._dir) / "ready.json"
+        self.log_path = Path(log_dir or self._dir) / (log_name or f"forkserver-{impl}.log")
+        self._lock = threading.Lock()
+        self._error: ForkServerError | None = None
+        self.client: ForkServerClient | None = None
+        self.pid: int | None = None
+        self.info: dict[str, Any] = {}
+
+    def ready_now(self) -> bool:
+        """Whether a cell could start on it at once (never blocks): it serves, or ``base`` is
+        ready to fork it (which takes a fraction of a second)."""
+        return self.client is not None or self.base.ready_now()
+
+    def wait_ready(self) -> ForkServerClient:
+        """Ask ``base`` for it (once; waits while ``base`` imports), then wait for its ready
+        file; its client (thread-safe; the same error for every later call)."""
+        with self._lock:
+            if self.client is not None:
+                return self.client
+            if self._error is not None:
+                raise self._error
+            try:
+                self.client = self._start()
+            except ForkServerError as exc:
+                self._error = exc
+                raise
+            return self.client
+
+    def _start(self) -> ForkServerClient:
+        base = self.base.wait_ready()
+        if self.pid is None:
+            self.pid = base.call({"op": "server", "impl": self.impl, "socket": self.socket_path,
+                                  "ready_file": str(self._ready), "log": str(self.log_path)})["pid"]
+        deadline = time.monotonic() + self._timeout_s
+        while not self._ready.exists():
+            if base.call({"op": "status", "pid": self.pid})["returncode"] is not None:
+                raise ForkServerError(f"the {self.impl} fork server exited while loading its engine (log: {self.log_path})")
+            if time.monotonic() > deadline:
+                raise ForkServerError(f"the {self.impl} fork server was not ready within {self._timeout_s:.0f} s "
+                                      f"(log: {self.log_path})")
+            time.sleep(POLL_S)
+        self.info = json.loads(self._ready.read_text())
+        return ForkServerClient(self.socket_path)
+
+    def close(self) -> None:
+        """Stop it (its cells notice it gone and end) and remove its socket."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)  # base reaps it
+            except ProcessLookupError:
+                pass
+        import shutil
+
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "OwnForkServer":
         return self
 
     def __exit__(self, *exc) -> None:

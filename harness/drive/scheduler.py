@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.drive.contain import become_subreaper, children, kill_descendants
-from harness.drive.forkserver_client import ForkServer, ForkServerError
+from harness.drive.forkserver_client import ForkServer, OwnForkServer, ForkServerError
 from harness.drive.ports import PortBlocks
 from harness.drive.runner import CellRun, kill_running_cells, run_cell_isolated
 from harness.implementations import implementation
@@ -73,16 +73,41 @@ class Schedule:
 
 
 def fork_group(impl: str) -> str:
-    """Which fork server starts ``impl``'s cells: "sglang" (its roles import sglang) or "plain"."""
-    return "sglang" if implementation(impl).imports_sglang else "plain"
+    """Which fork server starts ``impl``'s cells: "sglang" (its roles import sglang),
+    "plain", or "sglang-IMPL" / "plain-IMPL" for an implementation with a fork server of
+    its own (``Implementation.own_fork_server``), forked from the shared one."""
+    spec = implementation(impl)
+    base = "sglang" if spec.imports_sglang else "plain"
+    return f"{base}-{impl}" if spec.own_fork_server else base
 
 
 def fork_groups(impls: list[str]) -> dict[str, list[str]]:
-    """The fork servers a run needs: group name -> the implementations it preloads."""
+    """The started fork servers a run needs: group name -> the implementations it preloads
+    (an implementation with a server of its own is preloaded by the shared one it forks from)."""
     groups: dict[str, list[str]] = {}
     for impl in impls:
-        groups.setdefault(fork_group(impl), []).append(impl)
+        groups.setdefault(fork_group(impl).split("-", 1)[0], []).append(impl)
     return groups
+
+
+def start_fork_servers(impls: list[str], target: SglangTarget, out_dir: Path,
+                       note: Callable[[str], None]) -> dict[str, ForkServer | OwnForkServer]:
+    """The fork servers ``impls`` need, by group (:func:`fork_group`), started together and
+    not waited for; a group that cannot start is noted (its cells start fresh interpreters).
+    The caller closes them, last first (an implementation's own server before its base)."""
+    servers: dict[str, ForkServer | OwnForkServer] = {}
+    for group, names in fork_groups(impls).items():
+        try:
+            base = ForkServer(target.python, target.cell_env(), log_dir=out_dir, impls=names,
+                              wait=False, log_name=f"forkserver-{group}.log")
+        except (ForkServerError, OSError) as exc:
+            note(f"{group} cells start as fresh interpreters: {exc}")
+            continue
+        servers[group] = base
+        for impl in names:  # forked from base once it is ready (OwnForkServer.wait_ready)
+            if fork_group(impl) != group:
+                servers[fork_group(impl)] = OwnForkServer(base, impl, log_dir=out_dir)
+    return servers
 
 
 def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
@@ -145,13 +170,8 @@ class _Run:
 
     def start_fork_servers(self) -> None:
         """One per group, started together and not waited for (the cells wait for theirs)."""
-        target = self.schedule.target
-        for group, names in fork_groups(sorted({t.impl for t in self.tasks})).items():
-            try:
-                self.fork_servers[group] = ForkServer(target.python, target.cell_env(), log_dir=self.out_dir, impls=names,
-                                             wait=False, log_name=f"forkserver-{group}.log")
-            except (ForkServerError, OSError) as exc:
-                self.note(f"{group} cells start as fresh interpreters: {exc}")
+        self.fork_servers = start_fork_servers(sorted({t.impl for t in self.tasks}), self.schedule.target,
+                                               self.out_dir, self.note)
 
     def zygote_for(self, impl: str) -> ForkServer | None:
         """The ready fork server of ``impl``'s group (waits while it imports); None: fresh interpreters."""
@@ -235,7 +255,7 @@ class _Run:
                 future.result()
         except BaseException:  # an interrupt: stop every running cell now, start no other
             self.stopping.set()
-            for fork_server in self.fork_servers.values():  # workers waiting on an importing one give up at once
+            for fork_server in reversed(self.fork_servers.values()):  # workers waiting on an importing one give up at once
                 fork_server.close()
             _stop_workers(futures)
             raise
@@ -278,7 +298,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
         else:
             results = run.run_parallel()
     finally:
-        for fork_server in run.fork_servers.values():
+        for fork_server in reversed(run.fork_servers.values()):  # an own fork server before its base
             fork_server.close()
         for stray in kill_descendants(keep=ours_before):
             run.note(f"ended a process a cell left behind: {stray}")

@@ -147,11 +147,30 @@ def scenarios_by_id(ids, include_test_only: bool | None = None) -> dict[str, Sce
     return out
 
 
+_FILE_LOADERS: dict[str, Callable[[str], Scenario]] = {}
+
+
+def register_file_loader(suffix: str, load: Callable[[str], Scenario]) -> None:
+    """Let :func:`get_scenario` take a path ending in ``suffix`` as a scenario: ``load(path)``
+    builds it (a scenario package registers one, e.g. generated programs stored as JSON,
+    scenarios/found_programs.py); ``load`` raises ValueError for a file it cannot read."""
+    _FILE_LOADERS[suffix] = load
+
+
 def get_scenario(scenario_id: str, include_test_only: bool | None = None) -> Scenario:
     """Look up a scenario, or ``SCENARIO@TOPOLOGY``: the scenario run on a named topology
-    (harness.spec.topology.on_topology); KeyError names the known ids (or topologies)."""
+    (harness.spec.topology.on_topology), or the path of a scenario file a registered loader
+    reads (:func:`register_file_loader`); KeyError names the known ids (or topologies), or
+    why the file is no scenario."""
     from harness.spec.topology import TOPOLOGY_SEP, on_topology, topology
 
+    _load_all()
+    suffix = next((s for s in _FILE_LOADERS if scenario_id.endswith(s)), None)
+    if suffix is not None and os.sep in scenario_id:
+        try:
+            return _FILE_LOADERS[suffix](scenario_id)
+        except (OSError, ValueError) as exc:
+            raise KeyError(f"scenario file {scenario_id}: {exc}") from exc
     base, sep, name = scenario_id.partition(TOPOLOGY_SEP)
     known = {s.id: s for s in all_scenarios(include_test_only)}
     if base not in known:

@@ -1,0 +1,146 @@
+"""``pdconform explore``: generated lifecycle programs against implementations (harness.explore).
+
+Progress goes to stderr (programs, steps, distinct failures, rate); at the end a table per
+implementation, each distinct failure with its count and found file, and a replay of every
+found program through ``run`` (the same result tree and reports, the reference beside it),
+which shows each replays with its failure.  Exit 0 when nothing failed, 1 when a failure
+was found (or a corpus program still fails), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from harness.cli import DEFAULT_OUT, _registry, _target, _usage_error, app, console, err, this_program
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_budget(text: str) -> float:
+    """Seconds of a budget like ``90``, ``90s``, ``10m`` or ``1h``; ValueError otherwise (or not > 0)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"--budget {text!r}: a positive number of seconds, or with s, m or h (10m)")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+@app.command()
+def explore(
+    impl: List[str] = typer.Option(..., "--impl", help="Implementation to explore (repeatable)."),
+    budget: str = typer.Option("10m", "--budget", help="Time per implementation: 90s, 10m, 1h."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first hypothesis round (each round adds one)."),
+    topology: str = typer.Option("p1-d1", "--topology", help="The deployment shape programs run on "
+                                 "(see `pdconform list --topologies`)."),
+    found: Optional[Path] = typer.Option(None, "--found", help="Folder for found programs (default scenarios/found/); "
+                                         "its programs replay first, with the shipped ones."),
+    out: Path = typer.Option(DEFAULT_OUT / "explore", "--out", help="Folder for the program cells and the replay run."),
+    sglang_src: Optional[Path] = typer.Option(None, "--sglang-src", help="Run against this sglang checkout."),
+    sglang_version: Optional[str] = typer.Option(None, "--sglang", help="Run against this released sglang."),
+) -> None:
+    """Generated lifecycle programs (rooms, chunks, aborts, clears, reused room ids) against
+    the real roles of each implementation, judged by the spec; failing ones shrunk and
+    written out as scenarios that `repro` replays."""
+    from harness.explore.found import FOUND_DIR, FOUND_ENV
+    from harness.spec.topology import TOPOLOGIES
+
+    registry = _registry()
+    unknown = [i for i in impl if i not in registry.available()]
+    if unknown:
+        raise _usage_error(f"unknown --impl {', '.join(unknown)} (known: {', '.join(registry.names())})")
+    if topology not in TOPOLOGIES:
+        raise _usage_error(f"unknown --topology {topology} (known: {', '.join(TOPOLOGIES)})")
+    try:
+        budget_s = parse_budget(budget)
+    except ValueError as exc:
+        raise _usage_error(str(exc))
+    target = _target(sglang_src, sglang_version)
+    found_dir = (found or FOUND_DIR).resolve()
+    if found_dir.exists() and not found_dir.is_dir():
+        raise _usage_error(f"--found {found_dir}: not a folder")
+    os.environ[FOUND_ENV] = os.pathsep.join(filter(None, [os.environ.get(FOUND_ENV), str(found_dir)]))
+    folder = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    reports = _explore_all(list(dict.fromkeys(impl)), budget_s, seed, topology, target, folder, found_dir)
+    failed = _print_reports(reports)
+    replay = [f.path for r in reports for f in r.failures.values() if f.path]
+    if replay:
+        _replay(replay, [r.impl for r in reports], target, folder / "replay")
+    raise typer.Exit(code=1 if failed else 0)
+
+
+def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir):
+    from harness.explore.session import Explorer
+
+    reports = []
+
+    def progress(r) -> None:
+        err.print(f"\r{escape(r.impl)}: {r.programs} programs, {r.steps} steps, {len(r.failures)} distinct "
+                  f"failure(s), {r.rate_per_min:.0f}/min   ", end="")
+
+    with Explorer(target, folder / "programs", found_dir, seed=seed, on_progress=progress,
+                  note=lambda text: err.print(escape(text))) as explorer:
+        for name in impls:
+            reports.append(explorer.explore(name, budget_s, topology))
+            err.print()
+    return reports
+
+
+def _print_reports(reports) -> bool:
+    """The table of each implementation's exploration; whether anything failed."""
+    from harness.report.safe import terminal
+
+    failed = False
+    table = Table("implementation", "programs", "steps", "programs/min", "failure", "count", "first after",
+                  "found file", title="pdconform explore")
+    for r in reports:
+        rows = list(r.failures.values())
+        stale = {name: sig for name, sig in r.corpus.items() if sig != "PASS"}
+        failed = failed or bool(rows) or bool(stale)
+        first = [r.impl, str(r.programs), str(r.steps), f"{r.rate_per_min:.0f}"]
+        if not rows:
+            table.add_row(*first, "none", "", "", "")
+        for i, f in enumerate(rows):
+            sig = f"{f.signature['check']} ({f.signature['requirement']})" + (" [flaky]" if f.flaky else "")
+            table.add_row(*(first if i == 0 else [""] * 4), escape(terminal(sig)), str(f.count),
+                          f"{f.first_after_s:.1f} s", escape(str(f.path or "")))
+        for name, sig in r.corpus.items():
+            table.add_row(r.impl, "", "", "", escape(terminal(f"corpus {name}: {'fixed, passes now' if sig == 'PASS' else 'still fails'}")),
+                          "", "", "")
+    console.print(table)
+    from harness.explore.found import FOUND_DIR, FOUND_ENV
+
+    for r in reports:
+        for f in r.failures.values():
+            if f.path:
+                env = "" if f.path.parent.resolve() == FOUND_DIR.resolve() else \
+                    f"{FOUND_ENV}={shlex.quote(str(f.path.parent))} "
+                console.print(f"reproduce: {escape(env)}{this_program()} repro {escape(f.path.stem)} "
+                              f"--impl {escape(r.impl)}")
+    return failed
+
+
+def _replay(paths: list[Path], impls: list[str], target, folder: Path) -> None:
+    """Run every found program on the explored implementations (and the reference beside
+    them) as ``run`` does: the result tree and reports of the failures."""
+    from harness import session
+    from harness.explore.found import load_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    scenarios = [load_file(p) for p in paths]
+    result = session.run_into(session.RunConfig(impls=impls, scenarios=scenarios, out_dir=folder, target=target,
+                                                jobs=2), folder)
+    bad = [c for c in result.cells if c.verdict != "PASS"]
+    console.print(f"replayed {len(result.cells)} cell(s), {len(bad)} failing as found: {escape(str(folder))}"
+                  f"/index.html")
+
+
+__all__ = ["explore", "parse_budget"]
+

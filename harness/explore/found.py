@@ -1,0 +1,101 @@
+"""Found programs: a failing program, shrunk, written out as a scenario file that replays.
+
+A found file is a program (harness.explore.program, :meth:`Program.to_json`) plus what
+found it: ``id`` (``found-IMPL-HASH``, the hash of its steps), ``impl``, ``signature`` (the
+failure it showed: requirement, check, implementation, first frame of an exception if
+any) and ``found_with`` (the explore command's seed and budget).  Found files live in
+``scenarios/found/`` (or ``--found DIR``; :data:`FOUND_ENV` names extra folders); the
+scenario package registers each one as a scenario of that id (scenarios/found_programs.py),
+so ``pdconform run --scenario ID`` and ``pdconform repro ID`` replay it, and a cell given
+the file's path runs it too (harness.spec.scenario.register_file_loader).  Found scenarios
+are not in the default matrix (``nightly``): explore replays them first, as a corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from harness import ROOT
+from harness.explore.program import PROGRAM_TIMEOUT_S, Program, program_from_json
+from harness.judge.results import write_atomic
+from harness.spec.inputs import InputError, read_input
+from harness.spec.scenario import Scenario
+
+FOUND_DIR = ROOT / "scenarios" / "found"  # the corpus shipped with pdconform
+FOUND_ENV = "PDCONFORM_FOUND_DIRS"  # more corpus folders, separated by os.pathsep (explore --found sets it)
+SUFFIX = ".json"
+NIGHTLY = "a program pdconform explore found: explore replays it first, run and repro when named"
+
+
+def found_dirs() -> list[Path]:
+    """The corpus folders: :data:`FOUND_DIR` and those :data:`FOUND_ENV` names, each once."""
+    dirs = [FOUND_DIR, *(Path(d) for d in os.environ.get(FOUND_ENV, "").split(os.pathsep) if d)]
+    seen: dict[str, Path] = {}
+    for d in dirs:
+        seen.setdefault(str(d.resolve()), d)
+    return list(seen.values())
+
+
+def program_id(program: Program, impl: str) -> str:
+    """``found-IMPL-HASH``: stable for the same steps on the same implementation."""
+    digest = hashlib.sha256(json.dumps(json.loads(program.to_json())["steps"], sort_keys=True).encode()).hexdigest()
+    return f"found-{impl}-{digest[:10]}"
+
+
+def scenario_of(program: Program, scenario_id: str, title: str = "") -> Scenario:
+    """``program`` as a scenario: its steps on its topology (harness.spec.topology.apply) and
+    the spec's checks for it, whatever the seed.  ValueError for an unknown topology."""
+    from harness.spec.topology import TOPOLOGIES, apply
+
+    if program.topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {program.topology!r}")
+    steps = apply(list(program.steps), TOPOLOGIES[program.topology])
+    return Scenario(id=scenario_id, title=title or f"generated program of {len(steps)} steps",
+                    steps=lambda seed: steps, checks=lambda seed: program.checks(),
+                    timeout_s=PROGRAM_TIMEOUT_S, nightly=NIGHTLY, tags=("found",))
+
+
+def load_file(path: str | os.PathLike) -> Scenario:
+    """The scenario of a program or found file (its ``id``, else its file name without
+    the suffix).  ValueError when it is not one (harness.spec.inputs bounds its size)."""
+    try:
+        text = read_input(path, "program").decode("utf-8")
+    except (InputError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from exc
+    program = program_from_json(text)
+    doc = json.loads(text)
+    name = doc.get("id") if isinstance(doc.get("id"), str) else Path(path).name[: -len(SUFFIX)]
+    signature = doc.get("signature") or {}
+    title = f"found by explore on {doc.get('impl', '?')}: {signature.get('check', '?')} ({signature.get('requirement', '?')})" \
+        if signature else ""
+    return scenario_of(program, name, title)
+
+
+def found_files(dirs: list[Path] | None = None) -> list[Path]:
+    """Every found file of the corpus folders, in name order."""
+    out = []
+    for d in dirs if dirs is not None else found_dirs():
+        if d.is_dir():
+            out += sorted(p for p in d.glob(f"found-*{SUFFIX}") if p.is_file() and not p.is_symlink())
+    return out
+
+
+def write_found(program: Program, impl: str, signature: dict, folder: Path, found_with: dict) -> Path:
+    """Write ``program`` as a found file into ``folder`` (made if missing; atomically); its path."""
+    sid = program_id(program, impl)
+    doc = {"id": sid, "impl": impl, "signature": signature, "found_with": found_with, **json.loads(program.to_json())}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{sid}{SUFFIX}"
+    write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
+    return path
+
+
+def impl_of(path: Path) -> str | None:
+    """The implementation a found file failed on (None: not said)."""
+    try:
+        return json.loads(path.read_text()).get("impl")
+    except (OSError, ValueError, AttributeError):
+        return None

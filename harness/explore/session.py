@@ -1,0 +1,216 @@
+"""One ``pdconform explore`` run: the corpus first, then generated programs until the budget
+is spent, each distinct failure shrunk and written out (harness.explore.found).
+
+Per implementation: every found file of that implementation replays first (still failing,
+or now passing: a fixed bug turns green visibly); then hypothesis writes programs
+(:class:`harness.explore.program.ProgramMachine`) and each runs as one cell, forked from the
+run's fork servers, judged by the spec's checks and the generic post-conditions.  A
+failing program is shrunk by hypothesis, rule by rule, keeping the failure's signature
+(:func:`signature_of`), at most :data:`SHRINK_RUNS` more cells; the smallest is written
+out, and later programs failing the same way are only counted.  Every wait is bounded: a
+program cell by its deadline, the whole run by ``budget_s`` (a shrink in progress finishes
+within its own bound).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, seed as hypothesis_seed, settings
+from hypothesis.errors import Flaky
+from hypothesis.stateful import get_state_machine_test
+
+from harness.drive.runner import run_cell_isolated
+from harness.drive.scheduler import fork_group, start_fork_servers
+from harness.explore.found import found_files, impl_of, scenario_of, write_found
+from harness.explore.program import Program, ProgramMachine, program_from_json
+from harness.judge.judge import judge
+from harness.judge.results import CellResult
+from harness.spec import history as hist
+from harness.target.sglang import SglangTarget
+
+SHRINK_RUNS = 40  # cells one failure's shrinking may run, at most
+SHRINK_S = 30.0  # seconds one failure's shrinking may take, at most
+PROGRAM_RULES = 8  # rules hypothesis applies per program (the epilogue adds the steps that conclude it)
+EXAMPLES_PER_ROUND = 25  # programs per hypothesis round; each round starts from its own seed
+
+
+@dataclass
+class Failure:
+    """One distinct failure: its ``signature``, how many programs showed it, the smallest
+    program, its found file, and the seconds from the start of exploring to the first one."""
+
+    signature: dict
+    count: int
+    program: Program
+    path: Path | None = None
+    first_after_s: float = 0.0
+    flaky: bool = False
+
+
+@dataclass
+class ImplReport:
+    """What explore did on one implementation: corpus replays (found file -> PASS or the
+    signature it still fails with), programs and steps run, seconds, distinct failures."""
+
+    impl: str
+    corpus: dict[str, str] = field(default_factory=dict)
+    programs: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    failures: dict[str, Failure] = field(default_factory=dict)
+
+    @property
+    def rate_per_min(self) -> float:
+        return 60.0 * self.programs / self.seconds if self.seconds else 0.0
+
+
+def signature_of(cell: CellResult, impl: str) -> dict | None:
+    """The failure a judged cell shows (None: it passed): the first failing check's requirement
+    and name (a cell that could not be judged: its verdict), the implementation, and the first
+    line of the reason when the cell ended in an exception."""
+    if cell.verdict in ("PASS", "WARN", "UNSUPPORTED"):
+        return None
+    failing = next((ch for ch in cell.checks if ch["ok"] is False), None) or \
+        next((ch for ch in cell.checks if ch["ok"] is None and not ch["unsupported"]), None)
+    frame = (cell.reason or "").splitlines()[0][:120] if cell.verdict == "ERROR" else ""
+    return {"requirement": failing["requirement"] if failing else "", "check": failing["name"] if failing else
+            str(cell.verdict), "impl": impl, "frame": frame}
+
+
+def _key(signature: dict) -> str:
+    return "|".join(signature[k] for k in ("requirement", "check", "impl", "frame"))
+
+
+class Explorer:
+    """Runs programs on implementations (see the module docstring); ``out_dir`` holds the
+    program cells (pdconform's own folder); ``found_dir`` receives found files;
+    ``on_progress(report)`` is called after every program."""
+
+    def __init__(self, target: SglangTarget, out_dir: Path, found_dir: Path, seed: int = 0,
+                 on_progress: Callable[[ImplReport], None] | None = None, note: Callable[[str], None] = print):
+        self.target, self.out_dir, self.found_dir, self.seed = target, out_dir, found_dir, seed
+        self.on_progress = on_progress or (lambda report: None)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.note = note
+        self.servers: dict = {}
+        self.topology = "p1-d1"
+
+    def __enter__(self) -> "Explorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for server in reversed(self.servers.values()):
+            server.close()
+
+    def run_program(self, program: Program, impl: str, name: str = "program") -> CellResult:
+        """Run ``program`` as one cell on ``impl`` (in ``out_dir/impl/name``); the judged cell."""
+        folder = self.out_dir / impl / name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "program.json"
+        path.write_text(program.to_json())
+        return self.run_scenario_file(path, impl, folder / "cell", program)
+
+    def run_scenario_file(self, path: Path, impl: str, workdir: Path, program: Program | None = None) -> CellResult:
+        """Run the program file ``path`` as one cell on ``impl`` in ``workdir`` (the cell reads
+        the file: its scenario id is the path); the judged cell."""
+        scenario = scenario_of(program or program_from_json(path.read_text()), str(path.resolve()))
+        if not self.servers:
+            self.servers = start_fork_servers([impl], self.target, self.out_dir, self.note)
+        elif fork_group(impl) not in self.servers:
+            self.servers.update(start_fork_servers([impl], self.target, self.out_dir, self.note))
+        run = run_cell_isolated(impl, scenario, 0, workdir, target=self.target,
+                                fork_server=self.servers.get(fork_group(impl)))
+        events = hist.load(run.workdir / "history.jsonl")
+        return judge(scenario, 0, events, impl=impl, workdir=str(run.workdir))
+
+    def replay_corpus(self, impl: str, report: ImplReport) -> None:
+        """Replay every found file of ``impl`` (the corpus), recording what each shows now."""
+        for i, path in enumerate(f for f in found_files() if impl_of(f) == impl):
+            cell = self.run_scenario_file(path.resolve(), impl, self.out_dir / impl / f"corpus-{i}" / "cell")
+            sig = signature_of(cell, impl)
+            report.corpus[path.name] = "PASS" if sig is None else _key(sig)
+
+    def explore(self, impl: str, budget_s: float, topology: str = "p1-d1", max_failures: int | None = None) -> ImplReport:
+        """Corpus, then generated programs on ``impl`` on ``topology`` for ``budget_s`` seconds
+        (or until ``max_failures`` distinct failures were found and shrunk); the report."""
+        self.topology = topology
+        report = ImplReport(impl)
+        start = time.monotonic()
+        self.replay_corpus(impl, report)
+        deadline = start + budget_s
+        round_ = 0
+        while time.monotonic() < deadline and (max_failures is None or len(report.failures) < max_failures):
+            self._round(impl, report, start, deadline, self.seed + round_)
+            round_ += 1
+        report.seconds = time.monotonic() - start
+        return report
+
+    def _run_counted(self, program: Program, impl: str, report: ImplReport, start: float, name: str) -> dict | None:
+        """Run one program, count it in ``report``, tell the progress callback; its failure's signature."""
+        cell = self.run_program(program, impl, name)
+        report.programs += 1
+        report.steps += len(program.steps)
+        report.seconds = time.monotonic() - start
+        self.on_progress(report)
+        return signature_of(cell, impl)
+
+    def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
+        """One hypothesis run: programs until one fails in a new way (then shrunk) or the round ends."""
+        state: dict = {"sig": None, "best": None, "shrinks": 0, "shrink_until": 0.0}
+        seen: dict[str, dict | None] = {}  # program -> the failure it showed: a program runs once per round
+        explorer = self
+
+        class Run(ProgramMachine):
+            def teardown(self) -> None:
+                program = replace(self.program(), topology=explorer.topology)
+                text = program.to_json()
+                if text in seen:
+                    sig = seen[text]
+                elif state["sig"] is None and time.monotonic() > deadline:
+                    return  # the budget is spent: the rest of the round writes programs and runs none
+                elif state["sig"] is not None and (state["shrinks"] >= SHRINK_RUNS
+                                                   or time.monotonic() > state["shrink_until"]):
+                    return  # this failure's shrinking is over: the smallest so far is the one
+                else:
+                    sig = seen[text] = explorer._run_counted(program, impl, report, start,
+                                                            "shrink" if state["sig"] else "program")
+                if sig is None:
+                    return
+                known = report.failures.get(_key(sig))
+                if state["sig"] is None and known is not None:
+                    known.count += 1  # an old failure again: counted, not shrunk again
+                    return
+                if state["sig"] is None:
+                    state["sig"], state["shrink_until"] = sig, time.monotonic() + SHRINK_S
+                    report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start)
+                elif _key(sig) != _key(state["sig"]):
+                    return  # while shrinking, another failure: not the one being shrunk
+                else:
+                    state["shrinks"] += 1
+                if state["best"] is None or len(program.steps) <= len(state["best"].steps):
+                    state["best"] = program
+                raise AssertionError(_key(sig))
+
+        test = get_state_machine_test(Run, settings=settings(
+            max_examples=EXAMPLES_PER_ROUND, stateful_step_count=PROGRAM_RULES, deadline=None, database=None,
+            verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+            phases=(Phase.generate, Phase.shrink)))
+        flaky = False
+        try:
+            hypothesis_seed(round_seed)(test)()
+        except AssertionError:
+            pass
+        except Flaky:  # the smallest program did not fail again on its replay: written out, marked
+            flaky = True
+        if state["sig"] is not None:
+            failure = report.failures[_key(state["sig"])]
+            failure.program, failure.flaky = state["best"], flaky
+            failure.path = write_found(state["best"], impl, state["sig"], self.found_dir,
+                                       {"seed": round_seed, "shrink_runs": state["shrinks"]})
+
+
+__all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS"]

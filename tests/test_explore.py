@@ -1,0 +1,99 @@
+"""pdconform explore: generated programs are legal and replay as data; the reference
+survives a short exploration; a planted bug is found, shrunk, written out and replays."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import get_state_machine_test
+
+from harness.explore.program import ProgramMachine, program_from_json
+from harness.spec.steps import Abort, AwaitStatus, Clear, InitSender, OpenRoom, SendChunk, VerifyPools
+
+
+def _programs(n: int = 40):
+    out = []
+
+    class Collect(ProgramMachine):
+        def teardown(self):
+            out.append(self.program())
+
+    get_state_machine_test(Collect, settings=settings(max_examples=n, stateful_step_count=8, deadline=None,
+                                                      database=None, phases=(Phase.generate,),
+                                                      suppress_health_check=list(HealthCheck)))()
+    return out
+
+
+def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
+    programs = _programs()
+    assert len({p.to_json() for p in programs}) > 10  # programs, not one program many times
+    for p in programs:
+        assert program_from_json(p.to_json()) == p
+        opened, inited, concluded, dst_pages = set(), set(), set(), []
+        for step in p.steps:
+            room = getattr(step, "room", None)
+            if isinstance(step, OpenRoom):
+                assert room not in opened, "a room id reused before its lifecycle was cleared"
+                opened.add(room)
+            elif isinstance(step, InitSender):
+                assert room in opened and room not in inited
+                inited.add(room)
+            elif isinstance(step, SendChunk):
+                assert room in inited, "a chunk before the sender's init"
+            elif isinstance(step, Abort):
+                assert room in opened and step.role == "decode"
+            elif isinstance(step, AwaitStatus) and step.statuses[0] != 2:  # a conclusion, not WaitingForInput
+                concluded.add(room)
+            elif isinstance(step, Clear) and step.role == "decode":
+                assert room in concluded, "cleared before both sides concluded"
+                opened.discard(room)
+                inited.discard(room)
+                concluded.discard(room)
+            elif isinstance(step, VerifyPools):
+                dst_pages = [d for _, d in step.kv_moves] + list(step.unchecked_kv)
+        assert len(dst_pages) == len(set(dst_pages)), "two lifecycles wrote the same decode page"
+        assert not opened, "the program ends with a room not cleared"
+        assert set(p.clean).isdisjoint(p.aborted)
+
+
+def test_a_program_file_that_is_not_one_is_refused():
+    with pytest.raises(ValueError, match="not a pdconform program"):
+        program_from_json(json.dumps({"steps": [{"step": "Popen", "args": ["rm"]}]}))
+    with pytest.raises(ValueError):
+        program_from_json("[]")
+
+
+@pytest.mark.e2e
+def test_the_reference_survives_and_a_planted_bug_is_found_shrunk_and_replays(tmp_path, monkeypatch):
+    from harness.explore.found import load_file
+    from harness.explore.session import Explorer, signature_of
+    from harness.target.sglang import installed_target
+
+    monkeypatch.setenv("PDCONFORM_MUTANTS", "1")
+    found = tmp_path / "found"
+    with Explorer(installed_target(), tmp_path / "out", found) as explorer:
+        clean = explorer.explore("reference", 6.0)
+        assert clean.programs >= 5 and not clean.failures, clean.failures
+        bug = explorer.explore("mutant.aux-slot-off-by-one", 90.0, max_failures=1)
+        assert bug.failures, "90 s of programs never wrote an aux slot"
+        (failure,) = bug.failures.values()
+        assert failure.signature["requirement"] == "R-LAYOUT-1" and failure.signature["check"] == "bytes-exact"
+        assert failure.path and failure.path.parent == found and len(failure.program.steps) <= 20
+        scenario = load_file(failure.path)
+        assert scenario.id == failure.path.stem and scenario.nightly
+        again = explorer.run_scenario_file(failure.path, "mutant.aux-slot-off-by-one", tmp_path / "again")
+        assert signature_of(again, "mutant.aux-slot-off-by-one") == failure.signature
+        assert signature_of(explorer.run_scenario_file(failure.path, "reference", tmp_path / "ref"), "reference") is None
+
+
+def test_explore_refuses_bad_usage_with_exit_2():
+    for args in (["--impl", "reference", "--budget", "soon"], ["--impl", "nope"],
+                 ["--impl", "reference", "--topology", "p9-d9"]):
+        done = subprocess.run([sys.executable, "-m", "harness.cli", "explore", *args], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "COLUMNS": "200"})
+        assert done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr, args
