@@ -70,12 +70,22 @@ def test_a_program_file_that_is_not_one_is_refused():
 
 @pytest.mark.e2e
 def test_the_reference_survives_and_a_planted_bug_is_found_shrunk_and_replays(tmp_path, monkeypatch):
+    from harness import implementations
+
+    monkeypatch.setenv(implementations.MUTANTS_ENV, "1")
+    implementations.registered.cache_clear()  # the registry lists the mutants only when asked
+    found = tmp_path / "found"
+    try:
+        _explore_reference_and_mutant(tmp_path, found)
+    finally:
+        implementations.registered.cache_clear()
+
+
+def _explore_reference_and_mutant(tmp_path, found):
     from harness.explore.found import load_file
     from harness.explore.session import Explorer, signature_of
     from harness.target.sglang import installed_target
 
-    monkeypatch.setenv("PDCONFORM_MUTANTS", "1")
-    found = tmp_path / "found"
     with Explorer(installed_target(), tmp_path / "out", found) as explorer:
         clean = explorer.explore("reference", 6.0)
         assert clean.programs >= 5 and not clean.failures, clean.failures
