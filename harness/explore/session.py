@@ -69,13 +69,15 @@ class ImplReport:
 
 
 def signature_of(cell: CellResult, impl: str) -> dict | None:
-    """The failure a judged cell shows (None: it passed): the first failing check's requirement
-    and name (a cell that could not be judged: its verdict), the implementation, and the first
+    """The failure a judged cell shows (None: PASS, WARN or UNSUPPORTED): the requirement and
+    name of the check that made it fail (the first failed MUST check; for ERROR the first
+    check that could not tell; else none: the verdict), the implementation, and the first
     line of the reason when the cell ended in an exception."""
     if cell.verdict in ("PASS", "WARN", "UNSUPPORTED"):
         return None
-    failing = next((ch for ch in cell.checks if ch["ok"] is False), None) or \
-        next((ch for ch in cell.checks if ch["ok"] is None and not ch["unsupported"]), None)
+    failing = next((ch for ch in cell.checks if ch["ok"] is False and ch["level"] == "MUST"), None) \
+        if cell.verdict == "FAIL" else next((ch for ch in cell.checks if ch["ok"] is None and not ch["unsupported"]),
+                                            None)
     frame = (cell.reason or "").splitlines()[0][:120] if cell.verdict == "ERROR" else ""
     return {"requirement": failing["requirement"] if failing else "", "check": failing["name"] if failing else
             str(cell.verdict), "impl": impl, "frame": frame}
