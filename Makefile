@@ -33,11 +33,14 @@ soak: setup
 mutants: setup
 	$(PDCONFORM) mutants
 
-# the wide topology set, and the scenarios only a nightly run takes (layout-pairs, 24 pairs)
+# the wide topology set, the scenarios only a nightly run takes (layout-pairs, 24 pairs), then
+# generated programs against each backend (docs/explore.md; exit 1 while a found program fails)
+EXPLORE_BUDGET ?= 10m
 nightly: setup
 	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q
 	$(VENV)/bin/pdconform simulate --seeds 100000
 	PDCONFORM_LAYOUT_PAIRS=24 $(PDCONFORM) run --jobs $(JOBS) --topology nightly $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
+	$(PDCONFORM) explore --impl mooncake --impl nixl --impl mori --budget $(EXPLORE_BUDGET)
 
 doctor: setup
 	$(PDCONFORM) doctor

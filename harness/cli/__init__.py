@@ -93,7 +93,9 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]], topology: 
         named |= {name} if name in TOPOLOGIES else set()
     known = {s.id: s for s in all_scenarios()}
     nightly = "nightly" in (topology or [])  # a nightly run also takes the scenarios only it runs
-    wanted = list(dict.fromkeys(scenario or [sid for sid, s in known.items() if nightly or not s.nightly]))
+    # a found program (harness.explore.found) runs only when named: explore replays the corpus itself
+    wanted = list(dict.fromkeys(scenario or [sid for sid, s in known.items()
+                                             if not s.nightly or (nightly and "found" not in s.tags)]))
     cells = []
     for sid in wanted:
         base, sep, its = sid.partition(TOPOLOGY_SEP)
