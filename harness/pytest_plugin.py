@@ -64,7 +64,7 @@ def _cells(config: pytest.Config) -> list[CellSpec]:
     impls = list(dict.fromkeys(config.getoption("--impl") or names()))
     asked = config.getoption("--scenario")
     known = scenarios_by_id(asked) if asked else {s.id: s for s in all_scenarios()}
-    scenarios = list(dict.fromkeys(asked or [s.id for s in known.values() if not s.test_only]))
+    scenarios = list(dict.fromkeys(asked or [s.id for s in known.values() if not s.test_only and not s.nightly]))
     unknown = [i for i in impls if i not in available()] + [s for s in scenarios if s not in known]
     if unknown:
         raise pytest.UsageError(f"pdconform: unknown --impl/--scenario {', '.join(unknown)} "

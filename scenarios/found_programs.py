@@ -13,5 +13,6 @@ register_file_loader(SUFFIX, load_file)
 for _path in found_files():
     try:
         register(load_file(_path))
-    except ValueError as exc:  # an unreadable found file is named, not fatal to every other scenario
-        print(f"pdconform: skipped found program {_path}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - one bad found file is named, never fatal to every other scenario
+        print(f"pdconform: skipped found program {_path.name!r}: {type(exc).__name__}: {str(exc)[:200]!r}",
+              file=sys.stderr)

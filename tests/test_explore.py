@@ -58,14 +58,22 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
                 dst_pages = [d for _, d in step.kv_moves] + list(step.unchecked_kv)
         assert len(dst_pages) == len(set(dst_pages)), "two lifecycles wrote the same decode page"
         assert not opened, "the program ends with a room not cleared"
-        assert set(p.clean).isdisjoint(p.aborted)
+        labels = [label for label, _ in p.lifecycles]
+        polled = {s.label for s in p.steps if isinstance(s, AwaitStatus) and s.label}
+        assert len(labels) == len(set(labels)) and polled == set(labels), "a lifecycle its checks cannot find"
 
 
 def test_a_program_file_that_is_not_one_is_refused():
-    with pytest.raises(ValueError, match="not a pdconform program"):
-        program_from_json(json.dumps({"steps": [{"step": "Popen", "args": ["rm"]}]}))
-    with pytest.raises(ValueError):
-        program_from_json("[]")
+    good = json.loads(_programs(3)[-1].to_json())
+    start = good["steps"][0]
+    bad = [{"steps": [{"step": "Popen", "args": ["rm"]}], "lifecycles": []},  # not a step
+           {**good, "steps": [{**start, "env": [["LD_PRELOAD", "/tmp/x.so"]]}, *good["steps"][1:]]},  # roles' env
+           {**good, "steps": [start, {"step": "KillRole", "role": "decode"}]},  # a step programs never hold
+           {**good, "steps": [start, {"step": "Sleep", "seconds": 1e9}]},  # an unbounded wait
+           {**good, "lifecycles": [["L0", float("inf")], 7]}, "[]", "[" * 100000]
+    for doc in bad:
+        with pytest.raises(ValueError, match="not a pdconform program"):
+            program_from_json(doc if isinstance(doc, str) else json.dumps(doc))
 
 
 @pytest.mark.e2e
@@ -87,6 +95,7 @@ def _explore_reference_and_mutant(tmp_path, found):
     from harness.target.sglang import installed_target
 
     with Explorer(installed_target(), tmp_path / "out", found) as explorer:
+        explorer.start(["reference", "mutant.aux-slot-off-by-one"])
         clean = explorer.explore("reference", 6.0)
         assert clean.programs >= 5 and not clean.failures, clean.failures
         bug = explorer.explore("mutant.aux-slot-off-by-one", 90.0, max_failures=1)

@@ -63,17 +63,35 @@ def explore(
     except ValueError as exc:
         raise _usage_error(str(exc))
     target = _target(sglang_src, sglang_version)
+    for name in impl:  # a whole budget of UNSUPPORTED cells would judge nothing and exit 0
+        why = registry.implementation(name).unsupported_sglang(target.version)
+        if why:
+            raise _usage_error(f"--impl {name}: {why}")
     found_dir = (found or FOUND_DIR).resolve()
-    if found_dir.exists() and not found_dir.is_dir():
-        raise _usage_error(f"--found {found_dir}: not a folder")
+    problem = _unwritable(found_dir)
+    if problem:
+        raise _usage_error(f"--found {found_dir}: {problem}")
     os.environ[FOUND_ENV] = os.pathsep.join(filter(None, [os.environ.get(FOUND_ENV), str(found_dir)]))
     folder = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
     reports = _explore_all(list(dict.fromkeys(impl)), budget_s, seed, topology, target, folder, found_dir)
     failed = _print_reports(reports)
-    replay = [f.path for r in reports for f in r.failures.values() if f.path]
+    replay = [f.path for r in reports for f in r.failures.values() if f.path and not f.known]
     if replay:
         _replay(replay, [r.impl for r in reports], target, folder / "replay")
     raise typer.Exit(code=1 if failed else 0)
+
+
+def _unwritable(folder: Path) -> str:
+    """Why found programs cannot be written into ``folder`` (made if missing); "" when they can."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".pdconform-probe-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
 
 
 def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir):
@@ -87,6 +105,7 @@ def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir):
 
     with Explorer(target, folder / "programs", found_dir, seed=seed, on_progress=progress,
                   note=lambda text: err.print(escape(text))) as explorer:
+        explorer.start(impls)
         for name in impls:
             reports.append(explorer.explore(name, budget_s, topology))
             err.print()
@@ -108,12 +127,15 @@ def _print_reports(reports) -> bool:
         if not rows:
             table.add_row(*first, "none", "", "", "")
         for i, f in enumerate(rows):
-            sig = f"{f.signature['check']} ({f.signature['requirement']})" + (" [flaky]" if f.flaky else "")
+            sig = f"{f.signature['check']} ({f.signature['requirement']})" + (" [flaky]" if f.flaky else "") + \
+                (" [known: corpus]" if f.known else "")
             table.add_row(*(first if i == 0 else [""] * 4), escape(terminal(sig)), str(f.count),
                           f"{f.first_after_s:.1f} s", escape(str(f.path or "")))
         for name, sig in r.corpus.items():
-            table.add_row(r.impl, "", "", "", escape(terminal(f"corpus {name}: {'fixed, passes now' if sig == 'PASS' else 'still fails'}")),
-                          "", "", "")
+            now = {"PASS": "fixed, passes now", "WARN": "fixed (a SHOULD still warns)",
+                   "UNSUPPORTED": "not judged here (UNSUPPORTED)"}.get(sig, "unreadable" if sig.startswith("unreadable")
+                                                                      else "still fails")
+            table.add_row(r.impl, "", "", "", escape(terminal(f"corpus {name}: {now}")), "", "", "")
     console.print(table)
     from harness.explore.found import FOUND_DIR, FOUND_ENV
 
@@ -122,8 +144,8 @@ def _print_reports(reports) -> bool:
             if f.path:
                 env = "" if f.path.parent.resolve() == FOUND_DIR.resolve() else \
                     f"{FOUND_ENV}={shlex.quote(str(f.path.parent))} "
-                console.print(f"reproduce: {escape(env)}{this_program()} repro {escape(f.path.stem)} "
-                              f"--impl {escape(r.impl)}")
+                line = f"reproduce: {env}{this_program()} repro {f.path.stem} --impl {r.impl}"
+                console.print(escape(terminal(line)))
     return failed
 
 

@@ -105,6 +105,15 @@ def _leave_server(listener: socket.socket, clients: list[socket.socket]) -> None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _flush_and_exit(code: int) -> None:
+    """Leave a forked child: its output flushed, no atexit handler or thread joined."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 def _child(request: dict, listener: socket.socket, clients: list[socket.socket]) -> None:
     """In the forked child: become the requested cell or role; never returns."""
     code = 70
@@ -135,11 +144,7 @@ def _child(request: dict, listener: socket.socket, clients: list[socket.socket])
         traceback.print_exc()
         code = 70
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        _flush_and_exit(code)
 
 
 class _Children:
@@ -247,11 +252,7 @@ def _sub_server(request: dict, listener: socket.socket, clients: list[socket.soc
     except BaseException:  # noqa: BLE001 - the log says what went wrong; the client sees no ready file
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        _flush_and_exit(code)
 
 
 def _answer(request: dict, children: _Children, listener: socket.socket, clients: list[socket.socket]) -> dict:

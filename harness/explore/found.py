@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from harness import ROOT
@@ -39,9 +40,13 @@ def found_dirs() -> list[Path]:
     return list(seen.values())
 
 
+ID_PATTERN = re.compile(r"found-[A-Za-z0-9._-]{1,120}")  # what a found file's id (and file name) may be
+
+
 def program_id(program: Program, impl: str) -> str:
-    """``found-IMPL-HASH``: stable for the same steps on the same implementation."""
-    digest = hashlib.sha256(json.dumps(json.loads(program.to_json())["steps"], sort_keys=True).encode()).hexdigest()
+    """``found-IMPL-HASH``: stable for the same steps on the same topology and implementation."""
+    doc = json.loads(program.to_json())
+    digest = hashlib.sha256(json.dumps([doc["topology"], doc["steps"]], sort_keys=True).encode()).hexdigest()
     return f"found-{impl}-{digest[:10]}"
 
 
@@ -55,7 +60,8 @@ def scenario_of(program: Program, scenario_id: str, title: str = "") -> Scenario
     steps = apply(list(program.steps), TOPOLOGIES[program.topology])
     return Scenario(id=scenario_id, title=title or f"generated program of {len(steps)} steps",
                     steps=lambda seed: steps, checks=lambda seed: program.checks(),
-                    timeout_s=PROGRAM_TIMEOUT_S, nightly=NIGHTLY, tags=("found",))
+                    timeout_s=PROGRAM_TIMEOUT_S, nightly=NIGHTLY, tags=("found",),
+                    topologies=((program.topology,), "a program runs on the shape it was written for"))
 
 
 def load_file(path: str | os.PathLike) -> Scenario:
@@ -67,10 +73,13 @@ def load_file(path: str | os.PathLike) -> Scenario:
         raise ValueError(str(exc)) from exc
     program = program_from_json(text)
     doc = json.loads(text)
-    name = doc.get("id") if isinstance(doc.get("id"), str) else Path(path).name[: -len(SUFFIX)]
-    signature = doc.get("signature") or {}
-    title = f"found by explore on {doc.get('impl', '?')}: {signature.get('check', '?')} ({signature.get('requirement', '?')})" \
-        if signature else ""
+    stem = Path(path).name[: -len(SUFFIX)]
+    name = doc.get("id", stem)
+    if stem.startswith("found-") and (name != stem or not ID_PATTERN.fullmatch(str(name))):
+        raise ValueError(f"a found file's id must be its file name, found-[A-Za-z0-9._-]: {str(name)[:80]!r}")
+    signature = doc.get("signature") if isinstance(doc.get("signature"), dict) else {}
+    title = (f"found by explore on {str(doc.get('impl', '?'))[:60]}: {str(signature.get('check', '?'))[:60]} "
+             f"({str(signature.get('requirement', '?'))[:20]})") if signature else ""
     return scenario_of(program, name, title)
 
 
@@ -94,8 +103,9 @@ def write_found(program: Program, impl: str, signature: dict, folder: Path, foun
 
 
 def impl_of(path: Path) -> str | None:
-    """The implementation a found file failed on (None: not said)."""
+    """The implementation a found file failed on (None: not said, or not a readable file)."""
     try:
-        return json.loads(path.read_text()).get("impl")
-    except (OSError, ValueError, AttributeError):
+        impl = json.loads(read_input(path, "program")).get("impl")
+    except (InputError, ValueError, AttributeError, RecursionError):
         return None
+    return impl if isinstance(impl, str) else None

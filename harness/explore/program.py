@@ -22,7 +22,6 @@ which is how a cell process gets it and how a found program replays (harness.exp
 from __future__ import annotations
 
 import json
-import typing
 from dataclasses import dataclass
 
 import msgspec
@@ -69,22 +68,23 @@ class _Room:
 
 @dataclass(frozen=True)
 class Program:
-    """A generated program: ``steps`` (the first is StartRoles), ``clean`` (the room ids
-    whose last lifecycle no fault touched: Success expected on both sides), ``aborted``
-    (room ids whose last lifecycle the decode aborted: both sides must conclude) and the
-    pages those lifecycles' writes may have reached (``unchecked_kv``/``unchecked_aux``)."""
+    """A generated program: ``steps`` (the first is StartRoles), ``lifecycles`` (one
+    ``(label, aborted)`` per room lifecycle, in the order they opened: the label its
+    conclusion polls carry, and whether the decode aborted it) and ``topology``."""
 
     steps: tuple[Step, ...]
-    clean: tuple[int, ...] = ()
-    aborted: tuple[int, ...] = ()
+    lifecycles: tuple[tuple[str, bool], ...] = ()
     topology: str = "p1-d1"  # the deployment shape it runs on (harness.spec.topology)
 
     def checks(self) -> list[c.Check]:
-        """The spec's expectations for this program (see the module docstring)."""
+        """The spec's expectations for this program (see the module docstring); the aborted
+        rooms' check first, so a stuck abort is not reported as a clean room's."""
+        clean = tuple(label for label, aborted in self.lifecycles if not aborted)
+        hit = tuple(label for label, aborted in self.lifecycles if aborted)
         return [
             c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
-            c.Check("clean-rooms-succeed", "R-XFER-1", _all_reached(self.clean, (KVPoll.Success,))),
-            c.Check("aborted-rooms-conclude", "R-ABORT-1", _all_reached(self.aborted, DONE)),
+            c.Check("aborted-rooms-conclude", "R-ABORT-1", _all_reached(hit, DONE)),
+            c.Check("clean-rooms-succeed", "R-XFER-1", _all_reached(clean, (KVPoll.Success,))),
             c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
             c.Check("loops-alive", "R-LIVE-2", c.loops_alive()),
             c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads()),
@@ -93,28 +93,40 @@ class Program:
     def to_json(self) -> str:
         """The program as one JSON document (steps tagged by their class name)."""
         return json.dumps({"topology": self.topology, "steps": [_encode(s) for s in self.steps],
-                           "clean": list(self.clean), "aborted": list(self.aborted)}, indent=1)
+                           "lifecycles": [list(x) for x in self.lifecycles]}, indent=1)
 
 
-def _all_reached(rooms: tuple[int, ...], statuses: tuple[int, ...]) -> c.Checker:
-    """Every room's last poll on the prefill and on the decode read one of ``statuses``."""
+def _all_reached(labels: tuple[str, ...], statuses: tuple[int, ...]) -> c.Checker:
+    """Each lifecycle's conclusion polls (AwaitStatus labelled with it) on the prefill and
+    on the decode reached one of ``statuses`` within their bound: every lifecycle of a
+    reused room id is judged, not only the last."""
     names = "/".join(kvpoll_name(s) for s in statuses)
 
     def fn(events: list[dict]):
-        for room in rooms:
+        for label in labels:
             for role in ("prefill", "decode"):
-                waits = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room)
-                         if e["type"] == Event.OK]
-                seen = (waits[-1].get("value") or {}).get("status") if waits else None
-                if seen not in statuses:
-                    said = "never concluded" if seen is None else f"ended {kvpoll_name(seen)}"
-                    return False, f"{role} room {room} {said}, not {names}", waits[-1]["seq"] if waits else None
-        return True, f"{len(rooms)} room(s) reached {names} on both sides"
+                polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role)
+                         if (e.get("args") or {}).get("label") == label]
+                if not polls:
+                    return False, f"{role} never polled lifecycle {label} to its end"
+                last = polls[-1]
+                value = last.get("value") or {}
+                room = last["args"].get("room")
+                if last["type"] != Event.OK or not value.get("reached") or value.get("status") not in statuses:
+                    said = value.get("status_name") or last.get("error") or "nothing"
+                    return False, f"{role} room {room} (lifecycle {label}) read {said}, not {names}", last["seq"]
+        return True, f"{len(labels)} lifecycle(s) reached {names} on both sides"
 
     return fn
 
 
-STEP_TYPES = {kind.__name__: kind for kind in typing.get_args(Step)}  # the vocabulary: nothing else is a step
+#: the steps a program may hold: what ProgramMachine writes, nothing that starts processes
+#: with a file's settings, kills, injects or loads code (a found file is input, not trusted)
+PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools)
+MAX_WAIT_S = 30.0  # the longest Sleep or status bound a program file may ask for (seconds)
+
+
+STEP_TYPES = {kind.__name__: kind for kind in PROGRAM_STEPS}
 
 
 def _encode(step: Step) -> dict:
@@ -122,20 +134,36 @@ def _encode(step: Step) -> dict:
 
 
 def program_from_json(text: str) -> Program:
-    """The program :meth:`Program.to_json` wrote.  ValueError on anything else (a step the
-    vocabulary lacks, a field of the wrong type)."""
+    """The program :meth:`Program.to_json` wrote.  ValueError on anything else: a step
+    outside :data:`PROGRAM_STEPS`, a field of the wrong type, a StartRoles with settings of
+    its own (environment, armed points, other layouts), a wait beyond :data:`MAX_WAIT_S`."""
     try:
         doc = json.loads(text)
         steps = []
         for raw in doc["steps"]:
             kind = STEP_TYPES.get(raw.pop("step"))
             if kind is None:
-                raise ValueError("a step the scenario vocabulary lacks")
+                raise ValueError("a step a generated program never holds")
             steps.append(msgspec.json.decode(json.dumps(raw), type=kind))
-        return Program(tuple(steps), tuple(int(r) for r in doc.get("clean", ())),
-                       tuple(int(r) for r in doc.get("aborted", ())), str(doc.get("topology", "p1-d1")))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # JSON and msgspec errors are ValueErrors
-        raise ValueError(f"not a pdconform program: {exc}") from exc
+        program = Program(tuple(steps), tuple((str(label), bool(aborted)) for label, aborted in doc["lifecycles"]),
+                          str(doc.get("topology", "p1-d1")))
+    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:  # JSON, msgspec: ValueErrors
+        raise ValueError(f"not a pdconform program: {type(exc).__name__}: {exc}") from exc
+    _check_bounds(program)
+    return program
+
+
+def _check_bounds(program: Program) -> None:
+    """ValueError unless ``program`` is one ProgramMachine could have written: StartRoles
+    first and only there, with the program layout and nothing else set; every wait bounded."""
+    if not program.steps or program.steps[0] != StartRoles(layout=LAYOUT):
+        raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
+    for step in program.steps[1:]:
+        if isinstance(step, StartRoles):
+            raise ValueError("not a pdconform program: roles started twice")
+        wait = step.seconds if isinstance(step, Sleep) else getattr(step, "timeout_s", 0.0)
+        if not 0 <= wait <= MAX_WAIT_S:
+            raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
 
 
 class ProgramMachine(RuleBasedStateMachine):
@@ -240,7 +268,8 @@ class ProgramMachine(RuleBasedStateMachine):
     # ---- the program ----------------------------------------------------------------
     def _await(self, r: _Room) -> None:
         r.concluded = True
-        self.steps += [AwaitStatus(r.room, "prefill", DONE), AwaitStatus(r.room, "decode", DONE)]
+        label = f"L{self.rooms.index(r)}"
+        self.steps += [AwaitStatus(r.room, "prefill", DONE, label=label), AwaitStatus(r.room, "decode", DONE, label=label)]
 
     def program(self) -> Program:
         """The steps so far, then what every scheduler does before it goes idle: each room
@@ -265,11 +294,7 @@ class ProgramMachine(RuleBasedStateMachine):
         for r in self._live():
             r.cleared = True
             self.steps += [Clear(r.room, "prefill"), Clear(r.room, "decode")]
-        last = {}
-        for r in self.rooms:  # a room id's last lifecycle decides what its last polls must read
-            last[r.room] = r
-        return Program(tuple(self.steps), tuple(room for room, r in last.items() if not r.aborted),
-                       tuple(room for room, r in last.items() if r.aborted))
+        return Program(tuple(self.steps), tuple((f"L{i}", r.aborted) for i, r in enumerate(self.rooms)))
 
 
 __all__ = ["LAYOUT", "Program", "ProgramMachine", "program_from_json", "PROGRAM_TIMEOUT_S"]

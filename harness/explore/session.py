@@ -14,6 +14,7 @@ within its own bound).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from harness.explore.program import Program, ProgramMachine, program_from_json
 from harness.judge.judge import judge
 from harness.judge.results import CellResult
 from harness.spec import history as hist
+from harness.spec.inputs import InputError, read_input
 from harness.target.sglang import SglangTarget
 
 SHRINK_RUNS = 40  # cells one failure's shrinking may run, at most
@@ -49,6 +51,7 @@ class Failure:
     path: Path | None = None
     first_after_s: float = 0.0
     flaky: bool = False
+    known: bool = False  # a corpus program still showing it: not looked for, not written again
 
 
 @dataclass
@@ -78,7 +81,10 @@ def signature_of(cell: CellResult, impl: str) -> dict | None:
     failing = next((ch for ch in cell.checks if ch["ok"] is False and ch["level"] == "MUST"), None) \
         if cell.verdict == "FAIL" else next((ch for ch in cell.checks if ch["ok"] is None and not ch["unsupported"]),
                                             None)
-    frame = (cell.reason or "").splitlines()[0][:120] if cell.verdict == "ERROR" else ""
+    # an exception's first line, without numbers (step numbers, room ids, seconds): the same
+    # crash in a shorter program must keep its signature while it shrinks
+    first = ((cell.reason or "").splitlines() or [""])[0] if cell.verdict == "ERROR" else ""
+    frame = re.sub(r"\d+(\.\d+)?", "N", first)[:120]
     return {"requirement": failing["requirement"] if failing else "", "check": failing["name"] if failing else
             str(cell.verdict), "impl": impl, "frame": frame}
 
@@ -116,25 +122,39 @@ class Explorer:
         path.write_text(program.to_json())
         return self.run_scenario_file(path, impl, folder / "cell", program)
 
+    def start(self, impls: list[str]) -> None:
+        """Start the fork servers of every implementation this explorer will run, at once (each
+        once: a second call for the same group would leave the first server running)."""
+        if not self.servers:
+            self.servers = start_fork_servers(sorted(set(impls)), self.target, self.out_dir, self.note)
+        self._impls = set(impls)
+
     def run_scenario_file(self, path: Path, impl: str, workdir: Path, program: Program | None = None) -> CellResult:
         """Run the program file ``path`` as one cell on ``impl`` in ``workdir`` (the cell reads
-        the file: its scenario id is the path); the judged cell."""
-        scenario = scenario_of(program or program_from_json(path.read_text()), str(path.resolve()))
-        if not self.servers:
-            self.servers = start_fork_servers([impl], self.target, self.out_dir, self.note)
-        elif fork_group(impl) not in self.servers:
-            self.servers.update(start_fork_servers([impl], self.target, self.out_dir, self.note))
+        the file: its scenario id is the path); the judged cell.  ValueError when ``path`` is
+        not a program (harness.explore.program.program_from_json)."""
+        scenario = scenario_of(program or load_program(path), str(path.resolve()))
+        if impl not in getattr(self, "_impls", ()):
+            raise ValueError(f"{impl}: not among the implementations this explorer started (Explorer.start)")
         run = run_cell_isolated(impl, scenario, 0, workdir, target=self.target,
                                 fork_server=self.servers.get(fork_group(impl)))
         events = hist.load(run.workdir / "history.jsonl")
         return judge(scenario, 0, events, impl=impl, workdir=str(run.workdir))
 
     def replay_corpus(self, impl: str, report: ImplReport) -> None:
-        """Replay every found file of ``impl`` (the corpus), recording what each shows now."""
+        """Replay every found file of ``impl`` (the corpus), recording what each shows now
+        (PASS, the signature it still fails with, UNSUPPORTED, or why it is unreadable); a
+        failure it still shows is a known one, counted, not looked for again."""
         for i, path in enumerate(f for f in found_files() if impl_of(f) == impl):
-            cell = self.run_scenario_file(path.resolve(), impl, self.out_dir / impl / f"corpus-{i}" / "cell")
+            try:
+                cell = self.run_scenario_file(path.resolve(), impl, self.out_dir / impl / f"corpus-{i}" / "cell")
+            except ValueError as exc:
+                report.corpus[path.name] = f"unreadable: {exc}"
+                continue
             sig = signature_of(cell, impl)
-            report.corpus[path.name] = "PASS" if sig is None else _key(sig)
+            if sig is not None:
+                report.failures.setdefault(_key(sig), Failure(sig, 0, load_program(path), path.resolve(), known=True))
+            report.corpus[path.name] = str(cell.verdict) if sig is None else _key(sig)
 
     def explore(self, impl: str, budget_s: float, topology: str = "p1-d1", max_failures: int | None = None) -> ImplReport:
         """Corpus, then generated programs on ``impl`` on ``topology`` for ``budget_s`` seconds
@@ -178,8 +198,10 @@ class Explorer:
                                                    or time.monotonic() > state["shrink_until"]):
                     return  # this failure's shrinking is over: the smallest so far is the one
                 else:
+                    shrinking = state["sig"] is not None
                     sig = seen[text] = explorer._run_counted(program, impl, report, start,
-                                                            "shrink" if state["sig"] else "program")
+                                                            "shrink" if shrinking else "program")
+                    state["shrinks"] += shrinking  # every cell run while shrinking, failing or not
                 if sig is None:
                     return
                 known = report.failures.get(_key(sig))
@@ -191,8 +213,6 @@ class Explorer:
                     report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start)
                 elif _key(sig) != _key(state["sig"]):
                     return  # while shrinking, another failure: not the one being shrunk
-                else:
-                    state["shrinks"] += 1
                 if state["best"] is None or len(program.steps) <= len(state["best"].steps):
                     state["best"] = program
                 raise AssertionError(_key(sig))
@@ -211,8 +231,19 @@ class Explorer:
         if state["sig"] is not None:
             failure = report.failures[_key(state["sig"])]
             failure.program, failure.flaky = state["best"], flaky
-            failure.path = write_found(state["best"], impl, state["sig"], self.found_dir,
-                                       {"seed": round_seed, "shrink_runs": state["shrinks"]})
+            try:
+                failure.path = write_found(state["best"], impl, state["sig"], self.found_dir,
+                                           {"seed": round_seed, "shrink_runs": state["shrinks"]})
+            except OSError as exc:  # the failure stays in the report; its program could not be kept
+                self.note(f"could not write the found program of {impl} into {self.found_dir}: {exc}")
+
+
+def load_program(path: Path) -> Program:
+    """The program of a program or found file (size-bounded, harness.spec.inputs); ValueError otherwise."""
+    try:
+        return program_from_json(read_input(path, "program").decode("utf-8"))
+    except (InputError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from exc
 
 
 __all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS"]

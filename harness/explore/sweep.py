@@ -31,11 +31,11 @@ def sweep(budget_s: float, out: Path, only: list[str] | None = None) -> list[dic
 
     registered.cache_clear()  # listed with the mutants from now on
     rows = []
+    chosen = [m for m in mutants_of(implementation("reference")) if not only or m.planted["id"] in only]
     with Explorer(installed_target(), out / "programs", out / "found") as explorer:
-        for mutant in mutants_of(implementation("reference")):
+        explorer.start([m.name for m in chosen])
+        for mutant in chosen:
             mid = mutant.planted["id"]
-            if only and mid not in only:
-                continue
             start = time.monotonic()
             report = explorer.explore(mutant.name, budget_s, SHAPE.get(mid, "p1-d1"), max_failures=1)
             failure = next(iter(report.failures.values()), None)
