@@ -116,3 +116,13 @@ def test_explore_refuses_bad_usage_with_exit_2():
         done = subprocess.run([sys.executable, "-m", "harness.cli", "explore", *args], capture_output=True, text=True,
                               timeout=120, env={**os.environ, "COLUMNS": "200"})
         assert done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr, args
+
+
+@pytest.mark.e2e
+def test_explore_on_the_reference_from_the_command_line_finds_nothing(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "explore", "--impl", "reference", "--budget", "4s",
+                           "--found", str(tmp_path / "found"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "reference" in done.stdout and "none" in done.stdout and "Traceback" not in done.stderr
+    assert not list((tmp_path / "found").glob("found-*"))

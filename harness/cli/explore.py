@@ -64,7 +64,7 @@ def explore(
         raise _usage_error(str(exc))
     target = _target(sglang_src, sglang_version)
     for name in impl:  # a whole budget of UNSUPPORTED cells would judge nothing and exit 0
-        why = registry.implementation(name).unsupported_sglang(target.version)
+        why = registry.implementation(name).unsupported_sglang(target.info.version)
         if why:
             raise _usage_error(f"--impl {name}: {why}")
     found_dir = (found or FOUND_DIR).resolve()
