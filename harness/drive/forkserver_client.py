@@ -184,6 +184,15 @@ def _orphan_returncode(pid: int) -> int | None:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -347,13 +356,17 @@ class OwnForkServer:
         self.info = json.loads(self._ready.read_text())
         return ForkServerClient(self.socket_path)
 
-    def close(self) -> None:
-        """Stop it (its cells notice it gone and end) and remove its socket."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop it (its cells notice it gone and end), wait up to ``timeout_s`` seconds until it
+        has (base, its parent, reaps it), and remove its socket."""
         if self.pid is not None:
             try:
-                os.kill(self.pid, signal.SIGKILL)  # base reaps it
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            deadline = time.monotonic() + timeout_s
+            while _running(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         import shutil
 
         shutil.rmtree(self._dir, ignore_errors=True)
