@@ -92,7 +92,7 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     (tmp_path / "run-3" / "cells").mkdir(parents=True)  # not pdconform's: never touched
     (tmp_path / "bench.json").write_text("{}")
     out = pdconform("bench", "--repeat", "2", "--impl", "reference", "--scenario", "happy-path", "--jobs", "2",
-                    "--skip", "engines", "--seeds", "50", "--out", str(tmp_path), timeout=300)
+                    "--skip", "engines", "--seeds", "50", "--explore-seconds", "3", "--out", str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     bench = tmp_path / "latest"
     figures = {f["name"]: f for f in json.loads((bench / "bench.json").read_text())["figures"]}
@@ -100,6 +100,8 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     assert len(figures["cell_overhead_s"]["samples"]) == 2  # one cell per run
     assert len(figures["matrix_cpu_s"]["samples"]) == 2 and all(s > 0 for s in figures["matrix_cpu_s"]["samples"])
     assert figures["simulator_runs_per_min"]["median"] > 0
+    rate = figures["explore_programs_per_min[reference]"]
+    assert len(rate["samples"]) == 2 and all(s > 0 for s in rate["samples"]) and rate["goal"] == [">=", 300.0]
     assert "matrix_cpu_s" in out.stdout
     per_impl = figures["cell_overhead_s[reference]"]
     assert per_impl["samples"] == figures["cell_overhead_s"]["samples"] and per_impl["goal"] is None
@@ -113,7 +115,7 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
 def test_bench_bad_skip_is_a_usage_error():
     out = pdconform("bench", "--skip", "everything")
     assert out.returncode == 2 and "unknown --skip everything" in out.stderr + out.stdout
-    out = pdconform("bench", "--skip", "matrix", "--skip", "simulator", "--skip", "engines")
+    out = pdconform("bench", "--skip", "matrix", "--skip", "simulator", "--skip", "engines", "--skip", "explore")
     assert out.returncode == 2 and "nothing to measure" in out.stderr + out.stdout
 
 

@@ -17,7 +17,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.bench.matrix import (
-    GOALS,
     Figure,
     bench_engines,
     bench_matrix,
@@ -28,7 +27,7 @@ from harness.bench.matrix import (
 )
 from harness.judge.results import write_atomic
 
-PARTS = ("matrix", "simulator", "engines")
+PARTS = ("matrix", "simulator", "engines", "explore")
 
 
 @dataclass
@@ -43,6 +42,8 @@ class BenchPlan:
     matrix: object | None = None
     seeds: int = 0
     engine_bytes: int = 0
+    explore: tuple = ()  # (target, implementations) whose explore rate to measure; () to skip
+    explore_s: float = 20.0  # seconds of programs per implementation and sample
     notes: list[str] = field(default_factory=list)
 
 
@@ -71,6 +72,8 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
                                   f"destination buffer); {free_mib} MiB are free")
     plan = BenchPlan(out_dir=out, repeat=repeat, seeds=0 if "simulator" in skip else seeds,
                      engine_bytes=0 if "engines" in skip else engine_mib * 2**20)
+    if "explore" not in skip:
+        plan.explore = (target(), [i for i in impls if not i.startswith("mutant.")])
     if "matrix" not in skip:
         sglang = target()
         plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
@@ -91,6 +94,30 @@ def run_bench(plan: BenchPlan, on_progress: Callable[[str], None] = lambda text:
     if plan.engine_bytes:
         on_progress(f"engines: {engine_pairs(plan.repeat)} x {plan.engine_bytes >> 20} MiB raw and instrumented")
         figures += bench_engines(plan.engine_bytes, plan.repeat)
+    if plan.explore:
+        on_progress(f"explore: {plan.repeat} x {plan.explore_s:.0f} s per implementation")
+        figures += bench_explore(*plan.explore, plan.repeat, plan.out_dir / "explore", plan.explore_s)
+    return figures
+
+
+def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds: float) -> list[Figure]:
+    """Explore's rate per implementation: ``repeat`` samples of ``seconds`` each (programs
+    per minute, steps per second; harness.explore.session; the corpus is not replayed), found
+    programs written under ``out_dir`` (never into the corpus)."""
+    from harness.explore.session import Explorer
+
+    figures = []
+    with Explorer(target, out_dir / "programs", out_dir / "found") as explorer:
+        explorer.start(impls)
+        explorer.wait_ready()
+        for impl in impls:
+            rate, steps = Figure(f"explore_programs_per_min[{impl}]", "/min"), Figure(f"explore_steps_per_s[{impl}]", "/s")
+            for sample in range(repeat):
+                explorer.seed = sample
+                report = explorer.explore(impl, seconds, corpus=False)
+                rate.samples.append(round(report.rate_per_min, 1))
+                steps.samples.append(round(report.steps / report.seconds, 1) if report.seconds else 0.0)
+            figures += [rate, steps]
     return figures
 
 
@@ -113,7 +140,7 @@ def figures_table(figures: list[Figure], jobs: int, repeat: int) -> Table:
     for column in ("median", "spread", "goal", ""):
         table.add_column(column)
     for f in figures:
-        goal = GOALS.get(f.name)
+        goal = f.goal
         mark = {True: "[green]met[/]", False: "[red]NOT met[/]", None: ""}[f.meets_goal()]
         spread = f"{_fmt(f.spread[0], f.unit)} .. {_fmt(f.spread[1], f.unit)}" if f.spread else "-"
         table.add_row(escape(f.name), _fmt(f.median, f.unit), spread,

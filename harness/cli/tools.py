@@ -124,12 +124,15 @@ def bench(
     seeds: int = typer.Option(2000, "--seeds", min=1, help="Simulator seeds per sample."),
     engine_mib: int = typer.Option(128, "--engine-mib", min=1, max=4096,
                                    help="MiB per engine throughput sample (a source and a destination buffer each)."),
-    skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines."),
+    skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines, explore."),
+    explore_seconds: float = typer.Option(20.0, "--explore-seconds", min=1.0, max=3600.0,
+                                          help="Seconds of generated programs per implementation and sample."),
     out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
 ) -> None:
-    """Measure the matrix wall time, per-cell overhead, simulator rate and engine throughput
-    (median and spread of --repeat samples), against the project's goals; write bench.json."""
+    """Measure the matrix wall time, per-cell overhead, simulator rate, engine throughput and
+    explore's rate (median and spread of --repeat samples), against the project's goals;
+    write bench.json."""
     from harness.bench.suite import BenchUsageError, figures_table, plan_bench, run_bench, write_bench_json
     from harness.drive.runner import default_jobs
 
@@ -141,6 +144,7 @@ def bench(
                           _settings(engine_setting), target=lambda: _target(None, None))
     except BenchUsageError as exc:
         raise _usage_error(str(exc))
+    plan.explore_s = explore_seconds
     with _run_folder(out, "bench") as folder:
         plan.out_dir = folder
         if plan.matrix is not None:

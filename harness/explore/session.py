@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, seed as hypothesis_seed, s
 from hypothesis.errors import Flaky
 from hypothesis.stateful import get_state_machine_test
 
+from harness.drive.forkserver_client import ForkServerError
 from harness.drive.runner import run_cell_isolated
 from harness.drive.scheduler import fork_group, start_fork_servers
 from harness.explore.found import found_files, impl_of, scenario_of, write_found
@@ -129,6 +130,15 @@ class Explorer:
             self.servers = start_fork_servers(sorted(set(impls)), self.target, self.out_dir, self.note)
         self._impls = set(impls)
 
+    def wait_ready(self) -> None:
+        """Wait until every fork server has imported (bench: a rate must not time the imports);
+        a server that cannot start is noted, its cells start fresh interpreters."""
+        for group, server in self.servers.items():
+            try:
+                server.wait_ready()
+            except ForkServerError as exc:
+                self.note(f"{group} cells start as fresh interpreters: {exc}")
+
     def run_scenario_file(self, path: Path, impl: str, workdir: Path, program: Program | None = None) -> CellResult:
         """Run the program file ``path`` as one cell on ``impl`` in ``workdir`` (the cell reads
         the file: its scenario id is the path); the judged cell.  ValueError when ``path`` is
@@ -156,13 +166,16 @@ class Explorer:
                 report.failures.setdefault(_key(sig), Failure(sig, 0, load_program(path), path.resolve(), known=True))
             report.corpus[path.name] = str(cell.verdict) if sig is None else _key(sig)
 
-    def explore(self, impl: str, budget_s: float, topology: str = "p1-d1", max_failures: int | None = None) -> ImplReport:
-        """Corpus, then generated programs on ``impl`` on ``topology`` for ``budget_s`` seconds
-        (or until ``max_failures`` distinct failures were found and shrunk); the report."""
+    def explore(self, impl: str, budget_s: float, topology: str = "p1-d1", max_failures: int | None = None,
+                corpus: bool = True) -> ImplReport:
+        """The corpus (unless ``corpus`` is False), then generated programs on ``impl`` on
+        ``topology`` for ``budget_s`` seconds (or until ``max_failures`` distinct failures
+        were found and shrunk); the report."""
         self.topology = topology
         report = ImplReport(impl)
         start = time.monotonic()
-        self.replay_corpus(impl, report)
+        if corpus:
+            self.replay_corpus(impl, report)
         deadline = start + budget_s
         round_ = 0
         while time.monotonic() < deadline and (max_failures is None or len(report.failures) < max_failures):
