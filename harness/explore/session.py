@@ -6,7 +6,8 @@ or now passing: a fixed bug turns green visibly); then hypothesis writes program
 (:class:`harness.explore.program.ProgramMachine`) and each runs as one cell, forked from the
 run's fork servers, judged by the spec's checks and the generic post-conditions.  A
 failing program is shrunk by hypothesis, rule by rule, keeping the failure's signature
-(:func:`signature_of`), at most :data:`SHRINK_RUNS` more cells; the smallest is written
+(:func:`signature_of`; a smaller program counts only when it fails so twice in a row, so a
+race is not kept), at most :data:`SHRINK_RUNS` more cells; the smallest is written
 out, and later programs failing the same way are only counted.  Every wait is bounded: a
 program cell by its deadline, the whole run by ``budget_s`` (a shrink in progress finishes
 within its own bound).
@@ -193,42 +194,57 @@ class Explorer:
         self.on_progress(report)
         return signature_of(cell, impl)
 
+    def _outcome(self, program: Program, impl: str, report: ImplReport, start: float, deadline: float,
+                 state: dict, seen: dict) -> dict | None:
+        """Run ``program`` (once per round: ``seen`` remembers) and say whether hypothesis is to
+        count it failing: the signature of the failure being found or shrunk, else None.  A
+        smaller program replaces the best one only when it fails the same way twice in a row,
+        so a race the first run won does not become the found program."""
+        text = program.to_json()
+        if text in seen:
+            return seen[text]
+        if state["sig"] is None and time.monotonic() > deadline:
+            return None  # the budget is spent: the rest of the round writes programs and runs none
+        shrinking = state["sig"] is not None
+        if shrinking and (state["shrinks"] >= SHRINK_RUNS or time.monotonic() > state["shrink_until"]):
+            return None  # this failure's shrinking is over: the smallest so far is the one
+        sig = seen[text] = self._run_counted(program, impl, report, start, "shrink" if shrinking else "program")
+        state["shrinks"] += shrinking  # every cell run while shrinking, failing or not
+        if sig is None:
+            return None
+        known = report.failures.get(_key(sig))
+        if not shrinking and known is not None:
+            known.count += 1  # an old failure again: counted, not shrunk again
+            seen[text] = None
+            return None
+        if not shrinking:
+            state["sig"], state["shrink_until"], state["best"] = sig, time.monotonic() + SHRINK_S, program
+            report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start)
+            return sig
+        if _key(sig) != _key(state["sig"]):
+            seen[text] = None  # while shrinking, another failure: not the one being shrunk
+            return None
+        again = self._run_counted(program, impl, report, start, "shrink")
+        state["shrinks"] += 1
+        if again is None or _key(again) != _key(sig):
+            seen[text] = None  # it does not fail every time: not a program to keep
+            return None
+        if len(program.steps) <= len(state["best"].steps):
+            state["best"] = program
+        return sig
+
     def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
         """One hypothesis run: programs until one fails in a new way (then shrunk) or the round ends."""
         state: dict = {"sig": None, "best": None, "shrinks": 0, "shrink_until": 0.0}
-        seen: dict[str, dict | None] = {}  # program -> the failure it showed: a program runs once per round
+        seen: dict[str, dict | None] = {}  # program -> what hypothesis is told: a program runs once per round
         explorer = self
 
         class Run(ProgramMachine):
             def teardown(self) -> None:
                 program = replace(self.program(), topology=explorer.topology)
-                text = program.to_json()
-                if text in seen:
-                    sig = seen[text]
-                elif state["sig"] is None and time.monotonic() > deadline:
-                    return  # the budget is spent: the rest of the round writes programs and runs none
-                elif state["sig"] is not None and (state["shrinks"] >= SHRINK_RUNS
-                                                   or time.monotonic() > state["shrink_until"]):
-                    return  # this failure's shrinking is over: the smallest so far is the one
-                else:
-                    shrinking = state["sig"] is not None
-                    sig = seen[text] = explorer._run_counted(program, impl, report, start,
-                                                            "shrink" if shrinking else "program")
-                    state["shrinks"] += shrinking  # every cell run while shrinking, failing or not
-                if sig is None:
-                    return
-                known = report.failures.get(_key(sig))
-                if state["sig"] is None and known is not None:
-                    known.count += 1  # an old failure again: counted, not shrunk again
-                    return
-                if state["sig"] is None:
-                    state["sig"], state["shrink_until"] = sig, time.monotonic() + SHRINK_S
-                    report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start)
-                elif _key(sig) != _key(state["sig"]):
-                    return  # while shrinking, another failure: not the one being shrunk
-                if state["best"] is None or len(program.steps) <= len(state["best"].steps):
-                    state["best"] = program
-                raise AssertionError(_key(sig))
+                sig = explorer._outcome(program, impl, report, start, deadline, state, seen)
+                if sig is not None:
+                    raise AssertionError(_key(sig))
 
         test = get_state_machine_test(Run, settings=settings(
             max_examples=EXAMPLES_PER_ROUND, stateful_step_count=PROGRAM_RULES, deadline=None, database=None,
