@@ -31,10 +31,12 @@ def block_free(base: int, size: int = PORT_BLOCK, host: str | None = None) -> bo
 
 def free_port_block(size: int = PORT_BLOCK, rng: random.Random | None = None, host: str | None = None) -> int:
     """First port of ``size`` consecutive TCP ports of ``host`` (default: bind_address()) that
-    are free now; RuntimeError when none is found."""
+    are free now, below the kernel's ephemeral range as :class:`PortBlocks` hands out (a block
+    inside it can be taken by any process's outgoing connection or random bind between this
+    check and the cell's use: "Address already in use" under load); RuntimeError when none is found."""
     rng = rng or random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - size)
+        base = rng.randrange(PortBlocks.LOW, PortBlocks.HIGH - size)
         if block_free(base, size, host):
             return base
     raise RuntimeError("no block of free ports found")
