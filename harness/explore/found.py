@@ -64,13 +64,23 @@ def scenario_of(program: Program, scenario_id: str, title: str = "") -> Scenario
                     topologies=((program.topology,), "a program runs on the shape it was written for"))
 
 
+def read_program_text(path: str | os.PathLike) -> str:
+    """A program or found file's text, size-bounded (harness.spec.inputs); ValueError when unreadable."""
+    try:
+        return read_input(path, "program").decode("utf-8")
+    except (InputError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def load_program(path: str | os.PathLike) -> Program:
+    """The program of a program or found file; ValueError when it is none."""
+    return program_from_json(read_program_text(path))
+
+
 def load_file(path: str | os.PathLike) -> Scenario:
     """The scenario of a program or found file (its ``id``, else its file name without
     the suffix).  ValueError when it is not one (harness.spec.inputs bounds its size)."""
-    try:
-        text = read_input(path, "program").decode("utf-8")
-    except (InputError, UnicodeDecodeError) as exc:
-        raise ValueError(str(exc)) from exc
+    text = read_program_text(path)
     program = program_from_json(text)
     doc = json.loads(text)
     stem = Path(path).name[: -len(SUFFIX)]

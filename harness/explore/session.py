@@ -28,12 +28,11 @@ from hypothesis.stateful import get_state_machine_test
 from harness.drive.forkserver_client import ForkServerError
 from harness.drive.runner import run_cell_isolated
 from harness.drive.scheduler import fork_group, start_fork_servers
-from harness.explore.found import found_files, impl_of, scenario_of, write_found
-from harness.explore.program import Program, ProgramMachine, program_from_json
+from harness.explore.found import found_files, impl_of, load_program, scenario_of, write_found
+from harness.explore.program import Program, ProgramMachine
 from harness.judge.judge import judge
 from harness.judge.results import CellResult
 from harness.spec import history as hist
-from harness.spec.inputs import InputError, read_input
 from harness.target.sglang import SglangTarget
 
 SHRINK_RUNS = 40  # cells one failure's shrinking may run, at most
@@ -107,6 +106,7 @@ class Explorer:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.note = note
         self.servers: dict = {}
+        self._impls: set[str] = set()  # the implementations start() started fork servers for
         self.topology = "p1-d1"
 
     def __enter__(self) -> "Explorer":
@@ -145,7 +145,7 @@ class Explorer:
         the file: its scenario id is the path); the judged cell.  ValueError when ``path`` is
         not a program (harness.explore.program.program_from_json)."""
         scenario = scenario_of(program or load_program(path), str(path.resolve()))
-        if impl not in getattr(self, "_impls", ()):
+        if impl not in self._impls:
             raise ValueError(f"{impl}: not among the implementations this explorer started (Explorer.start)")
         run = run_cell_isolated(impl, scenario, 0, workdir, target=self.target,
                                 fork_server=self.servers.get(fork_group(impl)))
@@ -265,14 +265,6 @@ class Explorer:
                                            {"seed": round_seed, "shrink_runs": state["shrinks"]})
             except OSError as exc:  # the failure stays in the report; its program could not be kept
                 self.note(f"could not write the found program of {impl} into {self.found_dir}: {exc}")
-
-
-def load_program(path: Path) -> Program:
-    """The program of a program or found file (size-bounded, harness.spec.inputs); ValueError otherwise."""
-    try:
-        return program_from_json(read_input(path, "program").decode("utf-8"))
-    except (InputError, UnicodeDecodeError) as exc:
-        raise ValueError(str(exc)) from exc
 
 
 __all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS"]
