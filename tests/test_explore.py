@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import get_state_machine_test
 
 from harness.explore.program import ProgramMachine, program_from_json
-from harness.spec.steps import Abort, AwaitStatus, Clear, InitSender, OpenRoom, SendChunk, VerifyPools
+from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, OpenRoom, SendChunk,
+                                ThawRole, VerifyPools)
 
 
 def _programs(n: int = 40):
@@ -34,8 +35,12 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
     assert len({p.to_json() for p in programs}) > 10  # programs, not one program many times
     for p in programs:
         assert program_from_json(p.to_json()) == p
-        opened, inited, concluded, dst_pages = set(), set(), set(), []
+        opened, inited, concluded, dst_pages, frozen = set(), set(), set(), [], set()
         for step in p.steps:
+            if isinstance(step, (FreezeRole, ThawRole)):
+                assert (step.role in frozen) == isinstance(step, ThawRole), "a freeze without its thaw"
+                frozen ^= {step.role}
+            assert not isinstance(step, EngineFaults) or step.role == "prefill"
             room = getattr(step, "room", None)
             if isinstance(step, OpenRoom):
                 assert room not in opened, "a room id reused before its lifecycle was cleared"
@@ -57,8 +62,8 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
             elif isinstance(step, VerifyPools):
                 dst_pages = [d for _, d in step.kv_moves] + list(step.unchecked_kv)
         assert len(dst_pages) == len(set(dst_pages)), "two lifecycles wrote the same decode page"
-        assert not opened, "the program ends with a room not cleared"
-        labels = [label for label, _ in p.lifecycles]
+        assert not opened and not frozen, "the program ends with a room not cleared or a role frozen"
+        labels = [x[0] for x in p.lifecycles]
         polled = {s.label for s in p.steps if isinstance(s, AwaitStatus) and s.label}
         assert len(labels) == len(set(labels)) and polled == set(labels), "a lifecycle its checks cannot find"
 

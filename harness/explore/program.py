@@ -5,15 +5,21 @@ bootstrap rooms of one prefill and one decode, in the orders a real pair of sche
 can produce: rooms opened and registered while others transfer, chunks of different
 rooms interleaved, the decode aborting a room at any point after it registered (its
 scheduler's AbortReq), rooms cleared once both sides concluded, and a cleared room id
-used again for a new lifecycle (R-REUSE-1).  :class:`ProgramMachine`, a hypothesis
+used again for a new lifecycle (R-REUSE-1), the prefill's transfer engine delaying its
+writes, delaying the aux data or failing its n-th write, a role frozen for less than the
+heartbeat window, and (a profile drawn first) deferred KV release with its ABORT_ACKs.
+:class:`ProgramMachine`, a hypothesis
 rule-based state machine, writes them: each rule's precondition keeps the program legal
 for a scheduler (a chunk only after the sender's init, a clear only after both sides
 concluded, never more pages than the pools hold), so shrinking a failing program keeps it
 legal.  The program then runs as one cell (harness.explore.session); its checks
-(:meth:`Program.checks`) come from the spec: a room nobody aborted reaches Success on
-both sides (R-XFER-1), an aborted one concludes on both (R-ABORT-1), every byte lands
-where it belongs (R-LAYOUT-1), no loop or thread dies (R-LIVE-2), and the judge adds
-the generic post-conditions (terminal statuses, reasons, no residue after clear).
+(harness.explore.program_checks) come from the spec: a room nobody aborted and no failed
+write could reach succeeds on both sides (R-XFER-1), an aborted one concludes on both
+(R-ABORT-1), one a failed write could reach concludes within the waiting timeout
+(R-TIMEOUT-2), every room's bytes are in place at the decode's Success poll (R-XFER-2)
+and every byte lands where it belongs (R-LAYOUT-1), ABORT_ACKs come at most once per
+room generation (R-ABORT-2), no loop or thread dies (R-LIVE-2), and the judge adds the
+generic post-conditions (terminal statuses, reasons, no residue after clear).
 
 A program is data: :meth:`Program.to_json` / :func:`program_from_json` write and read it,
 which is how a cell process gets it and how a found program replays (harness.explore.found).
@@ -28,12 +34,12 @@ import msgspec
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from harness.explore.program_checks import lifecycle_checks
 from harness.judge import checks as c
-from harness.spec.history import Event, Op, completions
-from harness.spec.protocol import KVPoll, Layout, kvpoll_name
+from harness.spec.protocol import KVPoll, Layout
 from harness.spec.rooms import DONE
-from harness.spec.steps import (Abort, AwaitStatus, Clear, InitSender, OpenRoom, RequestKV, SendChunk, Sleep,
-                                StartRoles, Step, VerifyPools)
+from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, OpenRoom, RequestKV,
+                                SendChunk, Sleep, StartRoles, Step, ThawRole, VerifyPools)
 
 #: the pools every program runs on: 32 pages and 8 aux slots, enough for 8 room lifecycles
 #: of up to 4 pages that never share a decode page or aux slot (so every byte stays checkable)
@@ -41,8 +47,22 @@ LAYOUT = Layout(num_layers=2, num_pages=32, page_size=4, page_bytes=128, aux_slo
 MAX_LIFECYCLES = 8
 MAX_ROOM_PAGES = 4
 SLEEPS_S = (0.05, 0.2, 0.5)  # waits a program may take between steps (seconds): heartbeats and handling run
-PROGRAM_TIMEOUT_S = 90.0
-ROOM_MIN = 2**40  # the smallest room id a program uses  # a program cell's deadline (seconds); its waits are bounded far below it
+FREEZES_S = (0.3, 1.0)  # how long a role stays frozen (seconds): far inside the 4 s heartbeat window
+ENGINE_DELAYS_S = (0.05, 0.2)  # what each prefill write waits (seconds)
+AUX_DELAY_S = 0.3  # how late the aux data reaches the decode (seconds)
+FAIL_NTH = (1, 2, 3)  # which write, counted from the plan, the prefill's engine fails
+MAX_ENGINE_PLANS = 3  # engine fault plans a program sets, at most
+WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2): a failed write's room ends by then
+AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
+PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
+ROOM_MIN = 2**40  # the smallest room id a program uses
+WAITING_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),)
+DEFERRED_ENV = (*WAITING_ENV, ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"))
+#: the roles a program may start: plain or with deferred KV release (the profile); the bare
+#: one is what programs written before the waiting timeout was set hold
+PROFILES = {"plain": StartRoles(layout=LAYOUT, env=WAITING_ENV),
+            "deferred-release": StartRoles(layout=LAYOUT, env=DEFERRED_ENV),
+            "bare": StartRoles(layout=LAYOUT)}
 
 
 @dataclass
@@ -60,6 +80,7 @@ class _Room:
     concluded: bool = False  # both sides awaited to a terminal status
     aborted: bool = False
     cleared: bool = False
+    at_risk: bool = False  # a write the prefill's engine was told to fail may be this room's
 
     @property
     def all_sent(self) -> bool:
@@ -69,26 +90,23 @@ class _Room:
 @dataclass(frozen=True)
 class Program:
     """A generated program: ``steps`` (the first is StartRoles), ``lifecycles`` (one
-    ``(label, aborted)`` per room lifecycle, in the order they opened: the label its
-    conclusion polls carry, and whether the decode aborted it) and ``topology``."""
+    ``(label, aborted[, at_risk])`` per room lifecycle, in the order they opened: the label
+    its conclusion polls carry, whether the decode aborted it, whether a failed write may
+    reach it) and ``topology``."""
 
     steps: tuple[Step, ...]
-    lifecycles: tuple[tuple[str, bool], ...] = ()
+    lifecycles: tuple[tuple, ...] = ()
     topology: str = "p1-d1"  # the deployment shape it runs on (harness.spec.topology)
 
     def checks(self) -> list[c.Check]:
-        """The spec's expectations for this program (see the module docstring); the aborted
-        rooms' check first, so a stuck abort is not reported as a clean room's."""
-        clean = tuple(label for label, aborted in self.lifecycles if not aborted)
-        hit = tuple(label for label, aborted in self.lifecycles if aborted)
-        return [
-            c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
-            c.Check("aborted-rooms-conclude", "R-ABORT-1", _all_reached(hit, DONE)),
-            c.Check("clean-rooms-succeed", "R-XFER-1", _all_reached(clean, (KVPoll.Success,))),
-            c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
-            c.Check("loops-alive", "R-LIVE-2", c.loops_alive()),
-            c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads()),
-        ]
+        """The spec's expectations for this program (harness.explore.program_checks)."""
+        def kind(x: tuple) -> str:
+            return "aborted" if x[1] else "at-risk" if len(x) > 2 and x[2] else "clean"
+
+        labels = {k: tuple(x[0] for x in self.lifecycles if kind(x) == k) for k in ("clean", "aborted", "at-risk")}
+        aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
+        return lifecycle_checks(labels["clean"], labels["aborted"], labels["at-risk"], aborted_rooms,
+                                deferred=self.steps[0] == PROFILES["deferred-release"])
 
     def to_json(self) -> str:
         """The program as one JSON document (steps tagged by their class name)."""
@@ -96,33 +114,10 @@ class Program:
                            "lifecycles": [list(x) for x in self.lifecycles]}, indent=1)
 
 
-def _all_reached(labels: tuple[str, ...], statuses: tuple[int, ...]) -> c.Checker:
-    """Each lifecycle's conclusion polls (AwaitStatus labelled with it) on the prefill and
-    on the decode reached one of ``statuses`` within their bound: every lifecycle of a
-    reused room id is judged, not only the last."""
-    names = "/".join(kvpoll_name(s) for s in statuses)
-
-    def fn(events: list[dict]):
-        for label in labels:
-            for role in ("prefill", "decode"):
-                polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role)
-                         if (e.get("args") or {}).get("label") == label]
-                if not polls:
-                    return False, f"{role} never polled lifecycle {label} to its end"
-                last = polls[-1]
-                value = last.get("value") or {}
-                room = last["args"].get("room")
-                if last["type"] != Event.OK or not value.get("reached") or value.get("status") not in statuses:
-                    said = value.get("status_name") or last.get("error") or "nothing"
-                    return False, f"{role} room {room} (lifecycle {label}) read {said}, not {names}", last["seq"]
-        return True, f"{len(labels)} lifecycle(s) reached {names} on both sides"
-
-    return fn
-
-
 #: the steps a program may hold: what ProgramMachine writes, nothing that starts processes
 #: with a file's settings, kills, injects or loads code (a found file is input, not trusted)
-PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools)
+PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools,
+                 EngineFaults, FreezeRole, ThawRole)
 MAX_WAIT_S = 30.0  # the longest Sleep or status bound a program file may ask for (seconds)
 
 
@@ -135,8 +130,8 @@ def _encode(step: Step) -> dict:
 
 def program_from_json(text: str) -> Program:
     """The program :meth:`Program.to_json` wrote.  ValueError on anything else: a step
-    outside :data:`PROGRAM_STEPS`, a field of the wrong type, a StartRoles with settings of
-    its own (environment, armed points, other layouts), a wait beyond :data:`MAX_WAIT_S`."""
+    outside :data:`PROGRAM_STEPS`, a field of the wrong type, a StartRoles other than a
+    :data:`PROFILES` one, a wait beyond :data:`MAX_WAIT_S`, a role left frozen."""
     try:
         doc = json.loads(text)
         steps = []
@@ -145,25 +140,38 @@ def program_from_json(text: str) -> Program:
             if kind is None:
                 raise ValueError("a step a generated program never holds")
             steps.append(msgspec.json.decode(json.dumps(raw), type=kind))
-        program = Program(tuple(steps), tuple((str(label), bool(aborted)) for label, aborted in doc["lifecycles"]),
-                          str(doc.get("topology", "p1-d1")))
-    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:  # JSON, msgspec: ValueErrors
+        lifecycles = tuple((str(x[0]), bool(x[1]), *(bool(v) for v in x[2:3])) for x in doc["lifecycles"])
+        program = Program(tuple(steps), lifecycles, str(doc.get("topology", "p1-d1")))
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError, RecursionError) as exc:  # msgspec: ValueErrors
         raise ValueError(f"not a pdconform program: {type(exc).__name__}: {exc}") from exc
     _check_bounds(program)
     return program
 
 
 def _check_bounds(program: Program) -> None:
-    """ValueError unless ``program`` is one ProgramMachine could have written: StartRoles
-    first and only there, with the program layout and nothing else set; every wait bounded."""
-    if not program.steps or program.steps[0] != StartRoles(layout=LAYOUT):
+    """ValueError unless ``program`` is one ProgramMachine could have written: a profile's
+    StartRoles first and only there; every wait bounded; engine faults only on the
+    prefill, bounded, of the kinds a program sets; every frozen role thawed."""
+    if not program.steps or program.steps[0] not in PROFILES.values():
         raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
+    frozen: set[str] = set()
     for step in program.steps[1:]:
         if isinstance(step, StartRoles):
             raise ValueError("not a pdconform program: roles started twice")
         wait = step.seconds if isinstance(step, Sleep) else getattr(step, "timeout_s", 0.0)
+        if isinstance(step, EngineFaults):
+            wait = max(step.delay_s, step.aux_delay_s)
+            if step.role != "prefill" or step.never_complete or step.fail_group is not None \
+                    or not 0 < (step.fail_nth or 1) <= 100:
+                raise ValueError("not a pdconform program: an engine fault a program never sets")
         if not 0 <= wait <= MAX_WAIT_S:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
+        if isinstance(step, (FreezeRole, ThawRole)):
+            if step.role not in ("prefill", "decode") or (step.role in frozen) != isinstance(step, ThawRole):
+                raise ValueError("not a pdconform program: a freeze and a thaw out of pairs")
+            frozen ^= {step.role}
+    if frozen:
+        raise ValueError("not a pdconform program: a role is left frozen")
 
 
 class ProgramMachine(RuleBasedStateMachine):
@@ -173,10 +181,12 @@ class ProgramMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.steps: list[Step] = [StartRoles(layout=LAYOUT)]
+        self.steps: list[Step] = [PROFILES["plain"]]
         self.rooms: list[_Room] = []
         self.free_pages = list(range(LAYOUT.num_pages))
         self.free_aux = list(range(LAYOUT.aux_slots))
+        self.failing = False  # the prefill's engine is set to fail a write
+        self.plans = 0  # engine fault plans set
 
     # ---- the model ----------------------------------------------------------------
     def _live(self) -> list[_Room]:
@@ -189,6 +199,9 @@ class ProgramMachine(RuleBasedStateMachine):
     # ---- rules: what a pair of schedulers may do next -------------------------------
     @initialize(data=st.data())
     def first_room(self, data) -> None:
+        """The profile (deferred KV release or not; a shrink falls back to plain), then a room."""
+        if data.draw(st.booleans(), label="deferred KV release"):
+            self.steps[0] = PROFILES["deferred-release"]
         self.open_room(data)
 
     @precondition(lambda self: len(self.rooms) < MAX_LIFECYCLES)
@@ -213,7 +226,7 @@ class ProgramMachine(RuleBasedStateMachine):
         bounds = [0, *cuts, n]
         chunks = [src[a:b] for a, b in zip(bounds, bounds[1:])]
         aux_src = data.draw(st.integers(0, LAYOUT.aux_slots - 1), label="aux source")
-        self.rooms.append(_Room(room, src, dst, aux_src, aux_dst, chunks))
+        self.rooms.append(_Room(room, src, dst, aux_src, aux_dst, chunks, at_risk=self.failing))
         self.steps += [OpenRoom(room), RequestKV(room, dst, aux_dst),
                        AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed))]
 
@@ -265,11 +278,44 @@ class ProgramMachine(RuleBasedStateMachine):
         """Time passes: control messages are handled, heartbeats run."""
         self.steps.append(Sleep(seconds))
 
+    @precondition(lambda self: self.plans < MAX_ENGINE_PLANS)
+    @rule(data=st.data())
+    def engine_faults(self, data) -> None:
+        """The prefill's transfer engine changes: each write waits, the aux data comes late,
+        the n-th write from now fails (a room with writes to come may be the one: it must
+        then conclude, not succeed), or the engine heals."""
+        kind = data.draw(st.sampled_from(("delay", "aux-delay", "fail", "heal")), label="engine fault")
+        plan = (EngineFaults("prefill", delay_s=data.draw(st.sampled_from(ENGINE_DELAYS_S), label="delay"))
+                if kind == "delay" else EngineFaults("prefill", aux_delay_s=AUX_DELAY_S) if kind == "aux-delay"
+                else EngineFaults("prefill", fail_nth=data.draw(st.sampled_from(FAIL_NTH), label="nth"))
+                if kind == "fail" else EngineFaults("prefill"))
+        self.plans += 1
+        self.failing = kind == "fail"
+        if self.failing:
+            for r in self._live():
+                r.at_risk = r.at_risk or not r.concluded
+        self.steps.append(plan)
+
+    @rule(role=st.sampled_from(("prefill", "decode")), seconds=st.sampled_from(FREEZES_S))
+    def freeze(self, role: str, seconds: float) -> None:
+        """A role stops for a moment (a GC pause, a descheduled VM), well inside the
+        heartbeat window: nothing may fail because of it."""
+        self.steps += [FreezeRole(role), Sleep(seconds), ThawRole(role)]
+
     # ---- the program ----------------------------------------------------------------
     def _await(self, r: _Room) -> None:
+        """The decode's conclusion poll, the room's bytes right then (a room the decode did
+        not abort), the prefill's poll."""
         r.concluded = True
         label = f"L{self.rooms.index(r)}"
-        self.steps += [AwaitStatus(r.room, "prefill", DONE, label=label), AwaitStatus(r.room, "decode", DONE, label=label)]
+        bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk else {}
+        self.steps.append(AwaitStatus(r.room, "decode", DONE, label=label, **bound))
+        if not r.aborted:
+            others = [o for o in self.rooms if o is not r]
+            self.steps.append(VerifyPools(tuple(zip(r.src, r.dst)), ((r.aux_src, r.aux_dst),),
+                                          unchecked_kv=tuple(p for o in others for p in o.dst),
+                                          unchecked_aux=tuple(o.aux_dst for o in others), settle_s=0.0, label=label))
+        self.steps.append(AwaitStatus(r.room, "prefill", DONE, label=label, **bound))
 
     def program(self) -> Program:
         """The steps so far, then what every scheduler does before it goes idle: each room
@@ -285,16 +331,16 @@ class ProgramMachine(RuleBasedStateMachine):
         for r in self._live():
             if not r.concluded:
                 self._await(r)
-        clean = [r for r in self.rooms if not r.aborted]
-        hit = [r for r in self.rooms if r.aborted]
-        self.steps.append(VerifyPools(tuple(m for r in clean for m in zip(r.src, r.dst)),
-                                      tuple((r.aux_src, r.aux_dst) for r in clean),
-                                      unchecked_kv=tuple(p for r in hit for p in r.dst),
-                                      unchecked_aux=tuple(r.aux_dst for r in hit)))
+        judged = [r for r in self.rooms if not r.aborted and not r.at_risk]
+        rest = [r for r in self.rooms if r.aborted or r.at_risk]
+        self.steps.append(VerifyPools(tuple(m for r in judged for m in zip(r.src, r.dst)),
+                                      tuple((r.aux_src, r.aux_dst) for r in judged),
+                                      unchecked_kv=tuple(p for r in rest for p in r.dst),
+                                      unchecked_aux=tuple(r.aux_dst for r in rest)))
         for r in self._live():
             r.cleared = True
             self.steps += [Clear(r.room, "prefill"), Clear(r.room, "decode")]
-        return Program(tuple(self.steps), tuple((f"L{i}", r.aborted) for i, r in enumerate(self.rooms)))
+        return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk) for i, r in enumerate(self.rooms)))
 
 
-__all__ = ["LAYOUT", "Program", "ProgramMachine", "program_from_json", "PROGRAM_TIMEOUT_S"]
+__all__ = ["LAYOUT", "PROFILES", "Program", "ProgramMachine", "program_from_json", "PROGRAM_TIMEOUT_S"]

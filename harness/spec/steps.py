@@ -269,6 +269,7 @@ class VerifyPools:
     unchecked_aux: tuple[int, ...] = ()
     sent_layers: tuple[int, ...] | None = None  # layers the prefill sends (None: every layer)
     settle_s: float = 2.0
+    label: str = ""  # names this verification in the history (a program's lifecycle, harness.explore)
 
 
 @dataclass(frozen=True)

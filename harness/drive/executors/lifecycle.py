@@ -270,7 +270,7 @@ def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
     kwargs = dict(kv_moves=[list(m) for m in step.kv_moves], aux_moves=[list(m) for m in step.aux_moves],
                   unchecked_kv=list(step.unchecked_kv), unchecked_aux=list(step.unchecked_aux),
                   sent_layers=None if step.sent_layers is None else list(step.sent_layers))
-    args = {**kwargs, "settle_s": step.settle_s}
+    args = {**kwargs, "settle_s": step.settle_s, **({"label": step.label} if step.label else {})}
     d.record(Event.INVOKE, Op.VERIFY, step.decode, args=args)
     start = time.monotonic()
     checks = 0

@@ -1,0 +1,108 @@
+"""The spec's checks for one generated program (harness.explore.program): which lifecycles
+must succeed, which must only conclude, whose bytes are judged at the decode's Success
+poll, and the ABORT_ACKs of deferred release.  Each check is a pure function of the
+cell's history, as every scenario check is (harness.judge.checks).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from harness.judge import checks as c
+from harness.spec.history import Event, Op, completions
+from harness.spec.protocol import KVPoll, kvpoll_name
+from harness.spec.rooms import DONE
+
+
+def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: tuple[str, ...],
+                     aborted_rooms: tuple[int, ...], deferred: bool) -> list[c.Check]:
+    """The checks of a program whose lifecycles (labels ``L<i>``) are ``clean`` (nobody
+    aborted them and no failed write could reach them), ``aborted`` (by the decode) or
+    ``at_risk`` (a write the prefill's engine was told to fail may be theirs);
+    ``aborted_rooms`` the room ids the decode aborted; ``deferred``: the roles run with
+    deferred KV release, so ABORT_ACKs are judged.  The aborted and at-risk rooms' checks
+    come before the clean ones', so a stuck abort is not reported as a clean room's."""
+    out = [
+        c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
+        c.Check("aborted-rooms-conclude", "R-ABORT-1", all_reached(aborted, DONE)),
+        c.Check("failed-write-rooms-conclude", "R-TIMEOUT-2", all_reached(at_risk, DONE)),
+        c.Check("clean-rooms-succeed", "R-XFER-1", all_reached(clean, (KVPoll.Success,))),
+        c.Check("bytes-at-success", "R-XFER-2", bytes_at_success()),
+        c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
+    ]
+    if deferred:
+        out.append(c.Check("abort-ack-once", "R-ABORT-2", acks_once(aborted_rooms)))
+    return out + [c.Check("loops-alive", "R-LIVE-2", c.loops_alive()),
+                  c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads())]
+
+
+def _conclusion(events: list[dict], label: str, role: str) -> dict | None:
+    """The last conclusion poll of lifecycle ``label`` on ``role`` (AwaitStatus carrying it)."""
+    polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role) if (e.get("args") or {}).get("label") == label]
+    return polls[-1] if polls else None
+
+
+def all_reached(labels: tuple[str, ...], statuses: tuple[int, ...]) -> c.Checker:
+    """Each lifecycle's conclusion polls (AwaitStatus labelled with it) on the prefill and
+    on the decode reached one of ``statuses`` within their bound: every lifecycle of a
+    reused room id is judged, not only the last."""
+    names = "/".join(kvpoll_name(s) for s in statuses)
+
+    def fn(events: list[dict]):
+        for label in labels:
+            for role in ("prefill", "decode"):
+                last = _conclusion(events, label, role)
+                if last is None:
+                    return False, f"{role} never polled lifecycle {label} to its end"
+                value = last.get("value") or {}
+                room = last["args"].get("room")
+                if last["type"] != Event.OK or not value.get("reached") or value.get("status") not in statuses:
+                    said = value.get("status_name") or last.get("error") or "nothing"
+                    return False, f"{role} room {room} (lifecycle {label}) read {said}, not {names}", last["seq"]
+        return True, f"{len(labels)} lifecycle(s) reached {names} on both sides"
+
+    return fn
+
+
+def bytes_at_success() -> c.Checker:
+    """Every lifecycle verified right at the decode's conclusion poll (a VerifyPools labelled
+    with it, no settling) whose poll read Success had every byte of its room in place then:
+    the decode scheduler reads the room's KV and aux at that poll (R-XFER-2).  A lifecycle
+    whose poll read Failed is not judged here."""
+
+    def fn(events: list[dict]):
+        judged = 0
+        for check in completions(events, op=Op.VERIFY, role="decode"):
+            label = (check.get("args") or {}).get("label")
+            poll = _conclusion(events, label, "decode") if label else None
+            if poll is None or (poll.get("value") or {}).get("status") != KVPoll.Success:
+                continue
+            if check["type"] == Event.FAIL:
+                return None, f"verification of lifecycle {label} could not run: {check.get('error')}", check["seq"]
+            judged += 1
+            report = check["value"]
+            if not report["ok"]:
+                listed = "; ".join(report["mismatches"][:5])
+                return False, (f"lifecycle {label} (room {poll['args'].get('room')}) read Success with "
+                               f"{report['mismatch_pages']} page(s) not yet right: {listed}"), check["seq"]
+        return True, f"{judged} lifecycle(s) had every byte in place at their Success poll"
+
+    return fn
+
+
+def acks_once(rooms: tuple[int, ...]) -> c.Checker:
+    """The decode received at most one ABORT_ACK per aborted room, generation and sender
+    (R-ABORT-2: exactly once per room generation; the drain itself is abort-ack-after-drain's
+    check, which knows which writes are the room's)."""
+
+    def fn(events: list[dict]):
+        acks = [a for room in sorted(set(rooms)) for a in c.abort_acks(events, "decode", room)]
+        twice = [key for key, n in Counter((a.get("room"), a.get("generation"), a.get("sender")) for a in acks).items()
+                 if n > 1]
+        if twice:
+            room, generation, sender = twice[0]
+            return False, (f"the decode received more than one ABORT_ACK for room {room} generation {generation} "
+                           f"from sender {sender}")
+        return True, f"{len(acks)} ABORT_ACK(s) for {len(set(rooms))} aborted room id(s), none twice"
+
+    return fn
