@@ -75,6 +75,11 @@ def test_a_program_file_that_is_not_one_is_refused():
            {**good, "steps": [{**start, "env": [["LD_PRELOAD", "/tmp/x.so"]]}, *good["steps"][1:]]},  # roles' env
            {**good, "steps": [start, {"step": "KillRole", "role": "decode"}]},  # a step programs never hold
            {**good, "steps": [start, {"step": "Sleep", "seconds": 1e9}]},  # an unbounded wait
+           {**good, "steps": [start, {"step": "EngineFaults", "role": "prefill", "never_complete": True}]},
+           {**good, "steps": [start, {"step": "EngineFaults", "role": "prefill", "delay_s": 1e6}]},
+           {**good, "steps": [start, {"step": "FreezeRole", "role": "decode"}]},  # left frozen
+           {**good, "steps": [start, {"step": "ThawRole", "role": "decode"}]},  # a thaw with no freeze
+           {**good, "steps": [start, {"step": "RestartRole", "role": "prefill", "env": [["LD_PRELOAD", "x"]]}]},
            {**good, "lifecycles": [["L0", float("inf")], 7]}, "[]", "[" * 100000]
     for doc in bad:
         with pytest.raises(ValueError, match="not a pdconform program"):

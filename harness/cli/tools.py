@@ -1,4 +1,4 @@
-"""The commands about the machine and the harness itself: ``doctor``, ``list``, ``bench``, ``simulate``, ``soak``."""
+"""The commands about the machine and the harness itself: ``doctor``, ``list``, ``bench``, ``simulate``, ``soak``, ``scrub``."""
 
 from __future__ import annotations
 
@@ -318,3 +318,35 @@ def mutants(
     console.print(f"mutants.json, mutants.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
     console.print(terminal(md_path.read_text()), markup=False, highlight=False)  # it ends with score_line
     raise typer.Exit(code=0 if all(m.caught for m in found) and not control else 1)
+
+
+@app.command()
+def scrub(
+    run_dir: Path = typer.Argument(..., help="A stored run: its run folder (OUT/runs/<time>/), or an --out folder "
+                                   "(its latest run)."),
+    out: Path = typer.Option(..., "--out", help="The folder to write the scrubbed copy into (must not exist)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the pseudonyms: the same seed gives the same names."),
+    also: Optional[List[str]] = typer.Option(None, "--also", help="Another name to replace, as a host name "
+                                             "(repeatable): a cluster, a project, a short host name."),
+) -> None:
+    """Write a copy of a run safe to share: host names, IP addresses, user names and home or
+    install paths replaced by consistent pseudonyms (harness.report.scrub); verdicts judge
+    the same (`pdconform judge OUT`).
+
+    Exit 0 when the copy was written, 2 on bad input (no run, an --out that exists).
+    """
+    from harness.report.safe import terminal
+    from harness.report.scrub import ScrubError, scrub as scrub_tree
+
+    try:
+        report = scrub_tree(run_dir, out.expanduser(), seed, tuple(also or ()))
+    except ScrubError as exc:
+        raise _usage_error(str(exc))
+    except OSError as exc:
+        raise _usage_error(f"cannot scrub {run_dir} into {out}: {exc.strerror or exc}")
+    counts = ", ".join(f"{n} {kind}" for kind, n in report.replaced.items())
+    console.print(terminal(f"scrubbed {report.files} file(s) into {report.out}: replaced {counts}"), markup=False,
+                  highlight=False)
+    for name, why in sorted(report.left.items()):
+        console.print(terminal(f"left as is: {name!r} ({why}; --also {name} replaces it)"), markup=False,
+                      highlight=False)

@@ -39,7 +39,7 @@ from harness.judge import checks as c
 from harness.spec.protocol import KVPoll, Layout
 from harness.spec.rooms import DONE
 from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, OpenRoom, RequestKV,
-                                SendChunk, Sleep, StartRoles, Step, ThawRole, VerifyPools)
+                                RestartRole, SendChunk, Sleep, StartRoles, Step, ThawRole, VerifyPools)
 
 #: the pools every program runs on: 32 pages and 8 aux slots, enough for 8 room lifecycles
 #: of up to 4 pages that never share a decode page or aux slot (so every byte stays checkable)
@@ -47,6 +47,8 @@ LAYOUT = Layout(num_layers=2, num_pages=32, page_size=4, page_bytes=128, aux_slo
 MAX_LIFECYCLES = 8
 MAX_ROOM_PAGES = 4
 SLEEPS_S = (0.05, 0.2, 0.5)  # waits a program may take between steps (seconds): heartbeats and handling run
+BOOTSTRAP_TIMEOUT_S = 3  # the prefill's bootstrap timeout in programs (R-TIMEOUT-1)
+LONG_WAIT_S = BOOTSTRAP_TIMEOUT_S + 1.0  # one wait in ten outlasts it: only Bootstrapping rooms may fail of it
 FREEZES_S = (0.3, 1.0)  # how long a role stays frozen (seconds): far inside the 4 s heartbeat window
 ENGINE_DELAYS_S = (0.05, 0.2)  # what each prefill write waits (seconds)
 AUX_DELAY_S = 0.3  # how late the aux data reaches the decode (seconds)
@@ -56,7 +58,8 @@ WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2)
 AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
 ROOM_MIN = 2**40  # the smallest room id a program uses
-WAITING_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),)
+WAITING_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+               ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
 DEFERRED_ENV = (*WAITING_ENV, ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"))
 #: the roles a program may start: plain or with deferred KV release (the profile); the bare
 #: one is what programs written before the waiting timeout was set hold
@@ -117,7 +120,7 @@ class Program:
 #: the steps a program may hold: what ProgramMachine writes, nothing that starts processes
 #: with a file's settings, kills, injects or loads code (a found file is input, not trusted)
 PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools,
-                 EngineFaults, FreezeRole, ThawRole)
+                 EngineFaults, FreezeRole, ThawRole, RestartRole)
 MAX_WAIT_S = 30.0  # the longest Sleep or status bound a program file may ask for (seconds)
 
 
@@ -166,6 +169,8 @@ def _check_bounds(program: Program) -> None:
                 raise ValueError("not a pdconform program: an engine fault a program never sets")
         if not 0 <= wait <= MAX_WAIT_S:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
+        if isinstance(step, RestartRole) and (step.role != "prefill" or step.env is not None or frozen):
+            raise ValueError("not a pdconform program: a restart a program never makes")
         if isinstance(step, (FreezeRole, ThawRole)):
             if step.role not in ("prefill", "decode") or (step.role in frozen) != isinstance(step, ThawRole):
                 raise ValueError("not a pdconform program: a freeze and a thaw out of pairs")
@@ -178,6 +183,9 @@ class ProgramMachine(RuleBasedStateMachine):
     """Writes one program (see the module docstring); :meth:`program` is what it wrote.
     Nothing runs while it writes: a subclass (harness.explore.session) runs the program
     at ``teardown``, so hypothesis shrinks failing programs rule by rule."""
+
+    #: whether the prefill may be restarted (RestartRole): a prefill of one process only
+    restarts = True
 
     def __init__(self):
         super().__init__()
@@ -273,10 +281,20 @@ class ProgramMachine(RuleBasedStateMachine):
         self.steps += [Clear(r.room, "prefill"), Clear(r.room, "decode")]
 
     @precondition(lambda self: not isinstance(self.steps[-1], Sleep))
-    @rule(seconds=st.sampled_from(SLEEPS_S))
-    def wait(self, seconds: float) -> None:
-        """Time passes: control messages are handled, heartbeats run."""
-        self.steps.append(Sleep(seconds))
+    @rule(which=st.integers(0, 9))
+    def wait(self, which: int) -> None:
+        """Time passes: control messages are handled, heartbeats run; one wait in ten
+        outlasts the bootstrap timeout, which may fail only a room still Bootstrapping
+        (R-TIMEOUT-1), and every program room has registered by then."""
+        self.steps.append(Sleep(LONG_WAIT_S if which == 9 else SLEEPS_S[which % len(SLEEPS_S)]))
+
+    @precondition(lambda self: self.restarts and self.rooms and not self._live() and
+                  not any(isinstance(s, RestartRole) for s in self.steps))
+    @rule()
+    def restart_prefill(self) -> None:
+        """Every room cleared, the prefill is replaced behind the same bootstrap address on
+        new ports (a deploy, a crash and restart): the rooms after it must succeed (R-RESTART-1)."""
+        self.steps.append(RestartRole("prefill"))
 
     @precondition(lambda self: self.plans < MAX_ENGINE_PLANS)
     @rule(data=st.data())

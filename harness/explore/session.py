@@ -33,6 +33,7 @@ from harness.explore.program import Program, ProgramMachine
 from harness.judge.judge import judge
 from harness.judge.results import CellResult
 from harness.spec import history as hist
+from harness.spec.topology import TOPOLOGIES
 from harness.target.sglang import SglangTarget
 
 SHRINK_RUNS = 40  # cells one failure's shrinking may run, at most
@@ -238,8 +239,11 @@ class Explorer:
         state: dict = {"sig": None, "best": None, "shrinks": 0, "shrink_until": 0.0}
         seen: dict[str, dict | None] = {}  # program -> what hypothesis is told: a program runs once per round
         explorer = self
+        prefill = TOPOLOGIES[self.topology].prefill
 
         class Run(ProgramMachine):
+            restarts = prefill.tp == prefill.pp == prefill.dp == 1  # RestartRole replaces one process
+
             def teardown(self) -> None:
                 program = replace(self.program(), topology=explorer.topology)
                 sig = explorer._outcome(program, impl, report, start, deadline, state, seen)

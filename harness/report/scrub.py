@@ -1,0 +1,237 @@
+"""Traces safe to share: a copy of a result tree with host names, IP addresses, user names
+and home or install paths replaced by consistent pseudonyms (``pdconform scrub``).
+
+What is an identifier (:func:`find_identifiers`): the host names this machine goes by and
+any a run recorded (``hosts`` in results.json), every IPv4 or IPv6 address in any file
+except loopback and the unspecified address, the user names of home folders
+(``/home/NAME``, ``/Users/NAME``) and of this process, the home folder, the install
+prefixes the run recorded or runs from (the sglang install's prefix, this interpreter's,
+the checkout's) and the folder the run was written under; plus any the caller names.
+Each gets a pseudonym from faker, seeded by the seed and the identifier itself, so the
+same input gives the same name in every file of the tree (and in every tree scrubbed with
+that seed): an address stays an address (an endpoint keeps its port), a path keeps its
+shape below the replaced prefix.  What verdicts depend on (statuses, room ids, ports,
+bytes, requirement IDs) is never an identifier, so ``pdconform judge`` gives the scrubbed
+tree the same verdicts.
+
+A host or user name shorter than :data:`MIN_NAME` characters, or one of the tree's own
+words (``root``, a role or check name), is left as it is and listed, since replacing it
+everywhere would rewrite the trace's own text; name it with ``--also`` to force it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import ipaddress
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIN_NAME = 3  # a host or user name shorter than this is too common a string to replace blindly
+#: names that are not identifying, or are words of the trace itself
+COMMON_NAMES = {"root", "nobody", "localhost", "user", "admin", "prefill", "decode", "reference", "mooncake", "nixl",
+                "mori", "runner", "ubuntu", "debian"}
+_IPV4 = re.compile(rb"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\w|\.\d)")
+_IPV6 = re.compile(rb"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])")
+_HOME = re.compile(rb"/(?:home|Users)/([A-Za-z0-9._-]+)")
+
+
+class ScrubError(Exception):
+    """The tree cannot be scrubbed as asked (no run folder, an output that exists)."""
+
+
+@dataclass
+class Identifiers:
+    """What a tree holds that identifies a machine or a person, by kind: ``hosts``,
+    ``addresses``, ``users``, ``paths``; ``left`` the names kept as they are, and why."""
+
+    hosts: set[str] = field(default_factory=set)
+    addresses: set[str] = field(default_factory=set)
+    users: set[str] = field(default_factory=set)
+    paths: set[str] = field(default_factory=set)
+    left: dict[str, str] = field(default_factory=dict)
+
+    def all(self) -> set[str]:
+        return self.hosts | self.addresses | self.users | self.paths
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _local_prefixes() -> set[str]:
+    """This machine's install prefixes: the interpreter's, the checkout's, the home folder."""
+    checkout = Path(__file__).resolve().parents[2]
+    return {sys.prefix, str(checkout), os.path.expanduser("~")} - {"/", ""}
+
+
+def _recorded(results: dict) -> tuple[set[str], set[str]]:
+    """Host names and install prefixes a run recorded in its results.json."""
+    hosts = {str(h.get("name") or "") for h in results.get("hosts") or [] if isinstance(h, dict)}
+    path = str((results.get("sglang") or {}).get("path") or "")
+    prefixes = {path.split("/lib/python")[0]} if "/lib/python" in path else {str(Path(path).parent)} if path else set()
+    return hosts - {""}, prefixes - {"", "/"}
+
+
+def find_identifiers(run_dir: Path, results: dict, also: tuple[str, ...] = ()) -> Identifiers:
+    """The identifiers of the tree ``run_dir`` (its parsed results.json ``results``) and the
+    caller's ``also`` (kept whatever their length); see the module docstring."""
+    ids = Identifiers()
+    hosts, prefixes = _recorded(results)
+    candidates = {socket.gethostname(), socket.getfqdn(), *hosts}
+    users = {getpass.getuser()}
+    prefixes |= _local_prefixes() | {str(run_dir.resolve().parent.parent)}
+    for path in _files(run_dir):
+        data = path.read_bytes()
+        users |= {m.decode("utf-8", "replace") for m in _HOME.findall(data)}
+        for m in _IPV4.findall(data):
+            if _is_identifying(m.decode()):
+                ids.addresses.add(m.decode())
+        for m in _IPV6.findall(data):
+            if m.count(b":") >= 2 and _is_identifying(m.decode()):
+                ids.addresses.add(m.decode())
+    for kind, names in (("hosts", candidates), ("users", users)):
+        for name in names - {"", "localhost", "localhost.localdomain"}:  # no one's name: not worth a line
+            if len(name) < MIN_NAME or name.lower() in COMMON_NAMES:
+                ids.left[name] = "too short" if len(name) < MIN_NAME else "a common name or a word of the trace"
+            else:
+                getattr(ids, kind).add(name)
+    home = os.path.expanduser("~").rstrip("/")
+    # a prefix of one component (/tmp, /opt) names no one; the home folder (/root) does
+    ids.paths = {p.rstrip("/") for p in prefixes if p.rstrip("/") == home or p.strip("/").count("/") >= 1}
+    ids.hosts |= {a for a in also if a}
+    return ids
+
+
+def _is_identifying(text: str) -> bool:
+    """An address worth replacing: valid, not loopback, unspecified, a mask or link-local broadcast."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return not (address.is_loopback or address.is_unspecified or text.startswith("255."))
+
+
+class Pseudonyms:
+    """Consistent pseudonyms: the same (kind, identifier) gives the same name for a seed,
+    never one already given to another identifier or equal to an identifier."""
+
+    def __init__(self, seed: int, identifiers: Identifiers):
+        from faker import Faker
+
+        self.fake = Faker()
+        self.seed = seed
+        self.taken = set(identifiers.all())
+        self.given: dict[str, str] = {}
+
+    def _draw(self, kind: str, original: str, make) -> str:
+        if original in self.given:
+            return self.given[original]
+        for attempt in range(100):
+            digest = hashlib.sha256(f"{self.seed}\0{kind}\0{original}\0{attempt}".encode()).digest()
+            self.fake.seed_instance(int.from_bytes(digest[:8], "big"))
+            name = make()
+            if name not in self.taken:
+                break
+        self.taken.add(name)
+        self.given[original] = name
+        return name
+
+    def host(self, name: str) -> str:
+        return self._draw("host", name, lambda: self.fake.hostname(levels=name.count(".")) if "." in name
+                          else self.fake.hostname(levels=0))
+
+    def address(self, text: str) -> str:
+        return self._draw("ip", text, self.fake.ipv6 if ":" in text else self.fake.ipv4_private)
+
+    def user(self, name: str) -> str:
+        return self._draw("user", name, self.fake.user_name)
+
+    def path(self, prefix: str, users: set[str]) -> str:
+        home = _HOME.fullmatch(prefix.encode())
+        if home and home.group(1).decode() in users:
+            return self._draw("path", prefix, lambda: prefix[:prefix.rindex("/") + 1] + self.user(home.group(1).decode()))
+        return self._draw("path", prefix, lambda: f"/srv/{self.fake.word()}-{self.fake.word()}")
+
+
+def mapping(identifiers: Identifiers, seed: int) -> dict[str, str]:
+    """Every identifier -> its pseudonym (paths first: a home path maps through its user)."""
+    names = Pseudonyms(seed, identifiers)
+    out = {p: names.path(p, identifiers.users) for p in sorted(identifiers.paths)}
+    out |= {u: names.user(u) for u in sorted(identifiers.users)}
+    out |= {h: names.host(h) for h in sorted(identifiers.hosts)}
+    out |= {a: names.address(a) for a in sorted(identifiers.addresses)}
+    return out
+
+
+def replacer(table: dict[str, str]):
+    """bytes -> bytes replacing every key of ``table`` (longest first; names and addresses
+    only where they stand alone, so ``alice`` is not replaced inside ``malice``)."""
+    if not table:
+        return lambda data: data
+    keys = sorted(table, key=len, reverse=True)
+    pattern = re.compile(b"|".join(rb"(?<![\w.-])" + re.escape(k.encode()) + rb"(?![\w-])" for k in keys))
+    encoded = {k.encode(): v.encode() for k, v in table.items()}
+    return lambda data: pattern.sub(lambda m: encoded[m.group(0)], data)
+
+
+@dataclass
+class ScrubReport:
+    """What a scrub did: files written, identifiers replaced by kind, names left as they are."""
+
+    out: Path
+    files: int
+    replaced: dict[str, int]
+    left: dict[str, str]
+
+
+def scrub(run_dir: Path, out: Path, seed: int = 0, also: tuple[str, ...] = ()) -> ScrubReport:
+    """Write a scrubbed copy of the run folder ``run_dir`` (or an --out folder's latest run) as ``out``,
+    which must not exist (nothing of the user's is overwritten); written beside it in a
+    temporary folder and renamed into place at the end, so ``out`` is whole or absent.
+    ScrubError for a folder that is no run or an ``out`` that exists; OSError as it comes."""
+    import json
+
+    from harness.report.outdir import OutDirError, run_folder_of
+
+    try:
+        run_dir = run_folder_of(run_dir)
+    except OutDirError as exc:
+        raise ScrubError(str(exc)) from None
+    results_file = run_dir / "results.json"
+    if not results_file.is_file():
+        raise ScrubError(f"{run_dir}: not a run folder (no results.json)")
+    if out.exists():
+        raise ScrubError(f"{out}: exists; scrub writes a new folder and never overwrites one")
+    try:
+        results = json.loads(results_file.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ScrubError(f"{results_file}: not readable JSON ({exc})") from None
+    identifiers = find_identifiers(run_dir, results if isinstance(results, dict) else {}, also)
+    table = mapping(identifiers, seed)
+    rewrite = replacer(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        files = _files(run_dir)
+        for path in files:
+            relative = rewrite(str(path.relative_to(run_dir)).encode()).decode()
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(rewrite(path.read_bytes()))
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    kinds = {"hosts": identifiers.hosts, "addresses": identifiers.addresses, "users": identifiers.users,
+             "paths": identifiers.paths}
+    return ScrubReport(out, len(files), {k: len(v) for k, v in kinds.items()}, identifiers.left)
+
+
+__all__ = ["scrub", "find_identifiers", "mapping", "replacer", "Identifiers", "ScrubError", "ScrubReport"]

@@ -1,0 +1,99 @@
+"""The checks of generated programs (harness.explore.program_checks) on hand-built histories:
+each catches its planted state and passes the correct one; and the program model marks the
+rooms a failed write may reach."""
+
+from harness.explore import program_checks as pc
+from harness.explore.program import AT_RISK_BOUND_S, ProgramMachine
+from harness.spec.history import History
+from harness.spec.protocol import KVPoll
+from harness.spec.steps import AwaitStatus, EngineFaults, VerifyPools
+
+
+def _lifecycle(h: History, label: str, room: int, status: int, verified_ok: bool | None) -> None:
+    h.record("ok", "await_status", "decode", 1, args={"room": room, "label": label},
+             value={"reached": True, "status": status, "status_name": KVPoll(status).name})
+    if verified_ok is not None:
+        h.record("ok", "verify", "decode", 1, args={"label": label},
+                 value={"ok": verified_ok, "mismatch_pages": 0 if verified_ok else 1,
+                        "mismatches": [] if verified_ok else ["decode page 3 layer 0 K: pattern of nothing"]})
+    h.record("ok", "await_status", "prefill", 1, args={"room": room, "label": label},
+             value={"reached": True, "status": status, "status_name": KVPoll(status).name})
+
+
+def test_bytes_at_success_catches_a_success_read_before_the_bytes_landed():
+    h = History()
+    _lifecycle(h, "L0", 2**40, KVPoll.Success, True)
+    _lifecycle(h, "L1", 2**40 + 1, KVPoll.Success, False)  # planted: Success with a page not yet written
+    ok, detail, *_ = pc.bytes_at_success()(h.events)
+    assert ok is False and "lifecycle L1" in detail and "page 3" in detail
+    right = History()
+    _lifecycle(right, "L0", 2**40, KVPoll.Success, True)
+    _lifecycle(right, "L1", 2**40 + 1, KVPoll.Failed, False)  # a Failed room's pages are not judged here
+    assert pc.bytes_at_success()(right.events)[0] is True
+
+
+def test_at_risk_rooms_may_fail_but_must_conclude_on_both_sides():
+    h = History()
+    _lifecycle(h, "L0", 2**40, KVPoll.Failed, None)
+    assert pc.all_reached(("L0",), (KVPoll.Success, KVPoll.Failed))(h.events)[0] is True
+    assert pc.all_reached(("L0",), (KVPoll.Success,))(h.events)[0] is False
+    stuck = History()
+    stuck.record("ok", "await_status", "prefill", 1, args={"room": 7, "label": "L0"},
+                 value={"reached": True, "status": KVPoll.Failed, "status_name": "Failed"})
+    stuck.record("ok", "await_status", "decode", 1, args={"room": 7, "label": "L0"},
+                 value={"reached": False, "status": KVPoll.WaitingForInput, "status_name": "WaitingForInput"})
+    ok, detail, *_ = pc.all_reached(("L0",), (KVPoll.Success, KVPoll.Failed))(stuck.events)
+    assert ok is False and "decode room 7 (lifecycle L0) read WaitingForInput" in detail
+
+
+def _acks(acks: list[tuple[int, int, int]]) -> list[dict]:
+    h = History()
+    h.record("info", "abort-acks", "decode", 1, args={},
+             value=[{"room": r, "generation": g, "sender": s, "t": 1.0} for r, g, s in acks])
+    return h.events
+
+
+def test_abort_ack_once_catches_a_second_copy_of_one_generation():
+    assert pc.acks_once((5,))(_acks([(5, 1, 0), (5, 2, 0), (5, 1, 1)]))[0] is True  # reuse and a second sender
+    ok, detail, *_ = pc.acks_once((5,))(_acks([(5, 1, 0), (5, 1, 0)]))
+    assert ok is False and "room 5 generation 1" in detail
+
+
+class _Draws:
+    """Stands in for hypothesis's ``data`` in a rule: answers each draw by its label."""
+
+    def __init__(self, **answers):
+        self.answers = answers
+
+    def draw(self, strategy, label: str):
+        return self.answers[label]
+
+
+def _open(m: ProgramMachine, room: int) -> None:
+    m.open_room(_Draws(**{"pages": 2, "room": room, "source pages": [0, 1], "chunk cuts": set(), "aux source": 0,
+                          "reuse a cleared room id": False}))
+
+
+def test_a_fail_plan_puts_every_unconcluded_room_and_the_next_ones_at_risk():
+    m = ProgramMachine()
+    _open(m, 2**40)  # concluded before the plan: not at risk
+    m.init_sender(_Draws(room=m.rooms[0]))
+    m.send_chunk(_Draws(room=m.rooms[0]))
+    m.conclude(_Draws(room=m.rooms[0]))
+    _open(m, 2**40 + 1)  # open when the plan is set: at risk
+    m.engine_faults(_Draws(**{"engine fault": "fail", "nth": 2}))
+    _open(m, 2**40 + 2)  # opened while it holds: at risk
+    m.engine_faults(_Draws(**{"engine fault": "heal"}))
+    _open(m, 2**40 + 3)  # after the heal: clean
+    program = m.program()
+    assert [x[2] for x in program.lifecycles] == [False, True, True, False]
+    assert EngineFaults("prefill", fail_nth=2) in program.steps
+    final = [s for s in program.steps if isinstance(s, VerifyPools)][-1]
+    judged = {d for _, d in final.kv_moves}
+    assert judged == set(m.rooms[0].dst + m.rooms[3].dst) and set(final.unchecked_kv) == set(m.rooms[1].dst +
+                                                                                             m.rooms[2].dst)
+    bounds = {s.label: s.timeout_s for s in program.steps if isinstance(s, AwaitStatus) and s.label}
+    assert bounds["L1"] == bounds["L2"] == AT_RISK_BOUND_S > bounds["L0"] == bounds["L3"]
+    kinds = [c.name for c in program.checks()]
+    assert kinds.index("failed-write-rooms-conclude") < kinds.index("clean-rooms-succeed")
+    assert "abort-ack-once" not in kinds  # the plain profile: no deferred release, no ACK to judge
