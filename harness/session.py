@@ -46,7 +46,9 @@ class RunConfig:
     results.json and the cells' cell.json, as bench wants), ``bind`` (the IPv4 address roles
     listen on; None: loopback, :func:`cell_network`), ``docs_url`` (the base the reports'
     links to docs/ are made absolute with; "" keeps them relative), ``baseline`` (a stored
-    run each cell is marked new / fixed / same against, check by check)."""
+    run each cell is marked new / fixed / same against, check by check), ``hosts`` (the
+    agents of a run across hosts, by rank: ``endpoint``, ``address``, ``host``; () every role
+    local; ``bind`` is then the coordinator's address, harness.hosts.cluster)."""
 
     impls: list[str]
     scenarios: list[Scenario]
@@ -63,10 +65,11 @@ class RunConfig:
     bind: str | None = None
     docs_url: str = ""
     baseline: tuple[Path, RunResult] | None = None  # run --baseline: where it was read, and the run
+    hosts: tuple[dict, ...] = ()
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
-        return {name: s.default for name, s in engine_settings().items()} | dict(self.engine_settings)
+        return default_settings() | dict(self.engine_settings)
 
 
 def run(config: RunConfig, callbacks: Callbacks | None = None) -> RunResult:
@@ -103,17 +106,39 @@ def cell_network(bind: str | None) -> tuple[str, dict[str, str]]:
     return why_not, env
 
 
+def cell_target(target: SglangTarget, settings: dict[str, int], bind: str | None = None,
+                hosts: tuple[dict, ...] = ()) -> tuple[str, SglangTarget]:
+    """The cells' network in words (:func:`cell_network`) and ``target`` with the environment
+    every cell runs under: the engine ``settings``, that network, and the agents its roles
+    start on (``hosts``, harness.drive.remote.HOSTS_ENV), for ``run`` and ``explore`` alike,
+    so a program cell is as contained as a matrix cell."""
+    import json
+
+    from harness.drive.remote import HOSTS_ENV
+
+    network, network_env = cell_network(bind)
+    if hosts:
+        network = f"{len(hosts)} hosts ({', '.join(h['address'] for h in hosts)}): roles listen on their host's address"
+        network_env = {**network_env, HOSTS_ENV: json.dumps(list(hosts))}
+    return network, SglangTarget(python=target.python, info=target.info,
+                                 env={**target.env, **settings_env(settings), **network_env})
+
+
+def default_settings() -> dict[str, int]:
+    """Every registered engine setting at its default (a run without ``--engine-setting``)."""
+    return {name: s.default for name, s in engine_settings().items()}
+
+
 def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None) -> RunResult:
     """Execute, judge and write one run into ``folder`` (made by the caller, e.g. bench's
     ``run-N``); its result tree."""
     settings = config.settings()
-    network, network_env = cell_network(config.bind)
-    target = config.target
-    target = SglangTarget(python=target.python, info=target.info,
-                          env={**target.env, **settings_env(settings), **network_env})
+    network, target = cell_target(config.target, settings, config.bind, config.hosts)
     meta = RunResult(sglang=target.info, seed=config.seed, engine_settings=settings, full_waits=config.full_waits,
                      started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), network=network,
-                     docs_url=config.docs_url)
+                     docs_url=config.docs_url,
+                     hosts=[{"rank": i, "name": h.get("host", ""), "address": h["address"]}
+                            for i, h in enumerate(config.hosts)])
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -100,6 +101,8 @@ def test_the_reference_survives_and_a_planted_bug_is_found_shrunk_and_replays(tm
 
 
 def _explore_reference_and_mutant(tmp_path, found):
+    from harness.drive.contain import isolation_available
+    from harness.spec import history as hist
     from harness.explore.found import load_file
     from harness.explore.session import Explorer, signature_of
     from harness.target.sglang import installed_target
@@ -118,6 +121,9 @@ def _explore_reference_and_mutant(tmp_path, found):
         assert scenario.id == failure.path.stem and scenario.nightly
         again = explorer.run_scenario_file(failure.path, "mutant.aux-slot-off-by-one", tmp_path / "again")
         assert signature_of(again, "mutant.aux-slot-off-by-one") == failure.signature
+        start = next(e for e in hist.load(Path(again.workdir) / "history.jsonl") if e["op"] == hist.Op.CELL_START)
+        if isolation_available() is None:  # a program cell is as contained as a matrix cell
+            assert start["value"]["network"].startswith("private network namespace"), start["value"]["network"]
         assert signature_of(explorer.run_scenario_file(failure.path, "reference", tmp_path / "ref"), "reference") is None
 
 

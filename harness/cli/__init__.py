@@ -239,4 +239,4 @@ def main() -> None:
 
 
 
-from harness.cli import explore, runs, tools  # noqa: E402,F401 - the commands register themselves on ``app``
+from harness.cli import explore, hosts, runs, tools  # noqa: E402,F401 - the commands register themselves on ``app``

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 from typing import List, Optional
 
@@ -151,6 +153,14 @@ def run(
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A stored run (another release's, the last "
                                             "one's): each cell is marked new, fixed or same against it, check by "
                                             "check, on the terminal and in summary.md."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", metavar="N|netns:N", help="Run the roles across hosts: "
+                                        "netns:N makes N network namespaces here (root) with an agent each "
+                                        "(torchrun); N waits for N `pdconform agent`s your launcher starts "
+                                        "(docs/cluster.md)."),
+    listen: Optional[str] = typer.Option(None, "--listen", metavar="ADDR[:PORT]", help="With --hosts N: the address "
+                                         "(default port 29400) the agents reach this machine on."),
+    join_timeout: float = typer.Option(120.0, "--join-timeout", min=1.0, help="With --hosts: seconds for every "
+                                       "agent to join."),
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
@@ -173,16 +183,43 @@ def run(
                        engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
                        bind=bind, docs_url=_docs_url(docs_url),
                        baseline=(baseline, _load_results(baseline)) if baseline is not None else None)
-    # stderr: a live view on a terminal, a line per finished cell off one (harness/cli/progress.py)
-    with RunProgress(err, len(impls) * len(scenarios), seed, loaded, {sc.id: sc for sc in scenarios}) as progress:
-        callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
-        result = _run_session(config, callbacks, progress)
+    with _hosts(hosts, listen, bind, join_timeout) as (host_bind, agents):
+        config.bind, config.hosts = host_bind or config.bind, agents
+        # stderr: a live view on a terminal, a line per finished cell off one (harness/cli/progress.py)
+        with RunProgress(err, len(impls) * len(scenarios), seed, loaded, {sc.id: sc for sc in scenarios}) as progress:
+            callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
+            result = _run_session(config, callbacks, progress)
     _print_verdicts(result, loaded.path if loaded else None, _expectations_line(loaded, expectations))
     for line in baseline_lines(result):
         console.print(line, markup=False, highlight=False)
     console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
                   f"index.html  (latest: {out / 'latest'})", highlight=False)
     raise typer.Exit(code=0 if result.all_as_expected else 1)
+
+
+@contextlib.contextmanager
+def _hosts(spec: Optional[str], listen: Optional[str], bind: Optional[str], join_timeout: float):
+    """(coordinator address, agents) of ``run --hosts`` (harness.hosts.cluster); (None, ())
+    without it.  Exit 2 for bad options, hosts that cannot be made or agents that do not join."""
+    if spec is None:
+        if listen is not None:
+            raise _usage_error("--listen is for --hosts N")
+        yield None, ()
+        return
+    if bind is not None:
+        raise _usage_error("--bind and --hosts: the hosts' own addresses are used, give one or the other")
+    from harness.hosts.agent import HostsError
+    from harness.hosts.cluster import gathered
+
+    gathering = True  # an error while the hosts gather is bad usage; one of the run itself is not
+    try:
+        with gathered(spec, listen, join_timeout, note=lambda n: err.print(f"[yellow]note:[/] {escape(n)}")) as got:
+            gathering = False
+            yield got
+    except (ValueError, HostsError) as exc:
+        if not gathering:
+            raise
+        raise _usage_error(str(exc))
 
 
 @app.command()

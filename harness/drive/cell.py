@@ -28,7 +28,8 @@ from harness.drive.contain import NETNS_ENV, NETNS_PID_ENV, become_subreaper, is
 from harness.drive.errors import CellAborted, RoleError
 from harness.drive.executors import execute
 from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
-from harness.drive.launcher import Launcher, LocalLauncher, RoleHandle
+from harness.drive.launcher import Launcher, RoleHandle
+from harness.drive.remote import PlacedLauncher, launcher_for
 from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
 from harness.spec.history import (START_OPS, Event, History, Op, held_rooms, last_observations,
@@ -360,7 +361,8 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
     history.record(Event.INFO, Op.CELL_START, None, None,
                    value={"impl": impl, "scenario": scenario.id, "seed": seed, "full_waits": full_waits,
                           "network": network})
-    driver = CellDriver(impl, LocalLauncher(workdir), history, base_port)
+    launcher = launcher_for(workdir)  # local, or through the run's agents on other hosts (harness.drive.remote)
+    driver = CellDriver(impl, launcher, history, base_port)
     driver.full_waits = full_waits
     outcome: dict[str, Any] = {"outcome": "completed"}
     try:
@@ -379,6 +381,9 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
         strays = kill_descendants(grace_s=0.2)  # orphans a role's process left behind (re-parented here)
         if strays:
             outcome["stray_processes"] = strays
+        if isinstance(launcher, PlacedLauncher):  # which host each role process ran on (rank)
+            outcome["placement"] = dict(launcher.placement)
+            launcher.close()
         history.record(Event.INFO, Op.CELL_END, None, None, value=outcome)
         history.close()
 

@@ -32,6 +32,7 @@ from harness.explore.found import found_files, impl_of, load_program, scenario_o
 from harness.explore.program import Program, ProgramMachine
 from harness.judge.judge import judge
 from harness.judge.results import CellResult
+from harness.session import cell_target, default_settings
 from harness.spec import history as hist
 from harness.spec.topology import TOPOLOGIES
 from harness.target.sglang import SglangTarget
@@ -98,11 +99,14 @@ def _key(signature: dict) -> str:
 class Explorer:
     """Runs programs on implementations (see the module docstring); ``out_dir`` holds the
     program cells (pdconform's own folder); ``found_dir`` receives found files;
-    ``on_progress(report)`` is called after every program."""
+    ``on_progress(report)`` is called after every program.  Program cells run as ``run``'s
+    do: the default engine settings, and a private loopback-only network per cell where the
+    machine allows one (``network`` says which)."""
 
     def __init__(self, target: SglangTarget, out_dir: Path, found_dir: Path, seed: int = 0,
                  on_progress: Callable[[ImplReport], None] | None = None, note: Callable[[str], None] = print):
-        self.target, self.out_dir, self.found_dir, self.seed = target, out_dir, found_dir, seed
+        self.network, self.target = cell_target(target, default_settings())
+        self.out_dir, self.found_dir, self.seed = out_dir, found_dir, seed
         self.on_progress = on_progress or (lambda report: None)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.note = note

@@ -85,6 +85,9 @@ class RunResult(msgspec.Struct, kw_only=True):
     # run --baseline: {"path", "sglang", "marks": {"SCENARIO x IMPL": {"mark", "before", "checks"}}}
     # (harness.report.run_diff.baseline_marks); {} without a baseline
     baseline: dict[str, Any] = msgspec.field(default_factory=dict)
+    # run --hosts: the hosts by rank, {"rank", "name", "address"}; each cell's history says
+    # which host each role ran on (cell-end "placement"); [] when every role ran here
+    hosts: list[dict[str, Any]] = msgspec.field(default_factory=list)
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property

@@ -1,0 +1,74 @@
+"""Hosts as network namespaces (harness.hosts.netns): real non-loopback addresses that reach
+each other across the bridge, and nothing left behind: not after close, not after an
+interrupt, and a creator killed outright is swept by the next one.  Needs root."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.hosts import netns
+
+pytestmark = pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable()))
+
+SERVE = ("import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 5555)); s.listen(); print('up', flush=True); "
+         "c,_=s.accept(); c.sendall(b'from ' + sys.argv[1].encode())")
+FETCH = "import socket,sys; print(socket.create_connection((sys.argv[1], 5555), timeout=5).recv(64).decode())"
+
+
+def test_hosts_reach_each_other_on_their_own_addresses_and_everything_goes_at_close():
+    with netns.HostNet(2) as net:
+        assert len(set(net.addresses)) == 2 and not any(a.startswith("127.") for a in net.addresses)
+        server = subprocess.Popen([*net.exec_args(0), sys.executable, "-c", SERVE, net.addresses[0]],
+                                  stdout=subprocess.PIPE, text=True)
+        assert server.stdout.readline().strip() == "up"
+        got = subprocess.run([*net.exec_args(1), sys.executable, "-c", FETCH, net.addresses[0]], capture_output=True,
+                             text=True, timeout=20)
+        assert got.stdout.strip() == f"from {net.addresses[0]}", got.stderr
+        server.wait(timeout=10)
+        # the server bound host 0's address: from host 1 loopback reaches nothing
+        lonely = subprocess.run([*net.exec_args(1), sys.executable, "-c", FETCH, "127.0.0.1"], capture_output=True,
+                                text=True, timeout=20)
+        assert lonely.returncode != 0
+        sleeper = subprocess.Popen([*net.exec_args(1), "sleep", "300"])
+        time.sleep(0.2)
+        assert net.leftovers()
+    assert not net.leftovers() and sleeper.wait(timeout=10) == -signal.SIGKILL
+
+
+CREATE_AND_WAIT = ("import sys, time; from harness.hosts.netns import HostNet\n"
+                   "with HostNet(2) as net:\n    print(' '.join(net.hosts), flush=True)\n    time.sleep(300)\n")
+
+
+def _creator() -> tuple[subprocess.Popen, list[str]]:
+    child = subprocess.Popen([sys.executable, "-c", CREATE_AND_WAIT], stdout=subprocess.PIPE, text=True)
+    hosts = child.stdout.readline().split()
+    assert len(hosts) == 2 and set(hosts) <= set(netns.namespaces())
+    return child, hosts
+
+
+def test_an_interrupted_creator_removes_its_hosts():
+    child, hosts = _creator()
+    child.send_signal(signal.SIGINT)
+    child.wait(timeout=30)
+    assert not set(hosts) & set(netns.namespaces())
+    assert not [name for name in netns.links() if f"{child.pid:x}" in name]
+
+
+def test_the_hosts_of_a_creator_killed_outright_are_swept_by_the_next():
+    child, hosts = _creator()
+    child.kill()
+    child.wait(timeout=10)
+    assert set(hosts) <= set(netns.namespaces())  # SIGKILL: nothing could clean up
+    assert f"{child.pid:x}" in netns.sweep_stale()
+    assert not set(hosts) & set(netns.namespaces())
+    assert not [name for name in netns.links() if f"pdcf{child.pid:x}" in name]
+
+
+def test_a_living_creators_hosts_are_never_swept():
+    with netns.HostNet(1) as net:
+        assert net.owner not in netns.sweep_stale() and net.leftovers()
