@@ -97,3 +97,21 @@ def test_a_fail_plan_puts_every_unconcluded_room_and_the_next_ones_at_risk():
     kinds = [c.name for c in program.checks()]
     assert kinds.index("failed-write-rooms-conclude") < kinds.index("clean-rooms-succeed")
     assert "abort-ack-once" not in kinds  # the plain profile: no deferred release, no ACK to judge
+
+
+def test_rooms_opened_after_the_prefills_restart_stand_for_r_restart_1():
+    m = ProgramMachine()
+    _open(m, 2**40)
+    m.init_sender(_Draws(room=m.rooms[0]))
+    m.send_chunk(_Draws(room=m.rooms[0]))
+    m.conclude(_Draws(room=m.rooms[0]))
+    m.clear(_Draws(room=m.rooms[0]))
+    m.restart_prefill()
+    _open(m, 2**40 + 1)
+    checks = {c.name: c for c in m.program().checks()}
+    h = History()
+    _lifecycle(h, "L0", 2**40, KVPoll.Success, True)
+    _lifecycle(h, "L1", 2**40 + 1, KVPoll.Failed, None)  # planted: the decode kept the old prefill's ports
+    ok, detail, *_ = checks["rooms-after-restart-succeed"].fn(h.events)
+    assert ok is False and "lifecycle L1" in detail and checks["rooms-after-restart-succeed"].requirement == "R-RESTART-1"
+    assert checks["clean-rooms-succeed"].fn(h.events)[0] is True  # L0, before the restart, is judged there

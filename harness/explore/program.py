@@ -108,8 +108,13 @@ class Program:
 
         labels = {k: tuple(x[0] for x in self.lifecycles if kind(x) == k) for k in ("clean", "aborted", "at-risk")}
         aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
-        return lifecycle_checks(labels["clean"], labels["aborted"], labels["at-risk"], aborted_rooms,
-                                deferred=self.steps[0] == PROFILES["deferred-release"])
+        # a clean lifecycle opened after the prefill's restart stands for R-RESTART-1 (lifecycle i is the i-th OpenRoom)
+        opened = [i for i, s in enumerate(self.steps) if isinstance(s, OpenRoom)]
+        restart = next((i for i, s in enumerate(self.steps) if isinstance(s, RestartRole)), len(self.steps))
+        later = {f"L{n}" for n, i in enumerate(opened) if i > restart}
+        return lifecycle_checks(tuple(x for x in labels["clean"] if x not in later), labels["aborted"],
+                                labels["at-risk"], aborted_rooms, deferred=self.steps[0] == PROFILES["deferred-release"],
+                                after_restart=tuple(x for x in labels["clean"] if x in later))
 
     def to_json(self) -> str:
         """The program as one JSON document (steps tagged by their class name)."""

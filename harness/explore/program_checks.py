@@ -15,17 +15,20 @@ from harness.spec.rooms import DONE
 
 
 def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: tuple[str, ...],
-                     aborted_rooms: tuple[int, ...], deferred: bool) -> list[c.Check]:
+                     aborted_rooms: tuple[int, ...], deferred: bool,
+                     after_restart: tuple[str, ...] = ()) -> list[c.Check]:
     """The checks of a program whose lifecycles (labels ``L<i>``) are ``clean`` (nobody
     aborted them and no failed write could reach them), ``aborted`` (by the decode) or
     ``at_risk`` (a write the prefill's engine was told to fail may be theirs);
     ``aborted_rooms`` the room ids the decode aborted; ``deferred``: the roles run with
-    deferred KV release, so ABORT_ACKs are judged.  The aborted and at-risk rooms' checks
+    deferred KV release, so ABORT_ACKs are judged; ``after_restart`` the clean lifecycles
+    opened after the prefill was restarted on new ports.  The aborted and at-risk rooms' checks
     come before the clean ones', so a stuck abort is not reported as a clean room's."""
     out = [
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
         c.Check("aborted-rooms-conclude", "R-ABORT-1", all_reached(aborted, DONE)),
         c.Check("failed-write-rooms-conclude", "R-TIMEOUT-2", all_reached(at_risk, DONE)),
+        c.Check("rooms-after-restart-succeed", "R-RESTART-1", all_reached(after_restart, (KVPoll.Success,))),
         c.Check("clean-rooms-succeed", "R-XFER-1", all_reached(clean, (KVPoll.Success,))),
         c.Check("bytes-at-success", "R-XFER-2", bytes_at_success()),
         c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
