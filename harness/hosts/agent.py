@@ -61,11 +61,12 @@ class AgentInfo:
     pid: int
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[V6]:PORT`` too) -> (host, port); ValueError otherwise."""
+def parse_address(text: str, any_port: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` too) -> (host, port); ``any_port``: port 0 (any free one,
+    for an address to listen on) is allowed.  ValueError otherwise."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         raise ValueError(f"{text!r}: expected HOST:PORT")
     return host, int(port)
 

@@ -66,7 +66,7 @@ def gathered(spec: str, listen: str | None = None, join_timeout_s: float = 120.0
         if not listen:
             raise ValueError("--hosts N needs --listen ADDRESS[:PORT]: the address the agents reach this machine on")
         host, port = parse_address(listen if ":" in listen.strip("[]") and listen.rsplit(":", 1)[1].isdigit()
-                                   else f"{listen}:{DEFAULT_PORT}")
+                                   else f"{listen}:{DEFAULT_PORT}", any_port=True)
         with Coordinator(host, n, port) as coordinator:
             note(f"waiting {join_timeout_s:.0f} s for {n} agent(s): on each host run "
                  f"`pdconform agent --coordinator {coordinator.endpoint}` (docs/cluster.md)")

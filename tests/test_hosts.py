@@ -1,0 +1,153 @@
+"""Several hosts: placement, the agent's limits, agents gathered the way srun starts them,
+and (root) `run --hosts netns:2` with torchrun agents in two namespaces: real non-loopback
+addresses, prefill and decode on different hosts, and nothing left behind, after an
+interrupt too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.drive.errors import RoleError
+from harness.drive.launcher import RoleSpec
+from harness.drive.remote import AgentClient, RemoteLauncher, place
+from harness.hosts import netns
+from harness.hosts.agent import AgentServer, HostsError
+from harness.hosts.cluster import gathered, parse_hosts
+
+ROOT = Path(__file__).resolve().parents[1]
+NEEDS_NETNS = pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable()))
+
+
+def test_placement_keeps_prefill_and_decode_apart_and_ranks_with_their_role():
+    order = [("prefill", "prefill"), ("decode", "decode"), ("prefill-b", "prefill"), ("decode-2", "decode")]
+    assert place(order, 2) == {"prefill": 0, "decode": 1, "prefill-b": 0, "decode-2": 1}
+    assert place(order, 3) == {"prefill": 0, "decode": 1, "prefill-b": 2, "decode-2": 0}
+    assert set(place(order, 1).values()) == {0}
+    assert parse_hosts("netns:2") == ("netns", 2) and parse_hosts("3") == ("cluster", 3)
+    for bad in ("netns:0", "two", "netns:", "netns:-1", "100"):
+        with pytest.raises(ValueError):
+            parse_hosts(bad)
+
+
+@pytest.fixture
+def agent_server(tmp_path):
+    (tmp_path / "agent").mkdir()
+    with AgentServer("127.0.0.1", tmp_path / "agent") as server:
+        stop = threading.Event()
+        thread = threading.Thread(target=server.serve, args=(lambda: not stop.is_set(), 0.2), daemon=True)
+        thread.start()
+        yield server
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_an_agent_starts_pdconform_roles_only_and_survives_what_it_refuses(agent_server, tmp_path):
+    client = AgentClient(agent_server.endpoint)
+    refused = [dict(name="p", impl="bash", role="prefill", env={}),  # not an implementation
+               dict(name="p", impl="reference", role="shell", env={}),  # not a role
+               dict(name="p", impl="reference", role="prefill", env={"LD_PRELOAD": "/tmp/x.so"}),
+               dict(name="../p", impl="reference", role="prefill", env={})]
+    for request in refused:
+        with pytest.raises(RoleError, match="start: ValueError"):
+            client.call("start", **request)
+    with pytest.raises(RoleError, match="no such request"):
+        client.call("__init__")
+    assert client.call("ping") == "pong"
+    launcher = RemoteLauncher(agent_server.endpoint, tmp_path / "cell")
+    handle = launcher.start(RoleSpec(name="prefill", impl="reference", role="prefill"))
+    assert handle.wait_ready(60).startswith("tcp://127.0.0.1:") and handle.alive()
+    with pytest.raises(RoleError, match="not one a role is sent"):
+        client.call("signal", name=handle.key, signum=int(signal.SIGUSR1))
+    handle.signal(signal.SIGKILL)
+    handle.stop(5)
+    assert not agent_server.roles and (tmp_path / "cell" / "prefill.log").is_file()  # forgotten, log came back
+    assert not list(Path(agent_server.launcher.workdir).iterdir())
+
+
+def test_agents_started_as_srun_starts_them_join_with_its_node_ids():
+    endpoints: list[str] = []
+
+    def note(text: str) -> None:
+        endpoints.append(text.split("--coordinator ")[1].split("`")[0])
+
+    agents = []
+    with pytest.raises(ValueError, match="--listen"):
+        with gathered("2", None, 1.0, note):
+            pass
+
+    def start_agents():
+        deadline = time.monotonic() + 30
+        while not endpoints and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for rank in (1, 0):  # srun numbers the nodes; the order they come in does not matter
+            agents.append(subprocess.Popen([sys.executable, "-m", "harness.cli", "agent", "--coordinator",
+                                            endpoints[-1]], env={**os.environ, "SLURM_NODEID": str(rank)}))
+
+    starter = threading.Thread(target=start_agents, daemon=True)
+    starter.start()
+    with gathered("2", "127.0.0.1:0", 60.0, note) as (bind, hosts):
+        assert [h["address"] for h in hosts] == ["127.0.0.1", "127.0.0.1"]
+        assert len({h["endpoint"] for h in hosts}) == 2
+    starter.join()
+    for agent in agents:
+        assert agent.wait(timeout=30) == 0  # told to stop at the end of the run, and gone
+
+
+def test_gathering_too_few_agents_ends_in_time_with_the_missing_ranks():
+    begin = time.monotonic()
+    with pytest.raises(HostsError, match=r"2 of 2 agent\(s\) did not join .* \(rank 0, 1\)"):
+        with gathered("2", "127.0.0.1:0", 1.0, lambda text: None):
+            pass
+    assert time.monotonic() - begin < 10
+
+
+def _leftovers() -> list[str]:
+    # the agents of a netns run reach their coordinator on the bridge, 10.x.y.1
+    agents = subprocess.run(["pgrep", "-f", r"harness.cli agent --coordinator 10\."], capture_output=True,
+                            text=True).stdout.split()
+    return netns.namespaces() + netns.links() + [f"agent pid {p}" for p in agents]
+
+
+@NEEDS_NETNS
+def test_run_across_two_namespaces_places_prefill_and_decode_apart_and_leaves_nothing(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "reference",
+                           "--impl", "mooncake", "--scenario", "happy-path", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = json.loads((tmp_path / "latest" / "results.json").read_text())
+    addresses = [h["address"] for h in run["hosts"]]
+    assert len(set(addresses)) == 2 and not any(a.startswith("127.") for a in addresses)
+    assert {c["verdict"] for c in run["cells"]} == {"PASS"} and "2 hosts" in run["network"]
+    for cell in (tmp_path / "latest" / "cells").iterdir():
+        end = [json.loads(line) for line in (cell / "history.jsonl").read_text().splitlines()
+               if '"cell-end"' in line][-1]
+        assert end["value"]["placement"] == {"prefill": 0, "decode": 1}
+        logs = [(cell / f"{role}.log").stat().st_size for role in ("prefill", "decode")]
+        assert min(logs) > 0 or cell.name.endswith("--reference")  # a Mooncake role's log came back from its host
+    assert not _leftovers()
+
+
+@NEEDS_NETNS
+def test_an_interrupted_run_across_namespaces_leaves_nothing(tmp_path):
+    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "mooncake",
+                              "--scenario", "happy-path", "--scenario", "multi-chunk-long-prompt", "--out",
+                              str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(tmp_path.glob("runs/*/cells/*/prefill.log")):
+        time.sleep(0.2)  # the agents joined and a cell has started its roles on them
+    assert child.poll() is None, child.stderr.read()
+    child.send_signal(signal.SIGINT)
+    child.wait(timeout=60)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _leftovers():
+        time.sleep(0.2)
+    assert not _leftovers()
