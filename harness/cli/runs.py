@@ -127,6 +127,15 @@ def _run_session(config, callbacks=None, progress=None):
         raise _usage_error(f"cannot write the run into {config.out_dir}: {exc.strerror or exc}")
 
 
+HOSTS_OPTION = typer.Option(None, "--hosts", metavar="N|netns:N", help="Run the roles across hosts: netns:N makes N "
+                            "network namespaces here (root) with an agent each (torchrun); N waits for N `pdconform "
+                            "agent`s your launcher starts (docs/cluster.md).")
+LISTEN_OPTION = typer.Option(None, "--listen", metavar="ADDR[:PORT]", help="With --hosts N: the address (default "
+                             "port 29400) the agents reach this machine on.")
+JOIN_TIMEOUT_OPTION = typer.Option(120.0, "--join-timeout", min=1.0, help="With --hosts: seconds for every agent to "
+                                   "join.")
+
+
 @app.command()
 def run(
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementation (repeatable); see `pdconform doctor`."),
@@ -153,20 +162,14 @@ def run(
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A stored run (another release's, the last "
                                             "one's): each cell is marked new, fixed or same against it, check by "
                                             "check, on the terminal and in summary.md."),
-    hosts: Optional[str] = typer.Option(None, "--hosts", metavar="N|netns:N", help="Run the roles across hosts: "
-                                        "netns:N makes N network namespaces here (root) with an agent each "
-                                        "(torchrun); N waits for N `pdconform agent`s your launcher starts "
-                                        "(docs/cluster.md)."),
-    listen: Optional[str] = typer.Option(None, "--listen", metavar="ADDR[:PORT]", help="With --hosts N: the address "
-                                         "(default port 29400) the agents reach this machine on."),
-    join_timeout: float = typer.Option(120.0, "--join-timeout", min=1.0, help="With --hosts: seconds for every "
-                                       "agent to join."),
+    hosts: Optional[str] = HOSTS_OPTION,
+    listen: Optional[str] = LISTEN_OPTION,
+    join_timeout: float = JOIN_TIMEOUT_OPTION,
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
     from harness.cli.progress import RunProgress
     from harness.drive.runner import default_jobs
-    from harness.report.run_diff import baseline_lines
     from harness.session import RunConfig
 
     impls, scenarios = _select(impl, scenario, topology)
@@ -189,12 +192,19 @@ def run(
         with RunProgress(err, len(impls) * len(scenarios), seed, loaded, {sc.id: sc for sc in scenarios}) as progress:
             callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
             result = _run_session(config, callbacks, progress)
+    _print_run_end(result, loaded, expectations, out)
+    raise typer.Exit(code=0 if result.all_as_expected else 1)
+
+
+def _print_run_end(result, loaded, expectations: Optional[Path], out: Path) -> None:
+    """The verdicts, the baseline's marks and where the results are (stdout)."""
+    from harness.report.run_diff import baseline_lines
+
     _print_verdicts(result, loaded.path if loaded else None, _expectations_line(loaded, expectations))
     for line in baseline_lines(result):
         console.print(line, markup=False, highlight=False)
     console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
                   f"index.html  (latest: {out / 'latest'})", highlight=False)
-    raise typer.Exit(code=0 if result.all_as_expected else 1)
 
 
 @contextlib.contextmanager
