@@ -199,6 +199,7 @@ class ProgramMachine(RuleBasedStateMachine):
         self.free_pages = list(range(LAYOUT.num_pages))
         self.free_aux = list(range(LAYOUT.aux_slots))
         self.failing = False  # the prefill's engine is set to fail a write
+        self.slow = False  # a delay plan was set: a room's writes may queue behind every other room's
         self.plans = 0  # engine fault plans set
 
     # ---- the model ----------------------------------------------------------------
@@ -314,6 +315,7 @@ class ProgramMachine(RuleBasedStateMachine):
                 if kind == "fail" else EngineFaults("prefill"))
         self.plans += 1
         self.failing = kind == "fail"
+        self.slow = self.slow or kind == "delay"
         if self.failing:
             for r in self._live():
                 r.at_risk = r.at_risk or not r.concluded
@@ -331,7 +333,9 @@ class ProgramMachine(RuleBasedStateMachine):
         not abort), the prefill's poll."""
         r.concluded = True
         label = f"L{self.rooms.index(r)}"
-        bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk else {}
+        # a serial transfer worker runs every room's delayed writes in turn: 8 rooms of 4 pages
+        # at 0.2 s a write outlast the 6 s bound, so delayed programs get the long one (still bounded)
+        bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk or self.slow else {}
         self.steps.append(AwaitStatus(r.room, "decode", DONE, label=label, **bound))
         if not r.aborted:
             others = [o for o in self.rooms if o is not r]
