@@ -34,13 +34,18 @@ mutants: setup
 	$(PDCONFORM) mutants
 
 # the wide topology set, the scenarios only a nightly run takes (layout-pairs, 24 pairs), then
-# generated programs against each backend (docs/explore.md; exit 1 while a found program fails)
+# generated programs against each backend (docs/explore.md; exit 1 while a found program fails),
+# then the network scenarios across two network namespaces (root)
 EXPLORE_BUDGET ?= 10m
 nightly: setup
 	PDCONFORM_HYPOTHESIS_PROFILE=nightly $(VENV)/bin/python -m pytest -q
 	$(VENV)/bin/pdconform simulate --seeds 100000
 	PDCONFORM_LAYOUT_PAIRS=24 $(PDCONFORM) run --jobs $(JOBS) --topology nightly $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 	$(PDCONFORM) explore --impl mooncake --impl nixl --impl mori --budget $(EXPLORE_BUDGET)
+	@# prefill and decode on two hosts (network namespaces; docs/cluster.md): needs root
+	if [ "$$(id -u)" = 0 ]; then $(PDCONFORM) run --hosts netns:2 --jobs $(JOBS) --out reports/out/hosts \
+	  --scenario happy-path --scenario network-partition --scenario network-delay; \
+	  else echo "nightly: the runs across hosts need root (network namespaces): skipped"; fi
 
 doctor: setup
 	$(PDCONFORM) doctor

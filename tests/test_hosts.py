@@ -151,3 +151,22 @@ def test_an_interrupted_run_across_namespaces_leaves_nothing(tmp_path):
     while time.monotonic() < deadline and _leftovers():
         time.sleep(0.2)
     assert not _leftovers()
+
+
+def test_netem_arguments_are_what_tc_takes_and_nothing_else():
+    from harness.hosts.agent import netem_args
+
+    assert netem_args({"partition": True}) == ["loss", "100%"]
+    assert netem_args({"delay_ms": 150, "jitter_ms": 50, "loss_pct": 2, "reorder_pct": 10}) == \
+        ["delay", "150ms", "50ms", "loss", "2%", "reorder", "10%"]
+    assert netem_args({"reorder_pct": 5})[:2] == ["delay", "1ms"]  # netem reorders only against a delay
+    for bad in ({"delay_ms": -1}, {"loss_pct": 101}, {"delay_ms": "1; reboot"}, {"qdisc": "x"}, {"loss_pct": True}):
+        with pytest.raises(ValueError, match="netem"):
+            netem_args(bad)
+
+
+def test_a_network_scenario_on_one_host_is_unsupported_not_failed(tmp_path):
+    from cellruns import run_one
+
+    cell = run_one("reference", "network-partition", tmp_path)
+    assert cell.verdict == "UNSUPPORTED" and "--hosts netns:2" in cell.reason

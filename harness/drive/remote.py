@@ -167,6 +167,7 @@ class PlacedLauncher(Launcher):
                           for i, h in enumerate(hosts)]
         self.order: list[tuple[str, str]] = []
         self.placement: dict[str, int] = {}
+        self.faulted: set[int] = set()  # hosts whose outgoing traffic a NetworkFault changed
 
     def start(self, spec: RoleSpec) -> RoleHandle:
         logical = spec.name.split(".")[0]  # harness.spec.topology.rank_name: ROLE.tp1 goes with ROLE
@@ -176,7 +177,23 @@ class PlacedLauncher(Launcher):
         self.placement[spec.name] = rank
         return self.launchers[rank].start(spec)
 
+    def netem(self, src: int, dst: int, spec: dict | None) -> None:
+        """Fault the traffic host ``src`` sends to host ``dst`` as ``spec`` says (None: heal it),
+        through ``src``'s agent (harness.hosts.agent.AgentServer.op_netem)."""
+        self.faulted.add(src)
+        self.launchers[src].client.call("netem", peer=self.hosts[dst]["address"], spec=spec)
+
+    def heal(self) -> None:
+        """Heal every link this cell faulted (a cell leaves no qdisc to the next one)."""
+        for src in sorted(self.faulted):
+            try:
+                self.launchers[src].client.call("netem", peer="", spec=None)
+            except RoleError:
+                pass  # an agent that does not answer: its host's next run starts clean (agent exit heals)
+        self.faulted.clear()
+
     def close(self) -> None:
+        self.heal()
         for launcher in self.launchers:
             launcher.close()
 

@@ -149,6 +149,7 @@ class AgentServer:
         self.launcher = LocalLauncher(folder)
         self.roles: dict[str, RoleHandle] = {}
         self.interface = interface_of(address)
+        self.netem_on = False  # a qdisc of ours is on the interface (removed at exit)
 
     def serve(self, goes_on: Callable[[], bool], check_every_s: float = 2.0) -> None:
         """Answer requests until a ``shutdown`` request or ``goes_on()`` says False (asked
@@ -229,6 +230,27 @@ class AgentServer:
     def op_stop(self, name: str, timeout_s: float) -> None:
         self._role(name).stop(min(float(timeout_s), CALL_TIMEOUT_S / 2))
 
+    def op_netem(self, peer: str, spec: dict | None) -> None:
+        """Fault this host's traffic to ``peer`` (an IPv4 address) with ``tc netem`` as ``spec``
+        says (NetworkFault's fields), or (None) heal: one faulted peer at a time, on the
+        interface that holds this agent's address; every other flow goes on untouched."""
+        import ipaddress
+
+        if not self.interface or self.interface == "lo":
+            raise ValueError("this agent listens on loopback: there is no network to fault (--hosts netns:N)")
+        _tc("qdisc", "del", "dev", self.interface, "root", check=False)
+        self.netem_on = False
+        if spec is None:
+            return
+        ipaddress.IPv4Address(peer)
+        args = netem_args(spec)
+        _tc("qdisc", "add", "dev", self.interface, "root", "handle", "1:", "prio", "bands", "3", "priomap",
+            *["0"] * 16)  # everything in band 1, untouched, but the peer's traffic (filter below)
+        self.netem_on = True
+        _tc("qdisc", "add", "dev", self.interface, "parent", "1:3", "handle", "30:", "netem", *args)
+        _tc("filter", "add", "dev", self.interface, "protocol", "ip", "parent", "1:", "prio", "1", "u32",
+            "match", "ip", "dst", f"{peer}/32", "flowid", "1:3")
+
     def op_forget(self, name: str) -> None:
         """Drop a stopped role: its handle, log and ready file (an agent serves a whole run)."""
         handle = self._role(name)
@@ -251,12 +273,52 @@ class AgentServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.netem_on:
+            _tc("qdisc", "del", "dev", self.interface, "root", check=False)
         for handle in self.roles.values():
             handle.signal(signals.SIGCONT)
             handle.signal(signals.SIGKILL)
             handle.stop(2.0)
         self.socket.close()
         self.ctx.term()
+
+
+NETEM_LIMITS = {"delay_ms": 60_000, "jitter_ms": 60_000, "loss_pct": 100, "duplicate_pct": 100, "reorder_pct": 100,
+                "rate_kbit": 10**8}
+
+
+def netem_args(spec: dict) -> list[str]:
+    """``tc netem`` arguments for a NetworkFault's fields; ValueError for anything else or
+    a value out of :data:`NETEM_LIMITS`."""
+    unknown = set(spec) - set(NETEM_LIMITS) - {"partition"}
+    if unknown:
+        raise ValueError(f"netem: no such setting {sorted(unknown)[0][:40]!r}")
+    for name, top in NETEM_LIMITS.items():
+        value = spec.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+            raise ValueError(f"netem: {name} must be a number from 0 to {top}")
+    if spec.get("partition"):
+        return ["loss", "100%"]
+    args = []
+    if spec.get("delay_ms") or spec.get("reorder_pct"):  # reordering needs a delay to reorder against
+        args += ["delay", f"{max(spec.get('delay_ms', 0), 1)}ms"]
+        if spec.get("jitter_ms"):
+            args.append(f"{spec['jitter_ms']}ms")
+    for name, word in (("loss_pct", "loss"), ("duplicate_pct", "duplicate"), ("reorder_pct", "reorder")):
+        if spec.get(name):
+            args += [word, f"{spec[name]}%"]
+    if spec.get("rate_kbit"):
+        args += ["rate", f"{int(spec['rate_kbit'])}kbit"]
+    return args or ["delay", "0ms"]
+
+
+def _tc(*args: str, check: bool = True) -> None:
+    """Run ``tc ARGS`` (bounded); ValueError with tc's message when it fails and ``check``."""
+    import subprocess
+
+    done = subprocess.run(["tc", *args], capture_output=True, text=True, timeout=10)
+    if check and done.returncode != 0:
+        raise ValueError(f"tc {' '.join(args[:4])}: {done.stderr.strip()[:200]}")
 
 
 def interface_of(address: str) -> str | None:

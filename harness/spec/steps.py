@@ -280,6 +280,29 @@ class KillRole:
 
 
 @dataclass(frozen=True)
+class NetworkFault:
+    """Nemesis: from now on the network between the hosts of roles ``a`` and ``b`` delays
+    each packet ``delay_ms`` (+/- ``jitter_ms``), loses ``loss_pct`` percent, duplicates
+    ``duplicate_pct``, reorders ``reorder_pct`` (with a delay), and carries at most
+    ``rate_kbit`` (0: no limit); ``partition`` loses every packet.  Both ways, or only
+    from ``a`` to ``b`` (``both_ways=False``).  Every other flow (the harness's own calls,
+    other hosts) is untouched.  A step with nothing set heals the link.  Needs roles on
+    several hosts (``run --hosts``; harness.hosts.agent applies it with ``tc netem``): the
+    cell is UNSUPPORTED otherwise."""
+
+    a: str
+    b: str
+    partition: bool = False
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    duplicate_pct: float = 0.0
+    reorder_pct: float = 0.0
+    rate_kbit: int = 0
+    both_ways: bool = True
+
+
+@dataclass(frozen=True)
 class FreezeRole:
     """Nemesis: SIGSTOP the role's process (its sockets stay open, nothing answers)."""
 

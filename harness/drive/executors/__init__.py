@@ -33,6 +33,7 @@ EXECUTORS: dict[type, Callable[[Any, Any], None]] = {
     s.KillRole: nemesis.kill_role,
     s.FreezeRole: nemesis.freeze_role,
     s.ThawRole: nemesis.thaw_role,
+    s.NetworkFault: nemesis.network_fault,
     s.InjectFrames: nemesis.inject_frames,
     s.InjectAbort: nemesis.inject_abort,
     s.CaptureFrames: nemesis.capture_frames,

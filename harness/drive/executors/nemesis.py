@@ -43,6 +43,33 @@ def thaw_role(d: "CellDriver", step: s.ThawRole) -> None:
     _signal(d, step.role, signal.SIGCONT, Op.THAW)
 
 
+NETEM_FIELDS = ("partition", "delay_ms", "jitter_ms", "loss_pct", "duplicate_pct", "reorder_pct", "rate_kbit")
+
+
+def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
+    """Fault (or heal) the link between the hosts of ``step.a`` and ``step.b`` through their
+    agents (harness.drive.remote.PlacedLauncher.netem); UNSUPPORTED when the roles do not
+    run on two hosts."""
+    from harness.drive.remote import PlacedLauncher
+
+    launcher = d.launcher
+    if not isinstance(launcher, PlacedLauncher):
+        raise CellAborted("a network fault needs roles on several hosts: run with --hosts netns:2 (root) or "
+                          "--hosts N (docs/cluster.md)", unsupported=True)
+    hosts = [launcher.placement.get(name) for name in (step.a, step.b)]
+    if None in hosts or hosts[0] == hosts[1]:
+        raise CellAborted(f"NetworkFault: {step.a} and {step.b} do not run on two hosts ({hosts})", unsupported=True)
+    spec = {name: getattr(step, name) for name in NETEM_FIELDS if getattr(step, name)}
+    try:
+        launcher.netem(hosts[0], hosts[1], spec or None)
+        if step.both_ways:
+            launcher.netem(hosts[1], hosts[0], spec or None)
+    except RoleError as exc:
+        raise CellAborted(f"NetworkFault: {exc}") from exc
+    d.record(Event.NEMESIS, Op.NETWORK, step.a, args={"a": step.a, "b": step.b, "hosts": hosts,
+                                                      "both_ways": step.both_ways, **(spec or {"heal": True})})
+
+
 def inject_frames(d: "CellDriver", step: s.InjectFrames) -> None:
     _inject(d, step.role, list(step.frames), what=Op.INJECT)
 
