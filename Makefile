@@ -44,7 +44,7 @@ nightly: setup
 	$(PDCONFORM) explore --impl mooncake --impl nixl --impl mori --budget $(EXPLORE_BUDGET)
 	@# prefill and decode on two hosts (network namespaces; docs/cluster.md): needs root
 	if [ "$$(id -u)" = 0 ]; then $(PDCONFORM) run --hosts netns:2 --jobs $(JOBS) --out reports/out/hosts \
-	  --scenario happy-path --scenario network-partition --scenario network-delay; \
+	  --scenario happy-path --scenario network-partition; \
 	  else echo "nightly: the runs across hosts need root (network namespaces): skipped"; fi
 
 doctor: setup

@@ -64,6 +64,7 @@ SCENARIO = register(
         timeout_s=150.0,
         tags=("network",),
         nightly=NEEDS_HOSTS,
+        alone="its network fault between the prefill host and the decode host reaches every cell on them",
         topologies=(("p1-d1",), "the bad link is between the one prefill host and the one decode host"),
     )
 )

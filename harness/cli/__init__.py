@@ -93,9 +93,10 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]], topology: 
         named |= {name} if name in TOPOLOGIES else set()
     known = {s.id: s for s in all_scenarios()}
     nightly = "nightly" in (topology or [])  # a nightly run also takes the scenarios only it runs
-    # a found program (harness.explore.found) runs only when named: explore replays the corpus itself
-    wanted = list(dict.fromkeys(scenario or [sid for sid, s in known.items()
-                                             if not s.nightly or (nightly and "found" not in s.tags)]))
+    # a found program (harness.explore.found) runs only when named: explore replays the corpus itself;
+    # a network scenario too (it needs roles on several hosts: `run --hosts ... --scenario network-...`)
+    wanted = list(dict.fromkeys(scenario or [sid for sid, s in known.items() if not s.nightly or (
+        nightly and "found" not in s.tags and "network" not in s.tags)]))
     cells = []
     for sid in wanted:
         base, sep, its = sid.partition(TOPOLOGY_SEP)

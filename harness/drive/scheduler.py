@@ -49,6 +49,40 @@ class Callbacks:
     on_note: Callable[[str], None] | None = None
 
 
+class _Gate:
+    """Cells of a scenario marked ``alone`` run with no other cell; the others run together.
+    A waiting alone cell goes first: no other cell starts until it has run.  Every wait
+    ends when the run is stopping (checked every half second)."""
+
+    def __init__(self, stopping: threading.Event):
+        self.cond = threading.Condition()
+        self.stopping = stopping
+        self.running = 0
+        self.alone = False
+        self.waiting_alone = 0
+
+    def enter(self, alone: bool) -> None:
+        with self.cond:
+            if alone:
+                self.waiting_alone += 1
+                while (self.running or self.alone) and not self.stopping.is_set():
+                    self.cond.wait(0.5)
+                self.waiting_alone -= 1
+                self.alone = True
+            else:
+                while (self.alone or self.waiting_alone) and not self.stopping.is_set():
+                    self.cond.wait(0.5)
+                self.running += 1
+
+    def leave(self, alone: bool) -> None:
+        with self.cond:
+            if alone:
+                self.alone = False
+            else:
+                self.running -= 1
+            self.cond.notify_all()
+
+
 @dataclass(frozen=True)
 class _Task:
     scenario: Scenario
@@ -163,6 +197,7 @@ class _Run:
         self.started = self.done = 0
         self.noted: set[str] = set()
         self.stopping = threading.Event()
+        self.gate = _Gate(self.stopping)
 
     def note(self, text: str) -> None:
         if self.cb.on_note:
@@ -202,6 +237,11 @@ class _Run:
             with self.lock:
                 self.started += 1
                 self.cb.on_start(self.started, self.reported, task.impl, task.scenario)
+        alone = bool(task.scenario.alone)
+        self.gate.enter(alone)
+        if self.stopping.is_set():
+            self.gate.leave(alone)
+            return None
         base = self.ports.acquire()
         try:
             cell = run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir,
@@ -210,6 +250,7 @@ class _Run:
                                      base_port=base, full_waits=self.schedule.full_waits)
         finally:
             self.ports.release(base)
+            self.gate.leave(alone)
         cell = CellRun(cell.scenario, cell.impl, cell.workdir, task.reported)
         if task.reported and self.cb.on_cell:
             with self.lock:

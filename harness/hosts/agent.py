@@ -150,6 +150,7 @@ class AgentServer:
         self.roles: dict[str, RoleHandle] = {}
         self.interface = interface_of(address)
         self.netem_on = False  # a qdisc of ours is on the interface (removed at exit)
+        self.blackholes: list[str] = []  # peers this agent's routes drop (a partition)
 
     def serve(self, goes_on: Callable[[], bool], check_every_s: float = 2.0) -> None:
         """Answer requests until a ``shutdown`` request or ``goes_on()`` says False (asked
@@ -231,25 +232,47 @@ class AgentServer:
         self._role(name).stop(min(float(timeout_s), CALL_TIMEOUT_S / 2))
 
     def op_netem(self, peer: str, spec: dict | None) -> None:
-        """Fault this host's traffic to ``peer`` (an IPv4 address) with ``tc netem`` as ``spec``
-        says (NetworkFault's fields), or (None) heal: one faulted peer at a time, on the
-        interface that holds this agent's address; every other flow goes on untouched."""
+        """Fault this host's traffic to ``peer`` (an IPv4 address) as ``spec`` says
+        (NetworkFault's fields), or (None) heal every fault this agent set.  A partition is a
+        blackhole route to the peer (no qdisc needed); delay, jitter, loss, duplication,
+        reordering and rate are ``tc netem`` on the interface holding this agent's address,
+        for the peer's traffic only (one faulted peer at a time).  NotImplementedError when
+        this host's kernel has no netem (the cell is then UNSUPPORTED)."""
         import ipaddress
 
         if not self.interface or self.interface == "lo":
             raise ValueError("this agent listens on loopback: there is no network to fault (--hosts netns:N)")
-        _tc("qdisc", "del", "dev", self.interface, "root", check=False)
-        self.netem_on = False
+        self._heal()
         if spec is None:
             return
         ipaddress.IPv4Address(peer)
         args = netem_args(spec)
-        _tc("qdisc", "add", "dev", self.interface, "root", "handle", "1:", "prio", "bands", "3", "priomap",
-            *["0"] * 16)  # everything in band 1, untouched, but the peer's traffic (filter below)
+        if spec.get("partition"):
+            _run(["ip", "route", "add", "blackhole", f"{peer}/32"])
+            self.blackholes.append(peer)
+            return
+        try:
+            _run(["tc", "qdisc", "add", "dev", self.interface, "root", "handle", "1:", "prio", "bands", "3",
+                  "priomap", *["0"] * 16])  # everything in band 1, untouched, but the peer's traffic (filter below)
+        except ValueError as exc:
+            if "qdisc kind is unknown" in str(exc):
+                raise NotImplementedError(f"the kernel of host {socket.gethostname()} has no prio/netem qdisc "
+                                          "(sch_prio, sch_netem): delay, loss, duplication and reordering need "
+                                          "a kernel with netem") from None
+            raise
         self.netem_on = True
-        _tc("qdisc", "add", "dev", self.interface, "parent", "1:3", "handle", "30:", "netem", *args)
-        _tc("filter", "add", "dev", self.interface, "protocol", "ip", "parent", "1:", "prio", "1", "u32",
-            "match", "ip", "dst", f"{peer}/32", "flowid", "1:3")
+        _run(["tc", "qdisc", "add", "dev", self.interface, "parent", "1:3", "handle", "30:", "netem", *args])
+        _run(["tc", "filter", "add", "dev", self.interface, "protocol", "ip", "parent", "1:", "prio", "1", "u32",
+              "match", "ip", "dst", f"{peer}/32", "flowid", "1:3"])
+
+    def _heal(self) -> None:
+        """Remove every route and qdisc this agent added."""
+        for peer in self.blackholes:
+            _run(["ip", "route", "del", "blackhole", f"{peer}/32"], check=False)
+        self.blackholes = []
+        if self.netem_on:
+            _run(["tc", "qdisc", "del", "dev", self.interface, "root"], check=False)
+            self.netem_on = False
 
     def op_forget(self, name: str) -> None:
         """Drop a stopped role: its handle, log and ready file (an agent serves a whole run)."""
@@ -273,8 +296,7 @@ class AgentServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.netem_on:
-            _tc("qdisc", "del", "dev", self.interface, "root", check=False)
+        self._heal()
         for handle in self.roles.values():
             handle.signal(signals.SIGCONT)
             handle.signal(signals.SIGKILL)
@@ -312,13 +334,13 @@ def netem_args(spec: dict) -> list[str]:
     return args or ["delay", "0ms"]
 
 
-def _tc(*args: str, check: bool = True) -> None:
-    """Run ``tc ARGS`` (bounded); ValueError with tc's message when it fails and ``check``."""
+def _run(argv: list[str], check: bool = True) -> None:
+    """Run ``tc`` or ``ip`` (bounded); ValueError with its message when it fails and ``check``."""
     import subprocess
 
-    done = subprocess.run(["tc", *args], capture_output=True, text=True, timeout=10)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     if check and done.returncode != 0:
-        raise ValueError(f"tc {' '.join(args[:4])}: {done.stderr.strip()[:200]}")
+        raise ValueError(f"{' '.join(argv[:5])}: {done.stderr.strip()[:200]}")
 
 
 def interface_of(address: str) -> str | None:

@@ -38,6 +38,8 @@ class Scenario:
     only when it must say (it starts its own ranks or stages); empty: every topology.
     ``nightly``: why it runs only when asked for (by id, or in a ``--topology nightly`` run),
     not in the default matrix (it costs more than a CI gate spends); empty: in every run.
+    ``alone``: why its cells run with no other cell at the same time (a network fault
+    between two hosts reaches every cell whose roles share them); empty: with the others.
     """
 
     id: str
@@ -52,6 +54,7 @@ class Scenario:
     opt_out: tuple[tuple[str, str], ...] = ()
     topologies: tuple[tuple[str, ...], str] | tuple[()] = ()
     nightly: str = ""
+    alone: str = ""
 
     def runs_on(self, topology: str) -> bool:
         """Whether this scenario runs on the named topology (see ``topologies``)."""

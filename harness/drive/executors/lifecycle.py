@@ -12,7 +12,6 @@ from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
 from harness.spec.history import Event, Op
 from harness.spec.protocol import KVPoll, kvpoll_name
-from harness.target.role_context import bind_address
 
 if TYPE_CHECKING:
     from harness.drive.cell import CellDriver
@@ -95,7 +94,8 @@ def _prefill_starts(d: "CellDriver", step: s.StartRoles) -> list[tuple[str, str,
 
         starts = []
         for logical in step.prefills:
-            port, rendezvous = _next_port(d), f"tcp://{bind_address()}:{_next_port(d)}"
+            # the stages meet on the first stage's host (its own address when roles run on several hosts)
+            port, rendezvous = _next_port(d), f"tcp://{d.address_of(d.ranks(logical)[0])}:{_next_port(d)}"
             starts += [(name, "start_prefill", {"layout": layout.to_dict(), "bootstrap_port": port,
                                                 "pp": (step.pp_stages, s, rendezvous)})
                        for s, (name, layout) in enumerate(zip(d.ranks(logical), stage_layouts(step.layout,
@@ -115,7 +115,7 @@ def _prefill_starts(d: "CellDriver", step: s.StartRoles) -> list[tuple[str, str,
     if len(step.prefill_stages) != len(step.prefills):
         raise CellAborted(f"StartRoles: {len(step.prefills)} prefill stage roles for {len(step.prefill_stages)} "
                           "stage layouts")
-    port, rendezvous = _next_port(d), f"tcp://{bind_address()}:{_next_port(d)}"
+    port, rendezvous = _next_port(d), f"tcp://{d.address_of(step.prefills[0])}:{_next_port(d)}"
     return [(name, "start_prefill", {"layout": stage.to_dict(), "bootstrap_port": port,
                                      "pp": (len(step.prefills), rank, rendezvous)})
             for rank, (name, stage) in enumerate(zip(step.prefills, step.prefill_stages))]
@@ -180,7 +180,7 @@ def _prefill_started(d: "CellDriver", name: str, layout: dict, port: int, facts:
 
 def _note_control_endpoint(d: "CellDriver", name: str, facts: dict) -> None:
     if facts.get("rank_port"):
-        d.control_endpoint[name] = f"tcp://{bind_address()}:{facts['rank_port']}"
+        d.control_endpoint[name] = f"tcp://{d.address_of(name)}:{facts['rank_port']}"  # where the role listens
 
 
 def open_room(d: "CellDriver", step: s.OpenRoom) -> None:
