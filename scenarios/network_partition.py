@@ -14,6 +14,7 @@ byte in place (R-NET-1), and nothing else of the decode's pools may change.
 from __future__ import annotations
 
 from harness.judge import checks as c
+from harness.judge.fault_checks import failed_after
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InitSender, NetworkFault, SendChunk, Sleep, StartRoles
@@ -60,9 +61,9 @@ def checks(seed: int):
     cut, after = _plan(seed)
     return [
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
-        c.Check("cut-decode-fails", "R-NET-1", c.failed_after(cut.room, "decode", "network", "prefill",
+        c.Check("cut-decode-fails", "R-NET-1", failed_after(cut.room, "decode", "network", "prefill",
                                                              HEARTBEAT_WINDOW_S + SLACK_S)),
-        c.Check("cut-prefill-fails", "R-NET-1", c.failed_after(cut.room, "prefill", "network", "prefill",
+        c.Check("cut-prefill-fails", "R-NET-1", failed_after(cut.room, "prefill", "network", "prefill",
                                                               WAITING_TIMEOUT_S + SLACK_S)),
         *room_succeeds(after, "R-NET-1", "after-heal"),
         *pair_healthy(),

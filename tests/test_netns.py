@@ -44,6 +44,10 @@ CREATE_AND_WAIT = ("import sys, time; from harness.hosts.netns import HostNet\n"
                    "with HostNet(2) as net:\n    print(' '.join(net.hosts), flush=True)\n    time.sleep(300)\n")
 
 
+def _owner(hosts: list[str]) -> str:
+    return netns.NS_PATTERN.fullmatch(hosts[0]).group(1)
+
+
 def _creator() -> tuple[subprocess.Popen, list[str]]:
     child = subprocess.Popen([sys.executable, "-c", CREATE_AND_WAIT], stdout=subprocess.PIPE, text=True)
     hosts = child.stdout.readline().split()
@@ -56,7 +60,7 @@ def test_an_interrupted_creator_removes_its_hosts():
     child.send_signal(signal.SIGINT)
     child.wait(timeout=30)
     assert not set(hosts) & set(netns.namespaces())
-    assert not [name for name in netns.links() if f"{child.pid:x}" in name]
+    assert not [name for name in netns.links() if _owner(hosts) in name]
 
 
 def test_the_hosts_of_a_creator_killed_outright_are_swept_by_the_next():
@@ -64,11 +68,21 @@ def test_the_hosts_of_a_creator_killed_outright_are_swept_by_the_next():
     child.kill()
     child.wait(timeout=10)
     assert set(hosts) <= set(netns.namespaces())  # SIGKILL: nothing could clean up
-    assert f"{child.pid:x}" in netns.sweep_stale()
+    assert _owner(hosts) in netns.sweep_stale()
     assert not set(hosts) & set(netns.namespaces())
-    assert not [name for name in netns.links() if f"pdcf{child.pid:x}" in name]
+    assert not [name for name in netns.links() if f"pdcf{_owner(hosts)}" in name]
 
 
-def test_a_living_creators_hosts_are_never_swept():
-    with netns.HostNet(1) as net:
-        assert net.owner not in netns.sweep_stale() and net.leftovers()
+def test_a_living_creators_hosts_are_never_swept_nor_anothers_in_the_same_process():
+    with netns.HostNet(1) as net, netns.HostNet(2) as other:
+        assert net.owner not in netns.sweep_stale() and net.leftovers() and other.leftovers()
+        assert set(net.hosts).isdisjoint(other.hosts) and net.subnet != other.subnet
+    assert not net.leftovers() and not other.leftovers()
+
+
+def test_a_namespace_without_a_lock_file_is_not_ours_to_sweep():
+    subprocess.run(["ip", "netns", "add", "pdconform-abcdef-h0"], check=True, timeout=10)
+    try:
+        assert "abcdef" not in netns.sweep_stale() and "pdconform-abcdef-h0" in netns.namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "delete", "pdconform-abcdef-h0"], timeout=10)

@@ -17,7 +17,12 @@ from harness.report.scrub import COMMON_NAMES, MIN_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "gpu-node-17.cluster.example.com"
-PLANTED = [HOST, "10.20.30.40", "fd00::1234:5", "alice", "/home/alice"]
+PLANTED = [HOST, "10.20.30.40", "fd00::1234:5", "alice", "/home/alice", "10.20.30.42", "fd00::abcd:6",
+           "10.20.30.43", "GPU-NODE-17", "gpu-node-17", "%2Fhome%2Falice", "\\/home\\/alice"]
+#: where they hide in a trace: next to "-", "_" or ":", in capitals, URL-encoded, JSON-escaped
+HIDDEN = ("peer-10.20.30.40 joined; node_10.20.30.42 up; connect to fd00::1234:5: refused; addr:fd00::abcd:6; "
+          "from ::ffff:10.20.30.43; GPU-NODE-17.CLUSTER.EXAMPLE.COM; gpu-node-17_rank0; url=%2Fhome%2Falice%2Fx; "
+          "json \\/home\\/alice\\/y; cache /home/sglang/.cache\n")
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -46,7 +51,9 @@ def stored_run(tmp_path_factory) -> Path:
     cell = next(p for p in (run_dir / "cells").iterdir() if p.name.startswith("happy-path--reference"))
     with open(cell / "prefill.log", "a") as log:
         log.write(f"peer {HOST} at 10.20.30.40 and [fd00::1234:5]:7000, user alice, cache /home/alice/.cache\n")
+        log.write(HIDDEN)  # and a service account whose name is a word of the trace: /home/sglang
     (cell / f"{HOST}.log").write_text("a log named after its host\n")
+    (cell / "peer-10.20.30.40.log").write_text("a log named after a peer's address\n")
     results = json.loads((run_dir / "results.json").read_text())
     results["hosts"] = [{"name": HOST, "address": "10.20.30.40", "roles": ["prefill"]}]
     (run_dir / "results.json").write_text(json.dumps(results, indent=2))

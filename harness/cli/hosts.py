@@ -27,6 +27,9 @@ def agent(
     """
     import ipaddress
 
+    import zmq
+
+    from harness.cli import _stop_on_signals
     from harness.hosts.agent import HostsError, parse_address, run_agent
 
     try:
@@ -35,12 +38,15 @@ def agent(
             ipaddress.ip_address(address)
     except ValueError as exc:
         raise _usage_error(f"--coordinator/--address: {exc}")
+    _stop_on_signals()  # srun, torchrun and Kubernetes stop an agent with SIGTERM: its roles and folder go too
     try:
         code = run_agent(coordinator, rank, address, join_timeout)
     except HostsError as exc:
         raise _usage_error(str(exc))
     except OSError as exc:
         raise _usage_error(f"agent: {exc.strerror or exc}")
+    except zmq.ZMQError as exc:  # the address to serve on is not this host's
+        raise _usage_error(f"agent: cannot serve on {address or 'the address towards the coordinator'}: {exc}")
     except KeyboardInterrupt:
         err.print("agent: interrupted; its roles were stopped")
         raise typer.Exit(code=130)

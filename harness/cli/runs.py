@@ -221,15 +221,16 @@ def _hosts(spec: Optional[str], listen: Optional[str], bind: Optional[str], join
     from harness.hosts.agent import HostsError
     from harness.hosts.cluster import gathered
 
+    _stop_on_signals()  # SIGTERM while the agents gather: the namespaces are removed as on Ctrl-C
     gathering = True  # an error while the hosts gather is bad usage; one of the run itself is not
     try:
         with gathered(spec, listen, join_timeout, note=lambda n: err.print(f"[yellow]note:[/] {escape(n)}")) as got:
             gathering = False
             yield got
-    except (ValueError, HostsError) as exc:
+    except (ValueError, HostsError, OSError) as exc:  # OSError: an address to listen on this host lacks
         if not gathering:
             raise
-        raise _usage_error(str(exc))
+        raise _usage_error(f"--hosts: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc))
 
 
 @app.command()

@@ -33,9 +33,20 @@ HOSTS_ENV = "PDCONFORM_HOSTS"  # JSON list of {"endpoint", "address", "host"}: t
 CALL_TIMEOUT_S = 10.0  # one request to an agent, at most (seconds)
 READY_POLL_S = 0.05  # how often a starting remote role is asked whether it is ready (seconds)
 #: what the environment of a role an agent starts may set (engine, sglang and pdconform settings)
-ENV_PREFIXES = ("PDCONFORM_", "SGLANG_", "MC_", "UCX_", "NIXL_", "MORI_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+ENV_PREFIXES = ("PDCONFORM_", "SGLANG_", "MC_", "UCX_", "NIXL_", "MORI_")
+ENV_NAMES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "MOONCAKE_PROTOCOL")
+#: parts of a name that point a loader at files (a plugin or module folder, a library path): never sent
+ENV_LOADER_WORDS = ("PLUGIN", "MODULE", "LIBRARY", "PRELOAD", "_PATH", "_DIR", "FORK_SERVER")
 #: the coordinator's own settings that must not reach a role on another host
 LOCAL_ONLY = ("PDCONFORM_ZYGOTE", "PDCONFORM_CELL_NETNS", "PDCONFORM_CELL_NETNS_PID", "PDCONFORM_BIND", HOSTS_ENV)
+
+
+def role_env_allowed(name: str) -> bool:
+    """Whether a role on another host may be given environment variable ``name``: a setting
+    of pdconform, sglang or an engine (:data:`ENV_PREFIXES`, :data:`ENV_NAMES`), never one
+    that points a loader at files (:data:`ENV_LOADER_WORDS`), a token, or a local-only one."""
+    return ((name.startswith(ENV_PREFIXES) or name in ENV_NAMES) and name not in LOCAL_ONLY
+            and not any(word in name for word in ENV_LOADER_WORDS))
 
 
 class AgentClient:
@@ -127,7 +138,7 @@ class RemoteRoleHandle(RoleHandle):
 class RemoteLauncher(Launcher):
     """Starts roles through an agent (its ZMQ ``endpoint``); logs land in ``workdir`` as
     ``<role name>.log``, as the local launcher's do.  The role gets ``spec.env`` and this
-    process's pdconform, sglang and engine settings (not its local-only ones, LOCAL_ONLY)."""
+    process's pdconform, sglang and engine settings (:func:`role_env_allowed`)."""
 
     def __init__(self, endpoint: str, workdir: str | os.PathLike, host: str = "agent"):
         self.client = AgentClient(endpoint, host)
@@ -135,8 +146,8 @@ class RemoteLauncher(Launcher):
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     def start(self, spec: RoleSpec) -> RemoteRoleHandle:
-        inherited = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and k not in LOCAL_ONLY}
-        env = {**inherited, **{k: v for k, v in spec.env.items() if k not in LOCAL_ONLY}}
+        inherited = {k: v for k, v in os.environ.items() if role_env_allowed(k)}
+        env = {**inherited, **{k: v for k, v in spec.env.items() if role_env_allowed(k)}}
         key = f"{uuid.uuid4().hex[:12]}.{spec.name}"  # agents serve many cells, each with its own "prefill"
         self.client.call("start", name=key, impl=spec.impl, role=spec.role, env=env)
         log_path = Path(spec.log_path) if spec.log_path else self.workdir / f"{spec.name}.log"
@@ -205,4 +216,4 @@ def launcher_for(workdir: str | os.PathLike) -> Launcher:
 
 
 __all__ = ["AgentClient", "RemoteLauncher", "RemoteRoleHandle", "PlacedLauncher", "place", "launcher_for", "HOSTS_ENV",
-           "ENV_PREFIXES", "LOCAL_ONLY"]
+           "ENV_PREFIXES", "LOCAL_ONLY", "role_env_allowed"]

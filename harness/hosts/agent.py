@@ -13,7 +13,7 @@ the coordinator), so a missing node fails torchrun's bounded rendezvous, not our
 
 An agent serves JSON requests only, and starts only pdconform role processes
 (``python -m harness.drive.role_host`` with an implementation the registry knows) with an
-environment limited to :data:`ENV_PREFIXES`: whoever reaches its port can start roles,
+environment harness.drive.remote.role_env_allowed allows: whoever reaches its port can start roles,
 not commands.  It exits when told to, or when the coordinator's store stops answering for
 :data:`ORPHAN_S` seconds: an agent never outlives its run by long.
 """
@@ -34,7 +34,7 @@ from typing import Callable
 import zmq
 
 from harness.drive.launcher import LocalLauncher, RoleHandle, RoleSpec
-from harness.drive.remote import CALL_TIMEOUT_S, ENV_PREFIXES, LOCAL_ONLY
+from harness.drive.remote import CALL_TIMEOUT_S, role_env_allowed
 
 STORE_PREFIX = "pdconform"
 ORPHAN_S = 15.0  # an agent whose coordinator's store has not answered this long exits (seconds)
@@ -88,12 +88,17 @@ class Coordinator:
 
     def __init__(self, address: str, n: int, port: int = 0):
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((address, port))
-        self._socket.listen(128)
-        self.address, self.port, self.n = address, self._socket.getsockname()[1], n
-        self.store = _store(address, self.port, True, 30.0, self._socket.fileno())
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((address, port))
+            listener.listen(128)
+            self.address, self.port, self.n = address, listener.getsockname()[1], n
+        except BaseException:
+            listener.close()
+            raise
+        # the store owns the descriptor from here (it closes it): detached, never closed twice
+        self.store = _store(address, self.port, True, 30.0, listener.detach())
 
     @property
     def endpoint(self) -> str:
@@ -115,14 +120,15 @@ class Coordinator:
             time.sleep(0.1)
 
     def close(self) -> None:
-        """Tell the agents to stop (they see it within CHECK_EVERY_S); idempotent."""
-        if self._socket.fileno() < 0:
+        """Tell the agents to stop (they see it within CHECK_EVERY_S, or the store gone); idempotent."""
+        store, self.store = self.store, None
+        if store is None:
             return
         try:
-            self.store.set(f"{STORE_PREFIX}/stop", "1")
+            store.set(f"{STORE_PREFIX}/stop", "1")
         except Exception:  # noqa: BLE001 - the store is going away anyway
             pass
-        self._socket.close()
+        del store  # the server stops and closes its listening descriptor
 
     def __enter__(self) -> "Coordinator":
         return self
@@ -141,6 +147,7 @@ class AgentServer:
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.REP)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # a request is a few hundred bytes
         host = f"[{address}]" if ":" in address else address
         if ":" in address:
             self.socket.setsockopt(zmq.IPV6, 1)
@@ -158,9 +165,14 @@ class AgentServer:
         next_check = time.monotonic() + check_every_s
         while True:
             if self.socket.poll(int(check_every_s * 1000) // 4):
-                request = self.socket.recv()
-                reply, done = self._answer(request)
-                self.socket.send(json.dumps(reply).encode())
+                try:
+                    frames = self.socket.recv_multipart()
+                    # one JSON frame per request; anything else is answered, never fatal
+                    reply, done = self._answer(frames[0]) if len(frames) == 1 else \
+                        ({"ok": False, "error": "ValueError: a request is one JSON frame"}, False)
+                    self.socket.send(json.dumps(reply).encode())
+                except zmq.ZMQError:
+                    continue  # a peer that went away mid-request: the next one is served
                 if done:
                     return
             if time.monotonic() >= next_check:
@@ -191,14 +203,14 @@ class AgentServer:
 
     def op_start(self, name: str, impl: str, role: str, env: dict[str, str]) -> str:
         """Start a pdconform role process; only a known implementation, prefill or decode, and
-        an environment of :data:`harness.hosts.agent.ENV_PREFIXES` keys."""
+        an environment harness.drive.remote.role_env_allowed allows."""
         from harness.implementations import registered
 
         if not NAME.fullmatch(str(name)) or name in self.roles:
             raise ValueError(f"role name {str(name)[:80]!r}: [A-Za-z0-9._-], new on this agent")
         if impl not in registered() or role not in ("prefill", "decode"):
             raise ValueError(f"{str(impl)[:40]!r} as {str(role)[:20]!r}: not a role this agent starts")
-        bad = [k for k in env if not str(k).startswith(ENV_PREFIXES) or str(k) in LOCAL_ONLY]
+        bad = [k for k in env if not role_env_allowed(str(k))]
         if bad:
             raise ValueError(f"environment {bad[0][:60]!r}: not one a role may be given")
         # the host's own settings: its address, and (UCX, NIXL's transport) the interface that holds it
@@ -286,7 +298,7 @@ class AgentServer:
     def op_log(self, name: str, lines: int = 0) -> str:
         """The role's log: its last ``lines`` lines, or (0) the end of it up to MAX_LOG_BYTES."""
         handle = self._role(name)
-        if lines:
+        if int(lines) > 0:
             return handle.log_tail(min(int(lines), 10_000))
         with open(handle.log_path, "rb") as log:
             log.seek(max(0, os.path.getsize(handle.log_path) - MAX_LOG_BYTES))
@@ -392,12 +404,12 @@ def run_agent(coordinator: str, rank: int | None = None, address: str | None = N
     except Exception as exc:  # noqa: BLE001 - torch raises its own DistStoreError / RuntimeError
         raise HostsError(f"cannot reach the coordinator at {coordinator}: {str(exc).splitlines()[0]}") from exc
     store.set_timeout(datetime.timedelta(seconds=ORPHAN_S))  # from now on a silent store means an orphan
-    rank = launcher_rank(rank)
-    if rank is None:
-        rank = store.add(f"{STORE_PREFIX}/next-rank", 1) - 1
     address = address or route_address(host, port)
-    with tempfile.TemporaryDirectory(prefix=f"pdconform-agent{rank}-") as scratch:
-        with AgentServer(address, workdir or scratch) as server:
+    with tempfile.TemporaryDirectory(prefix="pdconform-agent-") as scratch:
+        with AgentServer(address, workdir or scratch) as server:  # bound before a rank is taken: a
+            rank = launcher_rank(rank)                              # failed start wastes no rank number
+            if rank is None:
+                rank = store.add(f"{STORE_PREFIX}/next-rank", 1) - 1
             info = AgentInfo(rank, socket.gethostname(), address, server.endpoint, os.getpid())
             store.set(f"{STORE_PREFIX}/agent/{rank}", json.dumps(asdict(info)))
             server.serve(lambda: _run_goes_on(store), CHECK_EVERY_S)

@@ -1,36 +1,43 @@
 """Hosts on one machine: N network namespaces joined by a bridge over veth pairs, each with
 a real non-loopback address (``--hosts netns:N``).
 
-Layout (``pid`` is the creating process's, in hex, so a leftover names its owner):
+Layout (``owner`` is a random token of the ``HostNet`` that made them, so a leftover names it):
 
-* bridge ``pdcf<pid>b`` in the caller's namespace, address ``10.A.B.1/24``: the coordinator's;
-* namespace ``pdconform-<pid>-h<i>`` for host i, with ``lo`` up and ``eth0`` (the namespace
-  end of veth pair ``pdcf<pid>v<i>``) at ``10.A.B.<10 + i>/24``;
+* bridge ``pdcf<owner>b`` in the caller's namespace, address ``10.A.B.1/24``: the coordinator's;
+* namespace ``pdconform-<owner>-h<i>`` for host i, with ``lo`` up and ``eth0`` (the namespace
+  end of veth pair ``pdcf<owner>v<i>``) at ``10.A.B.<10 + i>/24``;
 * ``A.B`` drawn so that no route of the machine covers the /24.
 
 Everything is made with ``ip`` (iproute2) and removed by :meth:`HostNet.close`: every
 process still in a namespace is killed, the namespaces deleted (their veth ends go with
 them, and any qdisc on them), the bridge deleted; also after an exception or an interrupt
-inside the ``with`` block.  A creator killed outright leaves its namespaces behind:
-:func:`sweep_stale` (run before every creation) removes those whose pid is gone.  Needs
-root (CAP_NET_ADMIN, CAP_SYS_ADMIN): :func:`unavailable` says why not.
+inside the ``with`` block.  While a ``HostNet`` lives it holds an exclusive ``flock`` on
+``/run/pdconform/netns-<owner>.lock``; a creator killed outright leaves its namespaces
+behind, and :func:`sweep_stale` (run before every creation) removes those whose lock file
+exists and is no longer held (a lock works across pid namespaces; without a lock file a
+namespace is not ours to judge, and is left).  Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN):
+:func:`unavailable` says why not.
 """
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
 import random
 import re
+import secrets
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 IP_TIMEOUT_S = 10.0  # one ``ip`` command, at most (seconds)
 HOST_BASE = 10  # host i's last octet is HOST_BASE + i
 MAX_HOSTS = 16
+LOCK_DIR = Path("/run/pdconform")
 NS_PATTERN = re.compile(r"pdconform-([0-9a-f]+)-h(\d+)")
 LINK_PATTERN = re.compile(r"pdcf([0-9a-f]+)[bv]\d*")
 
@@ -61,13 +68,30 @@ def unavailable() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def _lock_path(owner: str) -> Path:
+    return LOCK_DIR / f"netns-{owner}.lock"
+
+
+def _take_lock(owner: str) -> int | None:
+    """An exclusive flock on ``owner``'s lock file (made if missing); its fd, or None when held."""
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(_lock_path(owner), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _abandoned(owner: str) -> bool:
+    """Whether ``owner``'s HostNet is gone: its lock file exists and nobody holds it."""
+    if not _lock_path(owner).exists():
         return False
-    except PermissionError:
-        return True
+    fd = _take_lock(owner)
+    if fd is None:
+        return False
+    os.close(fd)
     return True
 
 
@@ -88,7 +112,7 @@ def links() -> list[str]:
 
 
 def _remove(owner: str) -> None:
-    """Remove every namespace and link of creator ``owner`` (hex pid), killing what runs inside."""
+    """Remove every namespace and link of ``owner`` (a HostNet's token), killing what runs inside."""
     for ns in namespaces():
         match = NS_PATTERN.fullmatch(ns)
         if match and match.group(1) == owner:
@@ -105,16 +129,17 @@ def _remove(owner: str) -> None:
 
 
 def sweep_stale() -> list[str]:
-    """Remove the namespaces and links of creators that are gone (killed outright); their owners."""
+    """Remove the namespaces and links of HostNets that are gone (killed outright); their owners."""
     owners = {NS_PATTERN.fullmatch(ns).group(1) for ns in namespaces()}
     owners |= {LINK_PATTERN.fullmatch(name).group(1) for name in links()}
-    stale = sorted(o for o in owners if not _alive(int(o, 16)))
+    stale = sorted(o for o in owners if _abandoned(o))
     for owner in stale:
         _remove(owner)
+        _lock_path(owner).unlink(missing_ok=True)
     return stale
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
+def _free_subnet(seed: str) -> ipaddress.IPv4Network:
     """A 10.A.B.0/24 that no route of this machine overlaps."""
     used = []
     for entry in json.loads(_ip("-j", "-4", "route", "show", "table", "all", check=False) or "[]"):
@@ -124,7 +149,7 @@ def _free_subnet() -> ipaddress.IPv4Network:
                 used.append(ipaddress.ip_network(dst if "/" in dst else f"{dst}/32", strict=False))
             except ValueError:
                 continue
-    rng = random.Random(os.getpid())
+    rng = random.Random(seed)
     for _ in range(200):
         net = ipaddress.IPv4Network(f"10.{rng.randrange(1, 255)}.{rng.randrange(0, 255)}.0/24")
         if not any(net.overlaps(u) for u in used):
@@ -139,7 +164,8 @@ class HostNet:
     Use as a context manager; :meth:`close` is idempotent."""
 
     n: int
-    owner: str = field(default_factory=lambda: f"{os.getpid():x}")
+    owner: str = field(default_factory=lambda: secrets.token_hex(3))
+    _lock: int | None = None
     hosts: list[str] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
     coordinator: str = ""
@@ -156,6 +182,9 @@ class HostNet:
         if why:
             raise NetnsError(why)
         sweep_stale()
+        self._lock = _take_lock(self.owner)
+        if self._lock is None:
+            raise NetnsError(f"hosts {self.owner}: another HostNet holds this token")
         try:
             self._create()
         except BaseException:
@@ -164,7 +193,7 @@ class HostNet:
         return self
 
     def _create(self) -> None:
-        net = _free_subnet()
+        net = _free_subnet(self.owner)
         hosts = list(net.hosts())
         self.subnet, self.coordinator = str(net), str(hosts[0])
         _ip("link", "add", self.bridge, "type", "bridge")
@@ -192,6 +221,11 @@ class HostNet:
         while time.monotonic() < deadline and (self.leftovers()):
             time.sleep(0.05)
             _remove(self.owner)
+        if self._lock is not None:
+            if not self.leftovers():  # else the lock file stays, and the next sweep finds them abandoned
+                _lock_path(self.owner).unlink(missing_ok=True)
+            os.close(self._lock)
+            self._lock = None
 
     def leftovers(self) -> list[str]:
         """This HostNet's namespaces and links that still exist (empty once closed)."""

@@ -37,8 +37,15 @@ MIN_NAME = 3  # a host or user name shorter than this is too common a string to 
 #: names that are not identifying, or are words of the trace itself
 COMMON_NAMES = {"root", "nobody", "localhost", "user", "admin", "prefill", "decode", "reference", "mooncake", "nixl",
                 "mori", "runner", "ubuntu", "debian"}
-_IPV4 = re.compile(rb"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\w|\.\d)")
-_IPV6 = re.compile(rb"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])")
+# the same boundaries find an address and replace it: digits and dots end an IPv4 address
+# (a letter, "-" or "_" may touch it: peer-10.0.0.1, node_10.0.0.1); IPv6 candidates are runs
+# of hex digits, colons and dots, trimmed of a stray colon at either end (addr:fd00::1: refused)
+_V4_BEFORE, _V4_AFTER = rb"(?<![\d.])", rb"(?!\d|\.\d)"
+_V6_BEFORE, _V6_AFTER = rb"(?<![0-9A-Fa-f.])(?<![0-9A-Fa-f:]:)", rb"(?![0-9A-Fa-f.]|:[0-9A-Fa-f:])"
+_IPV4 = re.compile(_V4_BEFORE + rb"(?:\d{1,3}\.){3}\d{1,3}" + _V4_AFTER)
+_V6_RUN = re.compile(rb"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
+_NAME_BEFORE, _NAME_AFTER = rb"(?<![A-Za-z0-9-])", rb"(?![A-Za-z0-9-])"  # host and user names
+_PATH_AFTER = rb"(?![\w-])"
 _HOME = re.compile(rb"/(?:home|Users)/([A-Za-z0-9._-]+)")
 
 
@@ -72,9 +79,12 @@ def _local_prefixes() -> set[str]:
 
 
 def _recorded(results: dict) -> tuple[set[str], set[str]]:
-    """Host names and install prefixes a run recorded in its results.json."""
-    hosts = {str(h.get("name") or "") for h in results.get("hosts") or [] if isinstance(h, dict)}
-    path = str((results.get("sglang") or {}).get("path") or "")
+    """Host names and install prefixes a run recorded in its results.json (what is not of
+    the shape a run writes is ignored: the tree's own scan still finds addresses and paths)."""
+    listed = results.get("hosts")
+    hosts = {str(h.get("name") or "") for h in listed if isinstance(h, dict)} if isinstance(listed, list) else set()
+    sglang = results.get("sglang")
+    path = str(sglang.get("path") or "") if isinstance(sglang, dict) else ""
     prefixes = {path.split("/lib/python")[0]} if "/lib/python" in path else {str(Path(path).parent)} if path else set()
     return hosts - {""}, prefixes - {"", "/"}
 
@@ -85,21 +95,21 @@ def find_identifiers(run_dir: Path, results: dict, also: tuple[str, ...] = ()) -
     ids = Identifiers()
     hosts, prefixes = _recorded(results)
     candidates = {socket.gethostname(), socket.getfqdn(), *hosts}
+    candidates |= {h.split(".")[0] for h in candidates if "." in h}  # a host's short name names it too
     users = {getpass.getuser()}
     prefixes |= _local_prefixes() | {str(run_dir.resolve().parent.parent)}
     for path in _files(run_dir):
         data = path.read_bytes()
         users |= {m.decode("utf-8", "replace") for m in _HOME.findall(data)}
-        for m in _IPV4.findall(data):
-            if _is_identifying(m.decode()):
-                ids.addresses.add(m.decode())
-        for m in _IPV6.findall(data):
-            if m.count(b":") >= 2 and _is_identifying(m.decode()):
-                ids.addresses.add(m.decode())
+        prefixes |= {m.group(0).decode("utf-8", "replace") for m in _HOME.finditer(data)}  # each home folder
+        ids.addresses |= {m.decode() for m in _IPV4.findall(data) if _is_identifying(m.decode())}
+        ids.addresses |= {a for m in _V6_RUN.findall(data) if (a := _v6_in(m.decode()))}
+    words = _trace_words(run_dir)
     for kind, names in (("hosts", candidates), ("users", users)):
         for name in names - {"", "localhost", "localhost.localdomain"}:  # no one's name: not worth a line
-            if len(name) < MIN_NAME or name.lower() in COMMON_NAMES:
-                ids.left[name] = "too short" if len(name) < MIN_NAME else "a common name or a word of the trace"
+            if len(name) < MIN_NAME or name.lower() in COMMON_NAMES or name.lower() in words:
+                ids.left[name] = "too short" if len(name) < MIN_NAME else \
+                    "a common name or a word of the trace (replaced inside home paths only)"
             else:
                 getattr(ids, kind).add(name)
     home = os.path.expanduser("~").rstrip("/")
@@ -107,6 +117,46 @@ def find_identifiers(run_dir: Path, results: dict, also: tuple[str, ...] = ()) -
     ids.paths = {p.rstrip("/") for p in prefixes if p.rstrip("/") == home or p.strip("/").count("/") >= 1}
     ids.hosts |= {a for a in also if a}
     return ids
+
+
+def _v6_in(run: str) -> str | None:
+    """The identifying IPv6 address a run of hex digits, colons and dots is (a stray colon
+    at either end dropped), else None."""
+    for candidate in (run, run.rstrip(":"), run[1:] if run.startswith(":") and not run.startswith("::") else run,
+                      run.rstrip(":")[1:] if run.startswith(":") and not run.startswith("::") else run.rstrip(":")):
+        if candidate.count(":") >= 2 and _is_identifying(candidate) and ":" in candidate:
+            try:
+                ipaddress.IPv6Address(candidate)
+                return candidate
+            except ValueError:
+                continue
+    return None
+
+
+def _trace_words(run_dir: Path) -> set[str]:
+    """The tree's own words, lowercased: results.json's keys, the cell folders' scenario and
+    implementation names, the role names: a user or host name equal to one is not replaced
+    blindly (it would rewrite the trace itself)."""
+    words = set(COMMON_NAMES)
+    cells = run_dir / "cells"
+    for folder in cells.iterdir() if cells.is_dir() else ():
+        words |= {part.lower() for part in folder.name.split("--")}
+    try:
+        import json
+
+        def keys(node) -> None:
+            if isinstance(node, dict):
+                words.update(str(k).lower() for k in node)
+                for value in node.values():
+                    keys(value)
+            elif isinstance(node, list):
+                for value in node:
+                    keys(value)
+
+        keys(json.loads((run_dir / "results.json").read_text()))
+    except (OSError, ValueError):
+        pass
+    return words
 
 
 def _is_identifying(text: str) -> bool:
@@ -170,15 +220,41 @@ def mapping(identifiers: Identifiers, seed: int) -> dict[str, str]:
     return out
 
 
-def replacer(table: dict[str, str]):
-    """bytes -> bytes replacing every key of ``table`` (longest first; names and addresses
-    only where they stand alone, so ``alice`` is not replaced inside ``malice``)."""
+def _forms(table: dict[str, str], identifiers: Identifiers) -> list[tuple[bytes, bytes, bytes, bytes, bool]]:
+    """(original, pseudonym, boundary before, boundary after, case-insensitive) for every
+    form an identifier takes in a trace: a path also URL-encoded and JSON-escaped."""
+    forms = []
+    for original, pseudonym in table.items():
+        o, p = original.encode(), pseudonym.encode()
+        if original in identifiers.paths:
+            for slash in (b"/", b"%2F", b"%2f", b"\\/"):
+                forms.append((o.replace(b"/", slash), p.replace(b"/", slash), b"", _PATH_AFTER, False))
+        elif original in identifiers.addresses:
+            v6 = ":" in original
+            forms.append((o, p, _V6_BEFORE if v6 else _V4_BEFORE, _V6_AFTER if v6 else _V4_AFTER, v6))
+        else:
+            forms.append((o, p, _NAME_BEFORE, _NAME_AFTER, True))
+    return forms
+
+
+def replacer(table: dict[str, str], identifiers: Identifiers | None = None):
+    """bytes -> bytes replacing every identifier of ``table`` in every form it takes (longest
+    first; names and addresses only where they stand alone, so ``alice`` is not replaced
+    inside ``malice``; host names and IPv6 addresses whatever their case)."""
     if not table:
         return lambda data: data
-    keys = sorted(table, key=len, reverse=True)
-    pattern = re.compile(b"|".join(rb"(?<![\w.-])" + re.escape(k.encode()) + rb"(?![\w-])" for k in keys))
-    encoded = {k.encode(): v.encode() for k, v in table.items()}
-    return lambda data: pattern.sub(lambda m: encoded[m.group(0)], data)
+    ids = identifiers or Identifiers(hosts=set(table))
+    forms = sorted(_forms(table, ids), key=lambda f: len(f[0]), reverse=True)
+    pattern = re.compile(b"|".join(before + (b"(?i:" + re.escape(o) + b")" if fold else re.escape(o)) + after
+                                   for o, _, before, after, fold in forms))
+    lookup = {o.lower() if fold else o: p for o, p, _, _, fold in forms}
+    folded = {o.lower() for o, _, _, _, fold in forms if fold}
+
+    def sub(match: re.Match) -> bytes:
+        text = match.group(0)
+        return lookup.get(text) or lookup[text.lower()] if text.lower() in folded else lookup[text]
+
+    return lambda data: pattern.sub(sub, data)
 
 
 @dataclass
@@ -215,13 +291,13 @@ def scrub(run_dir: Path, out: Path, seed: int = 0, also: tuple[str, ...] = ()) -
         raise ScrubError(f"{results_file}: not readable JSON ({exc})") from None
     identifiers = find_identifiers(run_dir, results if isinstance(results, dict) else {}, also)
     table = mapping(identifiers, seed)
-    rewrite = replacer(table)
+    rewrite = replacer(table, identifiers)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         files = _files(run_dir)
         for path in files:
-            relative = rewrite(str(path.relative_to(run_dir)).encode()).decode()
+            relative = os.fsdecode(rewrite(os.fsencode(path.relative_to(run_dir))))  # any bytes a name holds
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(rewrite(path.read_bytes()))

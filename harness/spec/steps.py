@@ -431,5 +431,6 @@ class Abort:
 
 Step = (StartRoles | OpenRoom | OpenSender | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools
         | KillRole | RestartRole | InjectAbort | RequireFact
-        | FreezeRole | ThawRole | InjectFrames | CaptureFrames | InjectCaptured | Sleep | ArmPoint | AwaitPoint | ReleasePoint | EngineFaults
+        | FreezeRole | ThawRole | NetworkFault | InjectFrames | CaptureFrames | InjectCaptured | Sleep | ArmPoint | AwaitPoint
+        | ReleasePoint | EngineFaults
         | Clear | Abort | Observe | PlanLayouts | TransferLayouts | TransferPairs)
