@@ -197,7 +197,7 @@ def mutants_of(impl: Implementation) -> list[Implementation]:
         out.append(replace(impl, name=f"{MUTANT_PREFIX}{m.id}", description=f"{impl.name} with a planted bug: {m.bug}",
                            rank=impl.rank + 1, test_only=True, tools={}, role_env=dict(impl.role_env),
                            planted={"id": m.id, "of": impl.name, "requirement": m.requirement, "bug": m.bug,
-                                    "like": m.like}))
+                                    "like": m.like, "across_hosts": getattr(m, "across_hosts", "")}))
     return out
 
 

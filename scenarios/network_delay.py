@@ -3,9 +3,10 @@
 Needs roles on two hosts (``run --hosts netns:2``; UNSUPPORTED otherwise).  Every packet
 between the prefill's host and the decode's host, both ways, is delayed 150 +/- 50 ms,
 2 % are lost, 2 % duplicated and 10 % reordered: far below what TCP gives up on and
-below the decode's heartbeat window (R-HB-1).  Two rooms, one of three chunks, transfer
-through it, and two heartbeat intervals pass with them concluded.  Nothing may fail:
-both rooms reach Success on both sides with every byte in place (R-NET-2).
+below the decode's heartbeat window (R-HB-1).  Two rooms register through it; the decode's
+heartbeat probes the prefill through it for two windows while they wait; then both
+transfer (one in three chunks).  Nothing may fail: both rooms reach Success on both sides
+with every byte in place (R-NET-2).
 """
 
 from __future__ import annotations
@@ -32,13 +33,11 @@ def steps(seed: int):
         BAD_LINK,
         *open_and_request(long),
         *open_and_request(short),
+        Sleep(8.5),  # the heartbeat window twice over, probing through the bad link: no room may fail of it
         *send_all(long),
         *send_all(short),
         *await_done(long, timeout_s=20.0),
         *await_done(short, timeout_s=20.0),
-        Sleep(4.5),  # two heartbeats under the delay and loss: neither may fail the prefill
-        *await_done(long, timeout_s=0.0),
-        *await_done(short, timeout_s=0.0),
         NetworkFault("prefill", "decode"),
         verify([long, short]),
     ]
@@ -50,7 +49,6 @@ def checks(seed: int):
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
         *room_succeeds(long, "R-NET-2", "long-room"),
         *room_succeeds(short, "R-NET-2", "short-room"),
-        c.Check("rooms-stay-succeeded", "R-NET-2", c.stays_terminal(long.room, ("prefill", "decode"))),
         *pair_healthy(),
     ]
 

@@ -170,3 +170,20 @@ def test_a_network_scenario_on_one_host_is_unsupported_not_failed(tmp_path):
 
     cell = run_one("reference", "network-partition", tmp_path)
     assert cell.verdict == "UNSUPPORTED" and "--hosts netns:2" in cell.reason
+
+
+@NEEDS_NETNS
+def test_network_partition_catches_a_prefill_that_waits_for_a_partitioned_decode_forever(tmp_path, monkeypatch):
+    """R-NET-1's planted bug (mutant partitioned-write-waited-forever) FAILs network-partition
+    across two namespaces, on the check that cites it; the reference PASSes it."""
+    monkeypatch.setenv("PDCONFORM_MUTANTS", "1")
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "reference",
+                           "--impl", "mutant.partitioned-write-waited-forever", "--scenario", "network-partition",
+                           "--expectations", "none", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=400, cwd=ROOT)
+    cells = {c["impl"]: c for c in json.loads((tmp_path / "latest" / "results.json").read_text())["cells"]}
+    assert cells["reference"]["verdict"] == "PASS", done.stdout[-3000:]
+    mutant = cells["mutant.partitioned-write-waited-forever"]
+    failed = [ch["name"] for ch in mutant["checks"] if ch["ok"] is False and ch["requirement"] == "R-NET-1"]
+    assert mutant["verdict"] == "FAIL" and "cut-prefill-fails" in failed, mutant["reason"]
+    assert not _leftovers()

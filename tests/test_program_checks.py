@@ -115,3 +115,12 @@ def test_rooms_opened_after_the_prefills_restart_stand_for_r_restart_1():
     ok, detail, *_ = checks["rooms-after-restart-succeed"].fn(h.events)
     assert ok is False and "lifecycle L1" in detail and checks["rooms-after-restart-succeed"].requirement == "R-RESTART-1"
     assert checks["clean-rooms-succeed"].fn(h.events)[0] is True  # L0, before the restart, is judged there
+
+
+def test_bytes_that_never_land_are_a_layout_failure_not_a_late_one():
+    h = History()
+    _lifecycle(h, "L0", 2**40, KVPoll.Success, False)  # wrong at Success ...
+    h.record("ok", "verify", "decode", 1, args={}, value={"ok": False, "mismatch_pages": 1,
+                                                          "mismatches": ["page 3: still wrong"]})  # ... and for good
+    ok, detail, *_ = pc.bytes_at_success()(h.events)
+    assert ok is True and "bytes-exact" in detail

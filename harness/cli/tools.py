@@ -292,6 +292,10 @@ def mutants(
     implementations.registered.cache_clear()
     registry = _registry()
     planted = {name: impl.planted for name, impl in registry.registered().items() if impl.planted}
+    for name, bug in list(planted.items()):  # only a run across hosts reaches them: said, not counted as survivors
+        if bug.get("across_hosts") and bug["id"] not in (mutant or []):
+            err.print(f"[yellow]note:[/] {escape(bug['id'])} not run: {escape(bug['across_hosts'])}")
+            del planted[name]
     by_id = {bug["id"]: name for name, bug in planted.items()}
     unknown = [m for m in (mutant or []) if m not in by_id]
     if unknown:

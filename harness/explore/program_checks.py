@@ -71,9 +71,14 @@ def bytes_at_success() -> c.Checker:
     """Every lifecycle verified right at the decode's conclusion poll (a VerifyPools labelled
     with it, no settling) whose poll read Success had every byte of its room in place then:
     the decode scheduler reads the room's KV and aux at that poll (R-XFER-2).  A lifecycle
-    whose poll read Failed is not judged here."""
+    whose poll read Failed is not judged here, nor are bytes that never land: when the
+    program's last verification (after settling) finds wrong bytes too, the bug is where
+    bytes go (bytes-exact, R-LAYOUT-1), not when."""
 
     def fn(events: list[dict]):
+        final = [e for e in completions(events, op=Op.VERIFY, role="decode") if not (e.get("args") or {}).get("label")]
+        if final and final[-1]["type"] == Event.OK and not final[-1]["value"]["ok"]:
+            return True, "bytes that never landed where they belong are judged by bytes-exact (R-LAYOUT-1)"
         judged = 0
         for check in completions(events, op=Op.VERIFY, role="decode"):
             label = (check.get("args") or {}).get("label")

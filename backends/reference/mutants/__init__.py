@@ -39,6 +39,7 @@ class Mutant:
     bug: str
     like: str
     apply: Callable[[], None]
+    across_hosts: str = ""  # why only a run across hosts can catch it (`pdconform mutants` on one host skips it)
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -122,6 +123,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("stale-connection-pool", "R-RESTART-1", "the decode keeps the control endpoint it first learnt for a "
            "bootstrap address", "common/conn.py connection_pool, purged only on node failure",
            liveness._stale_connection_pool),
+    Mutant("partitioned-write-waited-forever", "R-NET-1", "a write to a decode the network no longer reaches is "
+           "waited for forever", "B17: all three backends' prefills under a partition",
+           transfer._stuck_write_waited_forever,
+           across_hosts="network-partition needs prefill and decode on two hosts (tests/test_hosts.py catches it)"),
+    Mutant("health-probe-impatient", "R-NET-2", "the decode gives a prefill's health endpoint 0.1 s to answer, so "
+           "a slow link fails its rooms", "a heartbeat timeout tuned on loopback", liveness._health_probe_impatient,
+           across_hosts="network-delay needs two hosts and a kernel with netem"),
     Mutant("abort-not-held-malformed", "R-ABORT-1", "an ABORT for a room the prefill does not hold is logged as "
            "malformed and nothing is remembered of it", "RFC #33861 (Mori dropped unguarded ABORT as malformed)",
            liveness._abort_not_held_malformed),

@@ -145,6 +145,12 @@ def _no_heartbeat_checker() -> None:
     wrap(dc.DecodeCore, "_on_Tick", make)
 
 
+def _health_probe_impatient() -> None:
+    from backends.reference import adapter
+
+    adapter.HEALTH_TIMEOUT_S = 0.1  # read by the decode's probe thread at each probe
+
+
 def _heartbeat_fails_every_prefill() -> None:
     def make(orig):
         def _on_HeartbeatResult(self, e):  # noqa: N802
