@@ -4,8 +4,8 @@ The cell driver never assumes a role is its own child: it asks a
 :class:`Launcher` for a :class:`RoleHandle`, talks to it through
 :class:`harness.drive.role_client.RoleClient` over the handle's ZMQ endpoint, and applies process faults
 through the handle (``signal``: SIGKILL, SIGSTOP, SIGCONT).  :class:`LocalLauncher`
-starts roles as local processes; a multi-host launcher implements the same two
-classes.
+starts roles as local processes; harness.drive.remote's RemoteLauncher and PlacedLauncher
+implement the same two classes for roles on other hosts (through each host's agent).
 
 Every wait here is bounded; on timeout the caller gets :class:`RoleTimeout`.
 """
@@ -76,7 +76,8 @@ class RoleHandle(ABC):
 
 
 class Launcher(ABC):
-    """Starts role processes.  Implementations: :class:`LocalLauncher`."""
+    """Starts role processes.  Implementations: :class:`LocalLauncher`, harness.drive.remote's
+    RemoteLauncher and PlacedLauncher."""
 
     @abstractmethod
     def start(self, spec: RoleSpec) -> RoleHandle:
