@@ -26,8 +26,11 @@ from pathlib import Path
 
 import zmq
 
+from harness.drive.contain import NETNS_ENV, NETNS_PID_ENV
 from harness.drive.errors import RoleError, RoleTimeout
+from harness.drive.forkserver_client import FORK_SERVER_ENV
 from harness.drive.launcher import Launcher, LocalLauncher, RoleHandle, RoleSpec
+from harness.target.role_context import BIND_ENV
 
 HOSTS_ENV = "PDCONFORM_HOSTS"  # JSON list of {"endpoint", "address", "host"}: the run's agents, by rank
 CALL_TIMEOUT_S = 10.0  # one request to an agent, at most (seconds)
@@ -38,7 +41,7 @@ ENV_NAMES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
 #: parts of a name that point a loader at files (a plugin or module folder, a library path): never sent
 ENV_LOADER_WORDS = ("PLUGIN", "MODULE", "LIBRARY", "PRELOAD", "_PATH", "_DIR", "FORK_SERVER")
 #: the coordinator's own settings that must not reach a role on another host
-LOCAL_ONLY = ("PDCONFORM_ZYGOTE", "PDCONFORM_CELL_NETNS", "PDCONFORM_CELL_NETNS_PID", "PDCONFORM_BIND", HOSTS_ENV)
+LOCAL_ONLY = (FORK_SERVER_ENV, NETNS_ENV, NETNS_PID_ENV, BIND_ENV, HOSTS_ENV)
 
 
 def role_env_allowed(name: str) -> bool:

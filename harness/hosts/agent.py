@@ -35,6 +35,7 @@ import zmq
 
 from harness.drive.launcher import LocalLauncher, RoleHandle, RoleSpec
 from harness.drive.remote import CALL_TIMEOUT_S, role_env_allowed
+from harness.target.role_context import BIND_ENV
 
 STORE_PREFIX = "pdconform"
 ORPHAN_S = 15.0  # an agent whose coordinator's store has not answered this long exits (seconds)
@@ -214,7 +215,7 @@ class AgentServer:
         if bad:
             raise ValueError(f"environment {bad[0][:60]!r}: not one a role may be given")
         # the host's own settings: its address, and (UCX, NIXL's transport) the interface that holds it
-        env = {**{str(k): str(v) for k, v in env.items()}, "PDCONFORM_BIND": self.address,
+        env = {**{str(k): str(v) for k, v in env.items()}, BIND_ENV: self.address,
                **({"UCX_NET_DEVICES": self.interface} if self.interface else {})}
         self.roles[name] = self.launcher.start(RoleSpec(name=name, impl=impl, role=role, env=env))
         return name

@@ -39,6 +39,17 @@ def parse_hosts(spec: str) -> tuple[str, int]:
     return ("netns" if match.group(1) else "cluster"), int(match.group(2))
 
 
+def _bare_address(text: str) -> bool:
+    """Whether ``text`` is an address without a port (``10.0.0.5``, ``fd00::5``, ``[fd00::5]``)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text.strip().strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 def agent_command(coordinator: str, n: int, rank: int) -> list[str]:
     """The torchrun command that starts host ``rank``'s agent (one of ``n``)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(rank),
@@ -65,8 +76,8 @@ def gathered(spec: str, listen: str | None = None, join_timeout_s: float = 120.0
     if kind == "cluster":
         if not listen:
             raise ValueError("--hosts N needs --listen ADDRESS[:PORT]: the address the agents reach this machine on")
-        host, port = parse_address(listen if ":" in listen.strip("[]") and listen.rsplit(":", 1)[1].isdigit()
-                                   else f"{listen}:{DEFAULT_PORT}", any_port=True)
+        host, port = parse_address(listen if not _bare_address(listen) else f"[{listen.strip('[]')}]:{DEFAULT_PORT}",
+                                   any_port=True)
         with Coordinator(host, n, port) as coordinator:
             note(f"waiting {join_timeout_s:.0f} s for {n} agent(s): on each host run "
                  f"`pdconform agent --coordinator {coordinator.endpoint}` (docs/cluster.md)")

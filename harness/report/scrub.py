@@ -74,8 +74,9 @@ def _files(root: Path) -> list[Path]:
 
 def _local_prefixes() -> set[str]:
     """This machine's install prefixes: the interpreter's, the checkout's, the home folder."""
-    checkout = Path(__file__).resolve().parents[2]
-    return {sys.prefix, str(checkout), os.path.expanduser("~")} - {"/", ""}
+    from harness import ROOT
+
+    return {sys.prefix, str(ROOT), os.path.expanduser("~")} - {"/", ""}
 
 
 def _recorded(results: dict) -> tuple[set[str], set[str]]:

@@ -77,7 +77,7 @@ class Op(StrEnum):
     THAW = "thaw"
     INJECT = "inject"
     RESTART = "restart"
-    NETWORK = "network"  # nemesis: a link between two hosts faulted or healed (harness.hosts.agent netem)
+    NETWORK = "network"  # nemesis: a link between two hosts faulted (partition, netem) or healed (harness.hosts.agent)
     INJECT_ABORT = "inject-abort"
     ABORT_FRAMES = "abort-frames"
     CAPTURE = "capture"  # a message built by a role's implementation and kept for later (CaptureFrames)

@@ -284,11 +284,12 @@ class NetworkFault:
     """Nemesis: from now on the network between the hosts of roles ``a`` and ``b`` delays
     each packet ``delay_ms`` (+/- ``jitter_ms``), loses ``loss_pct`` percent, duplicates
     ``duplicate_pct``, reorders ``reorder_pct`` (with a delay), and carries at most
-    ``rate_kbit`` (0: no limit); ``partition`` loses every packet.  Both ways, or only
-    from ``a`` to ``b`` (``both_ways=False``).  Every other flow (the harness's own calls,
-    other hosts) is untouched.  A step with nothing set heals the link.  Needs roles on
-    several hosts (``run --hosts``; harness.hosts.agent applies it with ``tc netem``): the
-    cell is UNSUPPORTED otherwise."""
+    ``rate_kbit`` (0: no limit); ``partition`` drops every packet (a blackhole route to the
+    peer host; the others are ``tc netem``).  Both ways, or only from ``a`` to ``b``
+    (``both_ways=False``).  Every other flow (the harness's own calls, other hosts) is
+    untouched.  A step with nothing set heals the link.  Needs roles on several hosts
+    (``run --hosts``; harness.hosts.agent applies it): the cell is UNSUPPORTED otherwise,
+    and on a host whose kernel has no netem for the netem kinds."""
 
     a: str
     b: str
