@@ -27,6 +27,7 @@ from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkedProcess, Fork
 from harness.drive.ports import free_port_block
 from harness.spec.history import Event, Op, append_event
 from harness.spec.scenario import Scenario
+from harness.drive.remote import HOSTS_ENV
 from harness.target.role_context import BIND_ENV
 from harness.target.sglang import SglangTarget, installed_target
 
@@ -141,11 +142,15 @@ def _log_tail(workdir: Path) -> str:
         return ""
 
 
+REMOTE_DEADLINE_FACTOR = 2  # a cell's deadline when its roles run on other hosts (no fork server there)
+
+
 def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
                       timeout_s: float | None = None, target: SglangTarget | None = None,
                       on_event: Callable[[dict], None] | None = None, fork_server: ForkServer | None = None,
                       base_port: int | None = None, full_waits: bool = False) -> CellRun:
-    """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's).
+    """Run one cell in a new process group; kill it at ``timeout_s`` (default: the scenario's,
+    times REMOTE_DEADLINE_FACTOR when its roles run on other hosts).
     Its history then ends with an :attr:`Op.CELL_EXIT` event: ``how`` (``exited`` or
     ``deadline``), ``returncode``, ``deadline_s``, ``duration_s`` (wall seconds from its
     start), ``cpu_s`` (forked cells: CPU seconds of the cell and its roles, else None) and
@@ -162,6 +167,8 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     shutil.rmtree(workdir, ignore_errors=True)  # logs and history of an earlier run
     workdir.mkdir(parents=True)
     deadline = timeout_s if timeout_s is not None else scenario.timeout_s
+    if HOSTS_ENV in target.env:  # roles on other hosts start as fresh interpreters: each imports sglang there
+        deadline *= REMOTE_DEADLINE_FACTOR
     args = ["--impl", impl, "--scenario", scenario.id, "--seed", str(seed), "--workdir", str(workdir),
             "--base-port", str(base_port if base_port is not None else free_port_block(host=target.env.get(BIND_ENV)))]
     if full_waits:
