@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -19,6 +20,8 @@ def agent(
     address: Optional[str] = typer.Option(None, "--address", help="The address this host's roles listen on and "
                                           "advertise (default: the interface that routes to the coordinator)."),
     join_timeout: float = typer.Option(60.0, "--join-timeout", min=1.0, help="Seconds to reach the coordinator."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="Folder for the roles' logs and ready files "
+                                           "(default: a temporary one, removed at the end)."),
 ) -> None:
     """Serve one host's roles for a coordinator: join its rendezvous, start the roles it
     places here, stop when it says so or goes away.
@@ -40,7 +43,7 @@ def agent(
         raise _usage_error(f"--coordinator/--address: {exc}")
     _stop_on_signals()  # srun, torchrun and Kubernetes stop an agent with SIGTERM: its roles and folder go too
     try:
-        code = run_agent(coordinator, rank, address, join_timeout)
+        code = run_agent(coordinator, rank, address, join_timeout, str(workdir) if workdir else None)
     except HostsError as exc:
         raise _usage_error(str(exc))
     except OSError as exc:

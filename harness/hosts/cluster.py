@@ -50,12 +50,13 @@ def _bare_address(text: str) -> bool:
     return True
 
 
-def agent_command(coordinator: str, n: int, rank: int) -> list[str]:
-    """The torchrun command that starts host ``rank``'s agent (one of ``n``)."""
+def agent_command(coordinator: str, n: int, rank: int, workdir: Path | None = None) -> list[str]:
+    """The torchrun command that starts host ``rank``'s agent (one of ``n``), its roles'
+    files in ``workdir`` (default: the agent's own temporary folder)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(rank),
             "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", coordinator,
             "--rdzv-id", f"pdconform-{os.getpid()}", "--max-restarts", "0",
-            "-m", "harness.cli", "agent", "--coordinator", coordinator]
+            "-m", "harness.cli", "agent", "--coordinator", coordinator, *(["--workdir", str(workdir)] if workdir else [])]
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -97,9 +98,11 @@ def _netns_hosts(net: HostNet, n: int, logs: Path, join_timeout_s: float) -> Ite
     agents: list[subprocess.Popen] = []
     with Coordinator(net.coordinator, n) as coordinator:
         try:
-            for i in range(n):
+            for i in range(n):  # each agent's files under the coordinator's folder: gone at the end, however it ends
+                (logs / f"agent{i}").mkdir()
                 with open(logs / f"agent{i}.log", "wb") as log:
-                    agents.append(subprocess.Popen([*net.exec_args(i), *agent_command(coordinator.endpoint, n, i)],
+                    agents.append(subprocess.Popen([*net.exec_args(i), *agent_command(coordinator.endpoint, n, i,
+                                                                                      logs / f"agent{i}")],
                                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                                    env={**os.environ, "TORCH_CPP_LOG_LEVEL": "FATAL"}))
             try:
