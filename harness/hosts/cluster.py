@@ -56,7 +56,8 @@ def agent_command(coordinator: str, n: int, rank: int, workdir: Path | None = No
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(rank),
             "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", coordinator,
             "--rdzv-id", f"pdconform-{os.getpid()}", "--max-restarts", "0",
-            "-m", "harness.cli", "agent", "--coordinator", coordinator, *(["--workdir", str(workdir)] if workdir else [])]
+            "-m", "harness.cli", "agent", "--coordinator", coordinator,
+            *(["--workdir", str(workdir)] if workdir else [])]
 
 
 def _tail(path: Path, lines: int = 5) -> str:
