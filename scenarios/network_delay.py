@@ -16,7 +16,7 @@ from harness.spec.scenario import Scenario, register
 from harness.spec.steps import NetworkFault, Sleep, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, room_succeeds, \
     send_all, verify
-from scenarios.network_partition import NEEDS_HOSTS
+from scenarios.network_partition import NETWORK_CELL
 
 BAD_LINK = NetworkFault("prefill", "decode", delay_ms=150, jitter_ms=50, loss_pct=2, duplicate_pct=2, reorder_pct=10)
 
@@ -59,10 +59,7 @@ SCENARIO = register(
         title="Delay, jitter, loss, duplication and reordering between prefill and decode: every room still succeeds",
         steps=steps,
         checks=checks,
-        timeout_s=150.0,
-        tags=("network",),
-        nightly=NEEDS_HOSTS,
-        alone="its network fault between the prefill host and the decode host reaches every cell on them",
+        **NETWORK_CELL,
         topologies=(("p1-d1",), "the bad link is between the one prefill host and the one decode host"),
     )
 )

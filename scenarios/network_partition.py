@@ -26,6 +26,13 @@ HEARTBEAT_WINDOW_S = 4.0  # the harness's SGLANG_DISAGGREGATION_HEARTBEAT_INTERV
 SLACK_S = 5.0
 ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),)
 NEEDS_HOSTS = "a network fault needs prefill and decode on two hosts: run with --hosts netns:2 (docs/cluster.md)"
+#: what every scenario with a network fault between the prefill's and the decode's host declares
+NETWORK_CELL = dict(
+    timeout_s=150.0,
+    tags=("network",),
+    nightly=NEEDS_HOSTS,
+    alone="its network fault between the prefill host and the decode host reaches every cell on them",
+)
 
 
 def _plan(seed: int):
@@ -76,10 +83,7 @@ SCENARIO = register(
         title="Prefill and decode partitioned mid-transfer: the room fails on both sides in time; after the heal a new room succeeds",
         steps=steps,
         checks=checks,
-        timeout_s=150.0,
-        tags=("network",),
-        nightly=NEEDS_HOSTS,
-        alone="its network fault between the prefill host and the decode host reaches every cell on them",
+        **NETWORK_CELL,
         topologies=(("p1-d1",), "the partition is between the one prefill host and the one decode host"),
     )
 )

@@ -30,7 +30,6 @@ from harness.drive.executors import execute
 from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
 from harness.drive.launcher import Launcher, RoleHandle
 from harness.drive.remote import PlacedLauncher, launcher_for
-from harness.target.role_context import bind_address
 from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
 from harness.spec.history import (START_OPS, Event, History, Op, held_rooms, last_observations,
@@ -85,11 +84,8 @@ class CellDriver:
         self.dp_requested: dict[str, tuple[set[int], set[int]]] = {}
 
     def address_of(self, name: str) -> str:
-        """The address role process ``name`` listens on: its host's, when the roles run on
-        several hosts (harness.drive.remote.PlacedLauncher), else the run's bind address."""
-        if isinstance(self.launcher, PlacedLauncher) and name in self.launcher.placement:
-            return self.launcher.hosts[self.launcher.placement[name]]["address"]
-        return bind_address()
+        """The address role process ``name`` listens on (its launcher knows its host)."""
+        return self.launcher.address_of(name)
 
     def ranks(self, role: str) -> list[str]:
         """The role processes behind ``role``: its TP ranks, PP stages or DP engines, or the role alone."""

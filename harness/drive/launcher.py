@@ -25,6 +25,7 @@ from harness import ROOT
 from harness.drive.contain import NETNS_PID_ENV
 from harness.drive.errors import RoleError, RoleTimeout
 from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkServerClient
+from harness.target.role_context import bind_address
 
 READY_POLL_S = 0.5  # how often a starting role is asked whether it died (seconds); its ready file is read every 20 ms
 
@@ -82,6 +83,11 @@ class Launcher(ABC):
     @abstractmethod
     def start(self, spec: RoleSpec) -> RoleHandle:
         """Start ``spec`` without waiting for it to be ready."""
+
+    def address_of(self, name: str) -> str:
+        """The address role process ``name`` listens on and advertises: the run's bind
+        address for roles on this machine (a launcher for other hosts says its host's)."""
+        return bind_address()
 
 
 class LocalRoleHandle(RoleHandle):

@@ -191,6 +191,13 @@ class PlacedLauncher(Launcher):
         self.placement[spec.name] = rank
         return self.launchers[rank].start(spec)
 
+    def address_of(self, name: str) -> str:
+        """The address of the host role process ``name`` was placed on (the run's bind
+        address for a name this launcher did not start)."""
+        if name in self.placement:
+            return self.hosts[self.placement[name]]["address"]
+        return super().address_of(name)
+
     def netem(self, src: int, dst: int, spec: dict | None) -> None:
         """Fault the traffic host ``src`` sends to host ``dst`` as ``spec`` says (None: heal it),
         through ``src``'s agent (harness.hosts.agent.AgentServer.op_netem)."""

@@ -144,6 +144,13 @@ def start_fork_servers(impls: list[str], target: SglangTarget, out_dir: Path,
     return servers
 
 
+def close_fork_servers(servers: dict[str, ForkServer | OwnForkServer]) -> None:
+    """Close what :func:`start_fork_servers` started, last first: an implementation's own
+    fork server before the base it was forked from (close is idempotent)."""
+    for server in reversed(servers.values()):
+        server.close()
+
+
 def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
                        expected_verdict: Callable[[str, str], str]) -> dict[tuple[str, str], float]:
     """A duration hint (seconds per (scenario, impl)) for a run with no earlier results: the
@@ -296,8 +303,7 @@ class _Run:
                 future.result()
         except BaseException:  # an interrupt: stop every running cell now, start no other
             self.stopping.set()
-            for fork_server in reversed(self.fork_servers.values()):  # workers waiting on an importing one give up at once
-                fork_server.close()
+            close_fork_servers(self.fork_servers)  # workers waiting on an importing one give up at once
             _stop_workers(futures)
             raise
         finally:
@@ -339,8 +345,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
         else:
             results = run.run_parallel()
     finally:
-        for fork_server in reversed(run.fork_servers.values()):  # an own fork server before its base
-            fork_server.close()
+        close_fork_servers(run.fork_servers)
         for stray in kill_descendants(keep=ours_before):
             run.note(f"ended a process a cell left behind: {stray}")
     cells = [cell for task, cell in zip(tasks, results) if task.reported and cell is not None]

@@ -27,7 +27,7 @@ from hypothesis.stateful import get_state_machine_test
 
 from harness.drive.forkserver_client import ForkServerError
 from harness.drive.runner import run_cell_isolated
-from harness.drive.scheduler import fork_group, start_fork_servers
+from harness.drive.scheduler import close_fork_servers, fork_group, start_fork_servers
 from harness.explore.found import found_files, impl_of, load_program, scenario_of, write_found
 from harness.explore.program import Program, ProgramMachine
 from harness.judge.judge import judge
@@ -118,8 +118,7 @@ class Explorer:
         return self
 
     def __exit__(self, *exc) -> None:
-        for server in reversed(self.servers.values()):
-            server.close()
+        close_fork_servers(self.servers)
 
     def run_program(self, program: Program, impl: str, name: str = "program") -> CellResult:
         """Run ``program`` as one cell on ``impl`` (in ``out_dir/impl/name``); the judged cell."""

@@ -35,6 +35,7 @@ import zmq
 
 from harness.drive.launcher import LocalLauncher, RoleHandle, RoleSpec
 from harness.drive.remote import CALL_TIMEOUT_S, role_env_allowed
+from harness.hosts.netns import NetnsError, run_tool
 from harness.target.role_context import BIND_ENV
 
 STORE_PREFIX = "pdconform"
@@ -261,30 +262,30 @@ class AgentServer:
         ipaddress.IPv4Address(peer)
         args = netem_args(spec)
         if spec.get("partition"):
-            _run(["ip", "route", "add", "blackhole", f"{peer}/32"])
+            run_tool(["ip", "route", "add", "blackhole", f"{peer}/32"])
             self.blackholes.append(peer)
             return
         try:
-            _run(["tc", "qdisc", "add", "dev", self.interface, "root", "handle", "1:", "prio", "bands", "3",
-                  "priomap", *["0"] * 16])  # everything in band 1, untouched, but the peer's traffic (filter below)
-        except ValueError as exc:
+            run_tool(["tc", "qdisc", "add", "dev", self.interface, "root", "handle", "1:", "prio", "bands", "3",
+                      "priomap", *["0"] * 16])  # everything in band 1, untouched, but the peer's traffic (filter below)
+        except NetnsError as exc:
             if "qdisc kind is unknown" in str(exc):
                 raise NotImplementedError(f"the kernel of host {socket.gethostname()} has no prio/netem qdisc "
                                           "(sch_prio, sch_netem): delay, loss, duplication and reordering need "
                                           "a kernel with netem") from None
             raise
         self.netem_on = True
-        _run(["tc", "qdisc", "add", "dev", self.interface, "parent", "1:3", "handle", "30:", "netem", *args])
-        _run(["tc", "filter", "add", "dev", self.interface, "protocol", "ip", "parent", "1:", "prio", "1", "u32",
+        run_tool(["tc", "qdisc", "add", "dev", self.interface, "parent", "1:3", "handle", "30:", "netem", *args])
+        run_tool(["tc", "filter", "add", "dev", self.interface, "protocol", "ip", "parent", "1:", "prio", "1", "u32",
               "match", "ip", "dst", f"{peer}/32", "flowid", "1:3"])
 
     def _heal(self) -> None:
         """Remove every route and qdisc this agent added."""
         for peer in self.blackholes:
-            _run(["ip", "route", "del", "blackhole", f"{peer}/32"], check=False)
+            run_tool(["ip", "route", "del", "blackhole", f"{peer}/32"], check=False)
         self.blackholes = []
         if self.netem_on:
-            _run(["tc", "qdisc", "del", "dev", self.interface, "root"], check=False)
+            run_tool(["tc", "qdisc", "del", "dev", self.interface, "root"], check=False)
             self.netem_on = False
 
     def op_forget(self, name: str) -> None:
@@ -345,15 +346,6 @@ def netem_args(spec: dict) -> list[str]:
     if spec.get("rate_kbit"):
         args += ["rate", f"{int(spec['rate_kbit'])}kbit"]
     return args or ["delay", "0ms"]
-
-
-def _run(argv: list[str], check: bool = True) -> None:
-    """Run ``tc`` or ``ip`` (bounded); ValueError with its message when it fails and ``check``."""
-    import subprocess
-
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    if check and done.returncode != 0:
-        raise ValueError(f"{' '.join(argv[:5])}: {done.stderr.strip()[:200]}")
 
 
 def interface_of(address: str) -> str | None:

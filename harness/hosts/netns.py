@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-IP_TIMEOUT_S = 10.0  # one ``ip`` command, at most (seconds)
+IP_TIMEOUT_S = 10.0  # one ``ip`` or ``tc`` command, at most (seconds)
 HOST_BASE = 10  # host i's last octet is HOST_BASE + i
 MAX_HOSTS = 16
 LOCK_DIR = Path("/run/pdconform")
@@ -46,15 +46,21 @@ class NetnsError(RuntimeError):
     """The namespaces could not be made (the ``ip`` command and its message)."""
 
 
-def _ip(*args: str, check: bool = True) -> str:
-    """Run ``ip ARGS`` (bounded); its stdout.  NetnsError when it fails and ``check``."""
+def run_tool(argv: list[str], check: bool = True) -> str:
+    """Run a network tool (``ip``, ``tc``), bounded by IP_TIMEOUT_S; its stdout.  NetnsError
+    when it cannot run, or fails and ``check``."""
     try:
-        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise NetnsError(f"ip {' '.join(args)}: {exc}") from exc
+        raise NetnsError(f"{' '.join(argv)}: {exc}") from exc
     if check and done.returncode != 0:
-        raise NetnsError(f"ip {' '.join(args)}: {done.stderr.strip() or f'exit {done.returncode}'}")
+        raise NetnsError(f"{' '.join(argv)}: {done.stderr.strip() or f'exit {done.returncode}'}")
     return done.stdout
+
+
+def _ip(*args: str, check: bool = True) -> str:
+    """Run ``ip ARGS`` (:func:`run_tool`)."""
+    return run_tool(["ip", *args], check)
 
 
 def unavailable() -> str | None:
@@ -236,4 +242,4 @@ class HostNet:
         self.close()
 
 
-__all__ = ["HostNet", "NetnsError", "unavailable", "sweep_stale", "namespaces", "links"]
+__all__ = ["HostNet", "NetnsError", "unavailable", "sweep_stale", "namespaces", "links", "run_tool"]

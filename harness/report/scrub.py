@@ -123,14 +123,17 @@ def find_identifiers(run_dir: Path, results: dict, also: tuple[str, ...] = ()) -
 def _v6_in(run: str) -> str | None:
     """The identifying IPv6 address a run of hex digits, colons and dots is (a stray colon
     at either end dropped), else None."""
-    for candidate in (run, run.rstrip(":"), run[1:] if run.startswith(":") and not run.startswith("::") else run,
-                      run.rstrip(":")[1:] if run.startswith(":") and not run.startswith("::") else run.rstrip(":")):
-        if candidate.count(":") >= 2 and _is_identifying(candidate) and ":" in candidate:
-            try:
-                ipaddress.IPv6Address(candidate)
-                return candidate
-            except ValueError:
-                continue
+    trimmed = run.rstrip(":")
+    candidates = [run, trimmed]
+    if run.startswith(":") and not run.startswith("::"):  # "addr:fd00::1": the colon is the text's
+        candidates += [run[1:], trimmed[1:]]
+    for candidate in candidates:
+        try:
+            ipaddress.IPv6Address(candidate)
+        except ValueError:
+            continue
+        if _is_identifying(candidate):
+            return candidate
     return None
 
 
@@ -248,12 +251,11 @@ def replacer(table: dict[str, str], identifiers: Identifiers | None = None):
     forms = sorted(_forms(table, ids), key=lambda f: len(f[0]), reverse=True)
     pattern = re.compile(b"|".join(before + (b"(?i:" + re.escape(o) + b")" if fold else re.escape(o)) + after
                                    for o, _, before, after, fold in forms))
-    lookup = {o.lower() if fold else o: p for o, p, _, _, fold in forms}
-    folded = {o.lower() for o, _, _, _, fold in forms if fold}
+    lookup = {o.lower() if fold else o: p for o, p, _, _, fold in forms}  # a case-folded form under its lower case
 
     def sub(match: re.Match) -> bytes:
         text = match.group(0)
-        return lookup.get(text) or lookup[text.lower()] if text.lower() in folded else lookup[text]
+        return lookup[text] if text in lookup else lookup[text.lower()]
 
     return lambda data: pattern.sub(sub, data)
 
