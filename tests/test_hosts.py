@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,11 @@ from harness.hosts.agent import AgentServer, HostsError
 from harness.hosts.cluster import gathered, parse_hosts
 
 ROOT = Path(__file__).resolve().parents[1]
-NEEDS_NETNS = pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable()))
+
+
+def NEEDS_NETNS(test):  # noqa: N802 - a marker; tests making namespaces share one xdist worker (tests/test_netns.py)
+    return pytest.mark.xdist_group("netns")(
+        pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable()))(test))
 
 
 def test_placement_keeps_prefill_and_decode_apart_and_ranks_with_their_role():
@@ -110,11 +115,42 @@ def test_gathering_too_few_agents_ends_in_time_with_the_missing_ranks():
     assert time.monotonic() - begin < 10
 
 
-def _leftovers() -> list[str]:
-    # the agents of a netns run reach their coordinator on the bridge, 10.x.y.1
-    agents = subprocess.run(["pgrep", "-f", r"harness.cli agent --coordinator 10\."], capture_output=True,
-                            text=True).stdout.split()
-    return netns.namespaces() + netns.links() + [f"agent pid {p}" for p in agents]
+def _leftovers(prefix: str) -> list[str]:
+    """What the netns run on subnet ``prefix`` ("10.A.B.") left: the namespaces and links of
+    its owner token (found by any interface or namespace still holding one of its addresses)
+    and its agents.  Only its own: another test's run may be alive on another xdist worker."""
+    def holds(argv: list[str]) -> bool:
+        entries = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout or "[]")
+        return any(a.get("local", "").startswith(prefix) for e in entries for a in e.get("addr_info", []))
+
+    owners = {netns.LINK_PATTERN.fullmatch(e["ifname"]).group(1)
+              for e in json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True,
+                                                 timeout=10).stdout or "[]")
+              if netns.LINK_PATTERN.fullmatch(e.get("ifname", "")) and holds(["ip", "-j", "addr", "show", e["ifname"]])}
+    owners |= {netns.NS_PATTERN.fullmatch(ns).group(1) for ns in netns.namespaces()
+               if holds(["ip", "-n", ns, "-j", "addr"])}
+    mine = [n for n in netns.namespaces() + netns.links()
+            if (netns.NS_PATTERN.fullmatch(n) or netns.LINK_PATTERN.fullmatch(n)).group(1) in owners]
+    agents = subprocess.run(["pgrep", "-f", f"harness.cli agent --coordinator {re.escape(prefix)}1:"],
+                            capture_output=True, text=True).stdout.split()
+    return mine + [f"agent pid {p}" for p in agents]
+
+
+def _subnet(run_dir: Path) -> str:
+    """The subnet prefix ("10.A.B.") of the hosts a finished run recorded."""
+    address = json.loads((run_dir / "results.json").read_text())["hosts"][0]["address"]
+    return address.rsplit(".", 1)[0] + "."
+
+
+def _subnet_of_agents(pid: int) -> str:
+    """The subnet prefix of the coordinator a running ``run --hosts netns:N`` (``pid``) started agents for."""
+    import psutil
+
+    for process in psutil.Process(pid).children(recursive=True):
+        argv = process.cmdline()
+        if "--coordinator" in argv:
+            return argv[argv.index("--coordinator") + 1].rsplit(".", 1)[0] + "."
+    raise AssertionError("the run started no agent")
 
 
 @NEEDS_NETNS
@@ -133,7 +169,7 @@ def test_run_across_two_namespaces_places_prefill_and_decode_apart_and_leaves_no
         assert end["value"]["placement"] == {"prefill": 0, "decode": 1}
         logs = [(cell / f"{role}.log").stat().st_size for role in ("prefill", "decode")]
         assert min(logs) > 0 or cell.name.endswith("--reference")  # a Mooncake role's log came back from its host
-    assert not _leftovers()
+    assert not _leftovers(_subnet(tmp_path / "latest"))
 
 
 @NEEDS_NETNS
@@ -145,12 +181,14 @@ def test_an_interrupted_run_across_namespaces_leaves_nothing(tmp_path):
     while time.monotonic() < deadline and not list(tmp_path.glob("runs/*/cells/*/prefill.log")):
         time.sleep(0.2)  # the agents joined and a cell has started its roles on them
     assert child.poll() is None, child.stderr.read()
+    prefix = _subnet_of_agents(child.pid)
+    assert _leftovers(prefix)  # the scan sees this run's namespaces while they live
     child.send_signal(signal.SIGINT)
     child.wait(timeout=60)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and _leftovers():
+    while time.monotonic() < deadline and _leftovers(prefix):
         time.sleep(0.2)
-    assert not _leftovers()
+    assert not _leftovers(prefix)
 
 
 def test_netem_arguments_are_what_tc_takes_and_nothing_else():
@@ -186,4 +224,4 @@ def test_network_partition_catches_a_prefill_that_waits_for_a_partitioned_decode
     mutant = cells["mutant.partitioned-write-waited-forever"]
     failed = [ch["name"] for ch in mutant["checks"] if ch["ok"] is False and ch["requirement"] == "R-NET-1"]
     assert mutant["verdict"] == "FAIL" and "cut-prefill-fails" in failed, mutant["reason"]
-    assert not _leftovers()
+    assert not _leftovers(_subnet(tmp_path / "latest"))
