@@ -10,6 +10,7 @@ B's room is untouched and completes, and a new room to B succeeds (R-HB-1).
 from __future__ import annotations
 
 from harness.judge import checks as c
+from harness.judge.fault_checks import failed_after_kill
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InitSender, KillRole, SendChunk, Sleep, StartRoles
@@ -53,9 +54,9 @@ def steps(seed: int):
 def checks(seed: int):
     a_waiting, a_transferring, b_held, b_new = _plan(seed)
     return [
-        c.Check("waiting-room-failed", "R-HB-1", c.failed_after_kill(a_waiting.room, "decode", A, SLACK_S)),
+        c.Check("waiting-room-failed", "R-HB-1", failed_after_kill(a_waiting.room, "decode", A, SLACK_S)),
         c.Check("transferring-room-failed", "R-HB-1",
-                c.failed_after_kill(a_transferring.room, "decode", A, SLACK_S)),
+                failed_after_kill(a_transferring.room, "decode", A, SLACK_S)),
         c.Check("other-prefill-room-untouched", "R-HB-1",
                 c.status_at("b-room-after-kill", (KVPoll.WaitingForInput,))),
         c.Check("other-prefill-room-completes", "R-HB-1", c.reached_status(b_held.room, "decode", KVPoll.Success)),

@@ -9,6 +9,10 @@ stops answering, R-HB-1), the prefill within the waiting timeout plus 5 s (its w
 never complete, R-TIMEOUT-3); never Success, since the rest of the room cannot have
 landed (R-NET-1).  The network heals; a new room ``after`` must then succeed with every
 byte in place (R-NET-1), and nothing else of the decode's pools may change.
+
+network-partition-one-way is the same with only the packets from the prefill's host to
+the decode's lost (the decode's still arrive, its answers do not): the same ends are
+due, in the same bounds (R-NET-1).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _plan(seed: int):
     return planner.room(6, chunks=3), planner.room(4, chunks=2)
 
 
-def steps(seed: int):
+def steps(seed: int, both_ways: bool = True):
     cut, after = _plan(seed)
     bound = WAITING_TIMEOUT_S + 2 * SLACK_S
     return [
@@ -51,7 +55,7 @@ def steps(seed: int):
         AwaitStatus(cut.room, "prefill", (KVPoll.Transferring, KVPoll.Success, KVPoll.Failed), timeout_s=2.0,
                     must_come=False),
         Sleep(0.3),  # the first chunk lands before the cut
-        NetworkFault("prefill", "decode", partition=True),
+        NetworkFault("prefill", "decode", partition=True, both_ways=both_ways),
         *[SendChunk(cut.room, chunk) for chunk in cut.chunks[1:]],
         AwaitStatus(cut.room, "decode", DONE, timeout_s=bound),
         AwaitStatus(cut.room, "prefill", DONE, timeout_s=bound),
@@ -82,6 +86,18 @@ SCENARIO = register(
         id="network-partition",
         title="Prefill and decode partitioned mid-transfer: the room fails on both sides in time; after the heal a new room succeeds",
         steps=steps,
+        checks=checks,
+        **NETWORK_CELL,
+        topologies=(("p1-d1",), "the partition is between the one prefill host and the one decode host"),
+    )
+)
+
+ONE_WAY = register(
+    Scenario(
+        id="network-partition-one-way",
+        title="Only the prefill's packets to the decode are lost mid-transfer: the room fails on both sides in time; "
+              "after the heal a new room succeeds",
+        steps=lambda seed: steps(seed, both_ways=False),
         checks=checks,
         **NETWORK_CELL,
         topologies=(("p1-d1",), "the partition is between the one prefill host and the one decode host"),

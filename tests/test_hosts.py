@@ -192,7 +192,7 @@ def test_an_interrupted_run_across_namespaces_leaves_nothing(tmp_path):
 
 
 def test_netem_arguments_are_what_tc_takes_and_nothing_else():
-    from harness.hosts.agent import netem_args
+    from harness.hosts.linkfault import netem_args
 
     assert netem_args({"partition": True}) == ["loss", "100%"]
     assert netem_args({"delay_ms": 150, "jitter_ms": 50, "loss_pct": 2, "reorder_pct": 10}) == \

@@ -198,11 +198,12 @@ class PlacedLauncher(Launcher):
             return self.hosts[self.placement[name]]["address"]
         return super().address_of(name)
 
-    def netem(self, src: int, dst: int, spec: dict | None) -> None:
-        """Fault the traffic host ``src`` sends to host ``dst`` as ``spec`` says (None: heal it),
-        through ``src``'s agent (harness.hosts.agent.AgentServer.op_netem)."""
+    def netem(self, src: int, dst: int, spec: dict | None, ports: list[int] = ()) -> None:
+        """Fault the traffic host ``src`` sends to host ``dst`` as ``spec`` says (None: heal it;
+        ``ports``: those that pick out its path), through ``src``'s agent
+        (harness.hosts.agent.AgentServer.op_netem)."""
         self.faulted.add(src)
-        self.launchers[src].client.call("netem", peer=self.hosts[dst]["address"], spec=spec)
+        self.launchers[src].client.call("netem", peer=self.hosts[dst]["address"], spec=spec, ports=list(ports))
 
     def heal(self) -> None:
         """Heal every link this cell faulted (a cell leaves no qdisc to the next one)."""

@@ -35,7 +35,7 @@ import zmq
 
 from harness.drive.launcher import LocalLauncher, RoleHandle, RoleSpec
 from harness.drive.remote import CALL_TIMEOUT_S, role_env_allowed
-from harness.hosts.netns import NetnsError, run_tool
+from harness.hosts.linkfault import LinkFaults
 from harness.target.role_context import BIND_ENV
 
 STORE_PREFIX = "pdconform"
@@ -158,8 +158,7 @@ class AgentServer:
         self.launcher = LocalLauncher(folder)
         self.roles: dict[str, RoleHandle] = {}
         self.interface = interface_of(address)
-        self.netem_on = False  # a qdisc of ours is on the interface (removed at exit)
-        self.blackholes: list[str] = []  # peers this agent's routes drop (a partition)
+        self.faults = LinkFaults(self.interface)  # removed at exit
 
     def serve(self, goes_on: Callable[[], bool], check_every_s: float = 2.0) -> None:
         """Answer requests until a ``shutdown`` request or ``goes_on()`` says False (asked
@@ -245,48 +244,18 @@ class AgentServer:
     def op_stop(self, name: str, timeout_s: float) -> None:
         self._role(name).stop(min(float(timeout_s), CALL_TIMEOUT_S / 2))
 
-    def op_netem(self, peer: str, spec: dict | None) -> None:
+    def op_netem(self, peer: str, spec: dict | None, ports: list[int] | None = None) -> None:
         """Fault this host's traffic to ``peer`` (an IPv4 address) as ``spec`` says
-        (NetworkFault's fields), or (None) heal every fault this agent set.  A partition is a
-        blackhole route to the peer (no qdisc needed); delay, jitter, loss, duplication,
-        reordering and rate are ``tc netem`` on the interface holding this agent's address,
-        for the peer's traffic only (one faulted peer at a time).  NotImplementedError when
-        this host's kernel has no netem (the cell is then UNSUPPORTED)."""
-        import ipaddress
-
+        (NetworkFault's fields, ``path`` among them; ``ports``: the cell's bootstrap and
+        control ports), or (None) heal every fault this agent set
+        (harness.hosts.linkfault.LinkFaults).  NotImplementedError when this host lacks what
+        the fault needs (the cell is then UNSUPPORTED)."""
         if not self.interface or self.interface == "lo":
             raise ValueError("this agent listens on loopback: there is no network to fault (--hosts netns:N)")
-        self._heal()
         if spec is None:
+            self.faults.heal()
             return
-        ipaddress.IPv4Address(peer)
-        args = netem_args(spec)
-        if spec.get("partition"):
-            run_tool(["ip", "route", "add", "blackhole", f"{peer}/32"])
-            self.blackholes.append(peer)
-            return
-        try:
-            run_tool(["tc", "qdisc", "add", "dev", self.interface, "root", "handle", "1:", "prio", "bands", "3",
-                      "priomap", *["0"] * 16])  # everything in band 1, untouched, but the peer's traffic (filter below)
-        except NetnsError as exc:
-            if "qdisc kind is unknown" in str(exc):
-                raise NotImplementedError(f"the kernel of host {socket.gethostname()} has no prio/netem qdisc "
-                                          "(sch_prio, sch_netem): delay, loss, duplication and reordering need "
-                                          "a kernel with netem") from None
-            raise
-        self.netem_on = True
-        run_tool(["tc", "qdisc", "add", "dev", self.interface, "parent", "1:3", "handle", "30:", "netem", *args])
-        run_tool(["tc", "filter", "add", "dev", self.interface, "protocol", "ip", "parent", "1:", "prio", "1", "u32",
-              "match", "ip", "dst", f"{peer}/32", "flowid", "1:3"])
-
-    def _heal(self) -> None:
-        """Remove every route and qdisc this agent added."""
-        for peer in self.blackholes:
-            run_tool(["ip", "route", "del", "blackhole", f"{peer}/32"], check=False)
-        self.blackholes = []
-        if self.netem_on:
-            run_tool(["tc", "qdisc", "del", "dev", self.interface, "root"], check=False)
-            self.netem_on = False
+        self.faults.apply(peer, spec, [int(p) for p in ports or []])
 
     def op_forget(self, name: str) -> None:
         """Drop a stopped role: its handle, log and ready file (an agent serves a whole run)."""
@@ -310,42 +279,13 @@ class AgentServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._heal()
+        self.faults.heal()
         for handle in self.roles.values():
             handle.signal(signals.SIGCONT)
             handle.signal(signals.SIGKILL)
             handle.stop(2.0)
         self.socket.close()
         self.ctx.term()
-
-
-NETEM_LIMITS = {"delay_ms": 60_000, "jitter_ms": 60_000, "loss_pct": 100, "duplicate_pct": 100, "reorder_pct": 100,
-                "rate_kbit": 10**8}
-
-
-def netem_args(spec: dict) -> list[str]:
-    """``tc netem`` arguments for a NetworkFault's fields; ValueError for anything else or
-    a value out of :data:`NETEM_LIMITS`."""
-    unknown = set(spec) - set(NETEM_LIMITS) - {"partition"}
-    if unknown:
-        raise ValueError(f"netem: no such setting {sorted(unknown)[0][:40]!r}")
-    for name, top in NETEM_LIMITS.items():
-        value = spec.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
-            raise ValueError(f"netem: {name} must be a number from 0 to {top}")
-    if spec.get("partition"):
-        return ["loss", "100%"]
-    args = []
-    if spec.get("delay_ms") or spec.get("reorder_pct"):  # reordering needs a delay to reorder against
-        args += ["delay", f"{max(spec.get('delay_ms', 0), 1)}ms"]
-        if spec.get("jitter_ms"):
-            args.append(f"{spec['jitter_ms']}ms")
-    for name, word in (("loss_pct", "loss"), ("duplicate_pct", "duplicate"), ("reorder_pct", "reorder")):
-        if spec.get(name):
-            args += [word, f"{spec[name]}%"]
-    if spec.get("rate_kbit"):
-        args += ["rate", f"{int(spec['rate_kbit'])}kbit"]
-    return args or ["delay", "0ms"]
 
 
 def interface_of(address: str) -> str | None:

@@ -46,11 +46,11 @@ class NetnsError(RuntimeError):
     """The namespaces could not be made (the ``ip`` command and its message)."""
 
 
-def run_tool(argv: list[str], check: bool = True) -> str:
-    """Run a network tool (``ip``, ``tc``), bounded by IP_TIMEOUT_S; its stdout.  NetnsError
-    when it cannot run, or fails and ``check``."""
+def run_tool(argv: list[str], check: bool = True, stdin: str | None = None) -> str:
+    """Run a network tool (``ip``, ``tc``, ``nft``) with ``stdin`` as its input, bounded by
+    IP_TIMEOUT_S; its stdout.  NetnsError when it cannot run, or fails and ``check``."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=IP_TIMEOUT_S, input=stdin)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NetnsError(f"{' '.join(argv)}: {exc}") from exc
     if check and done.returncode != 0:

@@ -328,38 +328,6 @@ def _last_poll(events: list[dict], role: str, room: int) -> int | None:
     return polls[-1]["seq"] if polls else None
 
 
-def failed_after_kill(room: int, decode: str, dead: str, slack_s: float) -> Checker:
-    """``room`` on ``decode`` became Failed within the decode's heartbeat window plus
-    ``slack_s`` seconds of ``dead``'s kill, with a reason naming ``dead``'s bootstrap address."""
-
-    def fn(events: list[dict]) -> tuple[bool, str]:
-        kill = next((e for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.KILL and e["role"] == dead), None)
-        if kill is None:
-            return False, f"{dead} was never killed"
-        window = fact(events, decode, "heartbeat_window_s")
-        addr = fact(events, dead, "bootstrap_addr")
-        failed, last = _first_failed_after(events, decode, room, kill["seq"])
-        if failed is None:
-            return False, f"{decode} room {room} did not become Failed after {dead} was killed (last: {last})", \
-                _last_poll(events, decode, room)
-        latency = seen_at(failed) - kill["t"]
-        reason = failed["value"].get("failure_reason") or ""
-        bound = (window or 0) + slack_s
-        problems = []
-        if window is None:
-            problems.append(f"{decode} reported no heartbeat window")
-        elif latency > bound:
-            problems.append(f"took {latency:.1f} s, more than heartbeat window {window:.1f} s + {slack_s:.0f} s")
-        if not addr or addr not in reason:
-            problems.append(f"reason {reason!r} does not name {dead} ({addr})")
-        if problems:
-            return False, f"{decode} room {room}: " + "; ".join(problems), failed["seq"]
-        return True, f"{decode} room {room} Failed {latency:.1f} s after the kill (window {window:.1f} s): {reason!r}", \
-            failed["seq"]
-
-    return fn
-
-
 def first_event(events: list[dict], op: str, role: str, room: int | None = None, after_seq: int = -1) -> dict | None:
     """The first successful ``op`` event of ``role`` (for ``room`` when given) after ``after_seq``."""
     for e in events:

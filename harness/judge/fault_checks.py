@@ -1,9 +1,11 @@
-"""Checks of a room's end after an injected fault (a network partition): pure functions of a
-cell's history, as harness.judge.checks's are."""
+"""Checks of a room's end after an injected fault (a kill, a network partition, a lossy
+link): pure functions of a cell's history, as harness.judge.checks's are."""
 
 from __future__ import annotations
 
-from harness.judge.checks import Checker, _first_failed_after, _last_poll, first_event, seen_at
+from harness.judge.checks import Checker, _first_failed_after, _last_poll, first_event, pools_exact, seen_at
+from harness.spec.history import Event, Op, completions, fact
+from harness.spec.protocol import KVPoll
 
 
 def failed_after(room: int, role: str, op: str, op_role: str, high_s: float) -> Checker:
@@ -26,5 +28,62 @@ def failed_after(room: int, role: str, op: str, op_role: str, high_s: float) -> 
                 "without a failure reason"
             return False, f"{role} room {room} Failed {said}", failed["seq"]
         return True, f"{role} room {room} Failed {latency:.1f} s after {op}: {reason!r}", failed["seq"]
+
+    return fn
+
+
+def failed_after_kill(room: int, decode: str, dead: str, slack_s: float, op: str = Op.KILL) -> Checker:
+    """``room`` on ``decode`` became Failed within the decode's heartbeat window plus
+    ``slack_s`` seconds of ``dead``'s first nemesis ``op`` (its kill, or a network fault
+    recorded under its name), with a reason naming ``dead``'s bootstrap address (R-HB-1)."""
+
+    def fn(events: list[dict]) -> tuple[bool, str]:
+        fault = next((e for e in events if e["type"] == Event.NEMESIS and e["op"] == op and e["role"] == dead), None)
+        if fault is None:
+            return False, f"{dead} never had {op}"
+        window = fact(events, decode, "heartbeat_window_s")
+        addr = fact(events, dead, "bootstrap_addr")
+        failed, last = _first_failed_after(events, decode, room, fault["seq"])
+        if failed is None:
+            return False, f"{decode} room {room} did not become Failed after {dead}'s {op} (last: {last})", \
+                _last_poll(events, decode, room)
+        latency = seen_at(failed) - fault["t"]
+        reason = failed["value"].get("failure_reason") or ""
+        bound = (window or 0) + slack_s
+        problems = []
+        if window is None:
+            problems.append(f"{decode} reported no heartbeat window")
+        elif latency > bound:
+            problems.append(f"took {latency:.1f} s, more than heartbeat window {window:.1f} s + {slack_s:.0f} s")
+        if not addr or addr not in reason:
+            problems.append(f"reason {reason!r} does not name {dead} ({addr})")
+        if problems:
+            return False, f"{decode} room {room}: " + "; ".join(problems), failed["seq"]
+        return True, f"{decode} room {room} Failed {latency:.1f} s after {dead}'s {op} (window {window:.1f} s): " \
+            f"{reason!r}", failed["seq"]
+
+    return fn
+
+
+def exact_or_failed(room: int, decode: str, which: int) -> Checker:
+    """R-NET-3: the last poll of ``room`` on ``decode`` saw Success and the ``which``-th pool
+    verification (the one for this room alone) found its bytes exact, or it saw Failed with
+    a failure reason; anything else (Success with a wrong byte, no terminal status, Failed
+    without a reason) fails it."""
+    exact = pools_exact(decode, which)
+
+    def fn(events: list[dict]):
+        polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=decode, room=room) if e["type"] == Event.OK]
+        if not polls:
+            return False, f"{decode} room {room} was never polled"
+        last = polls[-1]
+        status, reason = last["value"]["status"], last["value"].get("failure_reason")
+        if status == KVPoll.Failed:
+            return (True, f"{decode} room {room} Failed visibly: {reason!r}", last["seq"]) if reason else \
+                (False, f"{decode} room {room} Failed without a failure reason", last["seq"])
+        if status != KVPoll.Success:
+            return False, f"{decode} room {room} never concluded (last status {status})", last["seq"]
+        ok, said, *at = exact(events)
+        return (ok, f"{decode} room {room} reached Success; {said}", *at)
 
     return fn

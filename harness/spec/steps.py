@@ -284,12 +284,15 @@ class NetworkFault:
     """Nemesis: from now on the network between the hosts of roles ``a`` and ``b`` delays
     each packet ``delay_ms`` (+/- ``jitter_ms``), loses ``loss_pct`` percent, duplicates
     ``duplicate_pct``, reorders ``reorder_pct`` (with a delay), and carries at most
-    ``rate_kbit`` (0: no limit); ``partition`` drops every packet (a blackhole route to the
-    peer host; the others are ``tc netem``).  Both ways, or only from ``a`` to ``b``
-    (``both_ways=False``).  Every other flow (the harness's own calls, other hosts) is
-    untouched.  A step with nothing set heals the link.  Needs roles on several hosts
-    (``run --hosts``; harness.hosts.agent applies it): the cell is UNSUPPORTED otherwise,
-    and on a host whose kernel has no netem for the netem kinds."""
+    ``rate_kbit`` (0: no limit); ``partition`` drops every packet.  Only on ``path``:
+    ``all``, ``bootstrap`` (the prefill's bootstrap port: bootstrap queries and heartbeat
+    probes), ``control`` (the managers' ZMQ control ports) or ``data`` (every other packet:
+    the transfer engine's); harness.hosts.linkfault says which tool does what.  Both ways,
+    or only from ``a`` to ``b`` (``both_ways=False``).  Every other flow (the harness's own
+    calls, other hosts) is untouched.  A step with nothing set heals the link.  Needs
+    roles on several hosts (``run --hosts``; harness.hosts.agent applies it): the cell is
+    UNSUPPORTED otherwise, and on a host that lacks the tool or kernel part the fault
+    needs (nftables for one path or a loss, netem for delay and the like)."""
 
     a: str
     b: str
@@ -301,6 +304,7 @@ class NetworkFault:
     reorder_pct: float = 0.0
     rate_kbit: int = 0
     both_ways: bool = True
+    path: str = "all"
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,11 @@ NETEM_FIELDS = ("partition", "delay_ms", "jitter_ms", "loss_pct", "duplicate_pct
 
 def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
     """Fault (or heal) the link between the hosts of ``step.a`` and ``step.b`` through their
-    agents (harness.drive.remote.PlacedLauncher.netem); UNSUPPORTED when the roles do not
-    run on two hosts."""
+    agents (harness.drive.remote.PlacedLauncher.netem, harness.hosts.linkfault), on
+    ``step.path``; UNSUPPORTED when the roles do not run on two hosts, or a host lacks what
+    the fault needs."""
     from harness.drive.remote import PlacedLauncher
+    from harness.hosts.linkfault import PATHS
 
     launcher = d.launcher
     if not isinstance(launcher, PlacedLauncher):
@@ -59,15 +61,31 @@ def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
     hosts = [launcher.placement.get(name) for name in (step.a, step.b)]
     if None in hosts or hosts[0] == hosts[1]:
         raise CellAborted(f"NetworkFault: {step.a} and {step.b} do not run on two hosts ({hosts})", unsupported=True)
+    if step.path not in PATHS:
+        raise CellAborted(f"NetworkFault: no such path {step.path!r} (one of {', '.join(PATHS)})")
     spec = {name: getattr(step, name) for name in NETEM_FIELDS if getattr(step, name)}
+    ports = path_ports(d, step.path)
+    if spec:
+        spec["path"] = step.path
     try:
-        launcher.netem(hosts[0], hosts[1], spec or None)
+        launcher.netem(hosts[0], hosts[1], spec or None, ports)
         if step.both_ways:
-            launcher.netem(hosts[1], hosts[0], spec or None)
-    except RoleError as exc:  # a kernel without netem cannot run the fault: not the implementation's failure
+            launcher.netem(hosts[1], hosts[0], spec or None, ports)
+    except RoleError as exc:  # a host that cannot run the fault: not the implementation's failure
         raise CellAborted(f"NetworkFault: {exc}", unsupported="NotImplementedError" in str(exc)) from exc
     d.record(Event.NEMESIS, Op.NETWORK, step.a, args={"a": step.a, "b": step.b, "hosts": hosts,
-                                                      "both_ways": step.both_ways, **(spec or {"heal": True})})
+                                                      "both_ways": step.both_ways, **(spec or {"heal": True}),
+                                                      **({"ports": ports} if spec and ports else {})})
+
+
+def path_ports(d: "CellDriver", path: str) -> list[int]:
+    """The TCP ports that pick out ``path`` (harness.hosts.linkfault): every prefill's
+    bootstrap port for ``bootstrap``, every role's control port for ``control``, both for
+    ``data`` (the packets it leaves out); none for ``all``."""
+    bootstrap = [int(addr.rpartition(":")[2]) for addr in d.bootstrap_addr.values()]
+    control = [int(endpoint.rpartition(":")[2]) for endpoint in d.control_endpoint.values()]
+    chosen = {"all": [], "bootstrap": bootstrap, "control": control, "data": bootstrap + control}[path]
+    return sorted(set(chosen))
 
 
 def inject_frames(d: "CellDriver", step: s.InjectFrames) -> None:

@@ -1,0 +1,173 @@
+"""One host's faults on the traffic it sends to one other host: the network nemesis
+(harness.spec.steps.NetworkFault, R-NET-1..R-NET-4 in docs/protocol.md), applied by that
+host's agent (harness.hosts.agent.AgentServer.op_netem).
+
+A fault is on one **path** between the two hosts:
+
+* ``all``: every packet to the peer;
+* ``bootstrap``: TCP to or from a prefill's bootstrap port (sglang's bootstrap server: the
+  decode's bootstrap queries and its heartbeat's ``/health`` probes);
+* ``control``: TCP to or from a manager's ZMQ control port (``rank_port``: registrations,
+  status, ABORT/ABORT_ACK);
+* ``data``: every other packet to the peer (the transfer engine's own connections:
+  Mooncake's TCP transport, NIXL's UCX; pdconform's reference carries its KV bytes on
+  its control sockets, so it has no data path).
+
+Tools, by kind: a partition of every path is a blackhole route (only ``ip``); a partition
+or a loss on one path, or a loss alone, is an nftables rule in a table of this agent's
+own on the output hook (``nft``: Debian's nftables); delay, jitter, duplication,
+reordering and rate are ``tc netem`` in a prio band that only the peer's traffic reaches
+(by destination, or for one path by the packet mark an nftables rule sets).  What a host
+lacks makes :meth:`LinkFaults.apply` raise NotImplementedError with what would make it
+run; the cell is then UNSUPPORTED, never FAIL.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import socket
+
+from harness.hosts.netns import NetnsError, run_tool
+
+PATHS = ("all", "bootstrap", "control", "data")
+NETEM_LIMITS = {"delay_ms": 60_000, "jitter_ms": 60_000, "loss_pct": 100, "duplicate_pct": 100, "reorder_pct": 100,
+                "rate_kbit": 10**8}
+NETEM_ONLY = ("delay_ms", "jitter_ms", "duplicate_pct", "reorder_pct", "rate_kbit")  # kinds nftables cannot do
+MARK = 0x70CF  # the packet mark that steers one path's packets into the netem band
+
+
+def check_spec(spec: dict) -> None:
+    """ValueError unless ``spec`` holds only NetworkFault's fault fields (``partition``,
+    ``path`` and :data:`NETEM_LIMITS`' names) with values in range."""
+    unknown = set(spec) - set(NETEM_LIMITS) - {"partition", "path"}
+    if unknown:
+        raise ValueError(f"netem: no such setting {sorted(unknown)[0][:40]!r}")
+    if spec.get("path", "all") not in PATHS:
+        raise ValueError(f"netem: path must be one of {', '.join(PATHS)}")
+    for name, top in NETEM_LIMITS.items():
+        value = spec.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+            raise ValueError(f"netem: {name} must be a number from 0 to {top}")
+
+
+def netem_args(spec: dict) -> list[str]:
+    """``tc netem`` arguments for a NetworkFault's fields (a partition: every packet lost);
+    ValueError as :func:`check_spec`."""
+    check_spec(spec)
+    if spec.get("partition"):
+        return ["loss", "100%"]
+    args = []
+    if spec.get("delay_ms") or spec.get("reorder_pct"):  # reordering needs a delay to reorder against
+        args += ["delay", f"{max(spec.get('delay_ms', 0), 1)}ms"]
+        if spec.get("jitter_ms"):
+            args.append(f"{spec['jitter_ms']}ms")
+    for name, word in (("loss_pct", "loss"), ("duplicate_pct", "duplicate"), ("reorder_pct", "reorder")):
+        if spec.get(name):
+            args += [word, f"{spec[name]}%"]
+    if spec.get("rate_kbit"):
+        args += ["rate", f"{int(spec['rate_kbit'])}kbit"]
+    return args
+
+
+def nft_ruleset(table: str, peer: str, path: str, ports: list[int], action: str) -> str:
+    """The nftables script of one fault: table ``inet <table>`` with an output chain that
+    applies ``action`` (an nft statement: ``drop``, a random drop, a mark) to this host's
+    packets to ``peer`` (IPv4) on ``path`` (:data:`PATHS`), where ``ports`` are the
+    bootstrap and control ports of that path (``data``: those it leaves out).
+    ValueError for a bad address, path or port."""
+    ipaddress.IPv4Address(peer)
+    if path not in PATHS:
+        raise ValueError(f"no such path {str(path)[:20]!r}")
+    if any(isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536 for p in ports):
+        raise ValueError("ports must be TCP port numbers")
+    if path != "all" and not ports:
+        raise ValueError(f"the {path} path needs its ports")
+    listed = "{ " + ", ".join(str(p) for p in sorted(set(ports))) + " }"
+    if path == "all":
+        rules = [f"ip daddr {peer} {action}"]
+    elif path == "data":  # everything but the bootstrap and control connections
+        rules = [f"ip daddr {peer} tcp dport != {listed} tcp sport != {listed} {action}",
+                 f"ip daddr {peer} meta l4proto != tcp {action}"]
+    else:
+        rules = [f"ip daddr {peer} tcp dport {listed} {action}", f"ip daddr {peer} tcp sport {listed} {action}"]
+    body = "\n".join(f"    {rule}" for rule in rules)
+    return (f"table inet {table} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n"
+            f"{body}\n  }}\n}}\n")
+
+
+class LinkFaults:
+    """The faults one agent set on the traffic its host sends to peers, on ``interface``
+    (the one holding the agent's address); :meth:`heal` removes every route, table and
+    qdisc it added, and nothing else (its nftables table is named after its process)."""
+
+    def __init__(self, interface: str):
+        self.interface = interface
+        self.table = f"pdconform_{os.getpid()}"
+        self.blackholes: list[str] = []  # peers whose routes drop everything (a partition of every path)
+        self.nft_on = False
+        self.netem_on = False
+
+    def apply(self, peer: str, spec: dict, ports: list[int]) -> None:
+        """Fault this host's traffic to ``peer`` as ``spec`` says (NetworkFault's fields, with
+        ``path``), replacing whatever fault this agent had set; ``ports``: the bootstrap and
+        control ports of the cell (see :func:`nft_ruleset`).  ValueError for a bad spec;
+        NotImplementedError when this host lacks the tool or kernel part it needs; NetnsError
+        when a tool fails."""
+        ipaddress.IPv4Address(peer)
+        check_spec(spec)
+        self.heal()
+        path = spec.get("path", "all")
+        if spec.get("partition") and path == "all":
+            run_tool(["ip", "route", "add", "blackhole", f"{peer}/32"])
+            self.blackholes.append(peer)
+        elif spec.get("partition"):
+            self._nft(nft_ruleset(self.table, peer, path, ports, "drop"))
+        elif not any(spec.get(kind) for kind in NETEM_ONLY):  # a loss alone: nftables drops at random
+            per_10k = round(float(spec.get("loss_pct", 0)) * 100)
+            self._nft(nft_ruleset(self.table, peer, path, ports, f"numgen random mod 10000 < {per_10k} drop"))
+        else:
+            if path != "all":
+                self._nft(nft_ruleset(self.table, peer, path, ports, f"meta mark set {MARK:#x}"))
+            self._netem(peer, netem_args(spec), by_mark=path != "all")
+
+    def _nft(self, script: str) -> None:
+        if shutil.which("nft") is None:
+            raise NotImplementedError(f"host {socket.gethostname()} has no nft: a fault on one path or a loss needs "
+                                      "nftables (Debian package nftables; make setup installs it as root)")
+        self.nft_on = True
+        run_tool(["nft", "-f", "-"], stdin=script)
+
+    def _netem(self, peer: str, args: list[str], by_mark: bool) -> None:
+        """A prio qdisc whose third band (netem) only the peer's packets reach: by destination,
+        or by :data:`MARK` for one path."""
+        dev = ["dev", self.interface]
+        try:
+            run_tool(["tc", "qdisc", "add", *dev, "root", "handle", "1:", "prio", "bands", "3",
+                      "priomap", *["0"] * 16])  # every packet to band 1, untouched, but the filter's
+        except NetnsError as exc:
+            if "qdisc kind is unknown" in str(exc):
+                raise NotImplementedError(f"the kernel of host {socket.gethostname()} has no prio/netem qdisc "
+                                          "(sch_prio, sch_netem): delay, jitter, duplication, reordering and rate "
+                                          "need a kernel with netem") from None
+            raise
+        self.netem_on = True
+        run_tool(["tc", "qdisc", "add", *dev, "parent", "1:3", "handle", "30:", "netem", *args])
+        match = ["handle", str(MARK), "fw"] if by_mark else ["u32", "match", "ip", "dst", f"{peer}/32"]
+        run_tool(["tc", "filter", "add", *dev, "protocol", "ip", "parent", "1:", "prio", "1", *match, "flowid", "1:3"])
+
+    def heal(self) -> None:
+        """Remove every route, nftables table and qdisc this agent added."""
+        for peer in self.blackholes:
+            run_tool(["ip", "route", "del", "blackhole", f"{peer}/32"], check=False)
+        self.blackholes = []
+        if self.nft_on:
+            run_tool(["nft", "delete", "table", "inet", self.table], check=False)
+            self.nft_on = False
+        if self.netem_on:
+            run_tool(["tc", "qdisc", "del", "dev", self.interface, "root"], check=False)
+            self.netem_on = False
+
+
+__all__ = ["LinkFaults", "PATHS", "MARK", "NETEM_LIMITS", "check_spec", "netem_args", "nft_ruleset"]
