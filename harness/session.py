@@ -66,6 +66,7 @@ class RunConfig:
     docs_url: str = ""
     baseline: tuple[Path, RunResult] | None = None  # run --baseline: where it was read, and the run
     hosts: tuple[dict, ...] = ()
+    hosts_spec: str = ""  # run --hosts as given (netns:N or N): what a cell's reproduce command repeats
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
@@ -138,7 +139,7 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                      started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), network=network,
                      docs_url=config.docs_url,
                      hosts=[{"rank": i, "name": h.get("host", ""), "address": h["address"]}
-                            for i, h in enumerate(config.hosts)])
+                            for i, h in enumerate(config.hosts)], hosts_spec=config.hosts_spec)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)

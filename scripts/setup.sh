@@ -63,6 +63,16 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   fi
 fi
 
+# The network nemesis (run --hosts netns:N) cuts one path, or loses packets, with nftables;
+# without nft those network cells are UNSUPPORTED, saying so.
+if ! command -v nft >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing nftables (for the network faults of run --hosts netns:N)"
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        nftables >/dev/null; } || echo "setup: WARNING could not install nftables; network faults on one path will be UNSUPPORTED" >&2
+  fi
+fi
+
 if [[ ! -x $VENV/bin/python ]]; then
   echo "setup: creating $VENV"
   "$PY" -m venv "$VENV"

@@ -95,3 +95,27 @@ def test_unknown_check_yields_to_must_failure():
     unknown = c.CheckResult("b", "R-2", "MUST", None, "could not run")
     assert verdict_of([unknown, must])[0] == "FAIL"
     assert verdict_of([unknown])[0] == "ERROR"
+
+
+def _verified(h: History, ok: bool):
+    h.record("invoke", "verify", "decode", 1, args={})
+    h.record("ok", "verify", "decode", 1, value={"ok": ok, "bytes_verified": 64, "bytes_untouched_checked": 32,
+                                                 "mismatch_pages": 0 if ok else 1,
+                                                 "mismatches": [] if ok else ["decode layer 0 K page 3: wrong tag"]})
+
+
+@pytest.mark.parametrize("status, reason, bytes_ok, passes", [
+    (KVPoll.Success, None, True, True),  # Success, every byte in place
+    (KVPoll.Success, None, False, False),  # planted: Success with a wrong byte
+    (KVPoll.Failed, "transfer timed out", False, True),  # Failed visibly: its bytes are not judged
+    (KVPoll.Failed, None, True, False),  # planted: Failed without a reason
+    (KVPoll.Transferring, None, True, False),  # planted: never concluded
+])
+def test_exact_or_failed_passes_exact_success_and_visible_failure_only(status, reason, bytes_ok, passes):
+    from harness.judge.fault_checks import exact_or_failed
+
+    h = History()
+    _await(h, "decode", 7, status, reason=reason)
+    _verified(h, bytes_ok)
+    ok, detail, *_ = exact_or_failed(7, "decode", 0)(h.events)
+    assert ok is passes, detail

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -224,4 +225,30 @@ def test_network_partition_catches_a_prefill_that_waits_for_a_partitioned_decode
     mutant = cells["mutant.partitioned-write-waited-forever"]
     failed = [ch["name"] for ch in mutant["checks"] if ch["ok"] is False and ch["requirement"] == "R-NET-1"]
     assert mutant["verdict"] == "FAIL" and "cut-prefill-fails" in failed, mutant["reason"]
+    assert not _leftovers(_subnet(tmp_path / "latest"))
+
+
+@NEEDS_NETNS
+@pytest.mark.skipif(shutil.which("nft") is None, reason="nftables' nft is not installed (make setup, as root)")
+def test_an_unreachable_bootstrap_server_fails_the_rooms_by_heartbeat_and_a_decode_without_one_is_caught(
+        tmp_path, monkeypatch):
+    """network-bootstrap-unreachable cuts only the prefill's bootstrap port between two namespaces:
+    the reference's decode fails both rooms by its heartbeat, naming the prefill (R-HB-1), and a
+    new room succeeds after the heal; R-HB-1's planted bug (mutant no-heartbeat-checker), whose
+    control and data paths still work, is caught on the check that cites it."""
+    monkeypatch.setenv("PDCONFORM_MUTANTS", "1")
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "reference",
+                           "--impl", "mutant.no-heartbeat-checker", "--scenario", "network-bootstrap-unreachable",
+                           "--expectations", "none", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=400, cwd=ROOT)
+    run = json.loads((tmp_path / "latest" / "results.json").read_text())
+    cells = {c["impl"]: c for c in run["cells"]}
+    reference = cells["reference"]
+    assert reference["verdict"] == "PASS", done.stdout[-3000:]
+    named = [ch["detail"] for ch in reference["checks"] if ch["name"] == "waiting-room-failed"]
+    assert "stopped answering" in named[0] and run["hosts"][0]["address"] in named[0]
+    mutant = cells["mutant.no-heartbeat-checker"]
+    failed = {ch["name"] for ch in mutant["checks"] if ch["ok"] is False and ch["requirement"] == "R-HB-1"}
+    assert mutant["verdict"] == "FAIL" and {"waiting-room-failed", "transferring-room-failed"} <= failed
+    assert "run --hosts netns:2 --scenario network-bootstrap-unreachable" in done.stdout  # how to rerun it
     assert not _leftovers(_subnet(tmp_path / "latest"))

@@ -35,3 +35,14 @@ def test_the_closing_line_counts_known_cells_and_leads_with_regressions_and_fixe
 def test_bug_ids_come_from_the_bug_list_anchors_only():
     assert bug_id("docs/sglang-bugs.md#b13") == "B13" and bug_id("docs/sglang-bugs.md#u2") == "U2"
     assert bug_id("https://github.com/sgl-project/sglang/issues/1") == "https://github.com/sgl-project/sglang/issues/1"
+
+
+def test_a_cell_of_a_run_across_hosts_reruns_through_run_on_the_same_hosts():
+    from harness.report.terminal import reproduce_command
+
+    cell = CellResult(impl="mooncake", scenario="network-partition", verdict="FAIL", engine="real", reason="x")
+    across = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=3, hosts_spec="netns:2", cells=[cell])
+    line = reproduce_command(across, cell)
+    assert line.startswith("pdconform run --hosts netns:2 --scenario network-partition --impl mooncake --seed 3")
+    here = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=3, cells=[cell])
+    assert reproduce_command(here, cell).startswith("pdconform repro network-partition --impl mooncake --seed 3")

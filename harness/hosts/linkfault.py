@@ -30,8 +30,7 @@ import shutil
 import socket
 
 from harness.hosts.netns import NetnsError, run_tool
-
-PATHS = ("all", "bootstrap", "control", "data")
+from harness.spec.steps import NETWORK_PATHS as PATHS
 NETEM_LIMITS = {"delay_ms": 60_000, "jitter_ms": 60_000, "loss_pct": 100, "duplicate_pct": 100, "reorder_pct": 100,
                 "rate_kbit": 10**8}
 NETEM_ONLY = ("delay_ms", "jitter_ms", "duplicate_pct", "reorder_pct", "rate_kbit")  # kinds nftables cannot do
@@ -87,9 +86,11 @@ def nft_ruleset(table: str, peer: str, path: str, ports: list[int], action: str)
     listed = "{ " + ", ".join(str(p) for p in sorted(set(ports))) + " }"
     if path == "all":
         rules = [f"ip daddr {peer} {action}"]
-    elif path == "data":  # everything but the bootstrap and control connections
-        rules = [f"ip daddr {peer} tcp dport != {listed} tcp sport != {listed} {action}",
-                 f"ip daddr {peer} meta l4proto != tcp {action}"]
+    elif path == "data":  # everything but the bootstrap and control connections, which pass first
+        # (not "dport != P sport != P": nft merges the two adjacent fields into one compare,
+        # which then matches when either differs)
+        rules = [f"ip daddr {peer} tcp dport {listed} accept", f"ip daddr {peer} tcp sport {listed} accept",
+                 f"ip daddr {peer} {action}"]
     else:
         rules = [f"ip daddr {peer} tcp dport {listed} {action}", f"ip daddr {peer} tcp sport {listed} {action}"]
     body = "\n".join(f"    {rule}" for rule in rules)

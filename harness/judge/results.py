@@ -88,6 +88,7 @@ class RunResult(msgspec.Struct, kw_only=True):
     # run --hosts: the hosts by rank, {"rank", "name", "address"}; each cell's history says
     # which host each role ran on (cell-end "placement"); [] when every role ran here
     hosts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    hosts_spec: str = ""  # run --hosts as given (netns:N, or N); "" when every role ran here
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property

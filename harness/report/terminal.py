@@ -58,7 +58,8 @@ def matrix_table(run: RunResult) -> Table:
 
 
 def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, prog: str = "pdconform") -> str:
-    """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed;
+    """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed (a cell
+    of a run across hosts: ``run --hosts`` on the same hosts, one cell);
     ``portable``: no local path in it (a checkout of sglang is named ``SGLANG_CHECKOUT``);
     ``prog``: how to call pdconform (the terminal says it as it was called, so a pasted
     command runs: harness.cli.this_program)."""
@@ -77,6 +78,10 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, 
     if run.full_waits:
         target += " --full-waits"
     judged = _expectations_option(run, portable)
+    if run.hosts_spec:  # roles on several hosts: repro runs everything here, so the cell reruns through run
+        hosts = shlex.quote(run.hosts_spec)
+        return (f"{prog} run --hosts {hosts} --scenario {cell.scenario} --impl {cell.impl} --seed {run.seed}"
+                f"{judged}{target}")
     return f"{prog} repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{judged}{target}"
 
 

@@ -279,6 +279,10 @@ class KillRole:
     role: str
 
 
+#: the paths a NetworkFault can be on (harness.hosts.linkfault says which packets each picks)
+NETWORK_PATHS = ("all", "bootstrap", "control", "data")
+
+
 @dataclass(frozen=True)
 class NetworkFault:
     """Nemesis: from now on the network between the hosts of roles ``a`` and ``b`` delays

@@ -52,7 +52,6 @@ def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
     ``step.path``; UNSUPPORTED when the roles do not run on two hosts, or a host lacks what
     the fault needs."""
     from harness.drive.remote import PlacedLauncher
-    from harness.hosts.linkfault import PATHS
 
     launcher = d.launcher
     if not isinstance(launcher, PlacedLauncher):
@@ -61,8 +60,8 @@ def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
     hosts = [launcher.placement.get(name) for name in (step.a, step.b)]
     if None in hosts or hosts[0] == hosts[1]:
         raise CellAborted(f"NetworkFault: {step.a} and {step.b} do not run on two hosts ({hosts})", unsupported=True)
-    if step.path not in PATHS:
-        raise CellAborted(f"NetworkFault: no such path {step.path!r} (one of {', '.join(PATHS)})")
+    if step.path not in s.NETWORK_PATHS:
+        raise CellAborted(f"NetworkFault: no such path {step.path!r} (one of {', '.join(s.NETWORK_PATHS)})")
     spec = {name: getattr(step, name) for name in NETEM_FIELDS if getattr(step, name)}
     ports = path_ports(d, step.path)
     if spec:
