@@ -67,6 +67,7 @@ class RunConfig:
     baseline: tuple[Path, RunResult] | None = None  # run --baseline: where it was read, and the run
     hosts: tuple[dict, ...] = ()
     hosts_spec: str = ""  # run --hosts as given (netns:N or N): what a cell's reproduce command repeats
+    pool_device: str = "cpu"  # run --pool-device: where the roles' pools live (harness.role.pools)
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
@@ -108,21 +109,24 @@ def cell_network(bind: str | None) -> tuple[str, dict[str, str]]:
 
 
 def cell_target(target: SglangTarget, settings: dict[str, int], bind: str | None = None,
-                hosts: tuple[dict, ...] = ()) -> tuple[str, SglangTarget]:
+                hosts: tuple[dict, ...] = (), pool_device: str = "cpu") -> tuple[str, SglangTarget]:
     """The cells' network in words (:func:`cell_network`) and ``target`` with the environment
-    every cell runs under: the engine ``settings``, that network, and the agents its roles
-    start on (``hosts``, harness.drive.remote.HOSTS_ENV), for ``run`` and ``explore`` alike,
-    so a program cell is as contained as a matrix cell."""
+    every cell runs under: the engine ``settings``, that network, the agents its roles
+    start on (``hosts``, harness.drive.remote.HOSTS_ENV) and where their pools live
+    (``pool_device``, harness.role.pools), for ``run`` and ``explore`` alike, so a program
+    cell is as contained as a matrix cell."""
     import json
 
     from harness.drive.remote import HOSTS_ENV
+    from harness.role.pools import POOL_DEVICE_ENV
 
     network, network_env = cell_network(bind)
     if hosts:
         network = f"{len(hosts)} hosts ({', '.join(h['address'] for h in hosts)}): roles listen on their host's address"
         network_env = {**network_env, HOSTS_ENV: json.dumps(list(hosts))}
+    devices = {POOL_DEVICE_ENV: pool_device} if pool_device != "cpu" else {}
     return network, SglangTarget(python=target.python, info=target.info,
-                                 env={**target.env, **settings_env(settings), **network_env})
+                                 env={**target.env, **settings_env(settings), **network_env, **devices})
 
 
 def default_settings() -> dict[str, int]:
@@ -134,12 +138,13 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
     """Execute, judge and write one run into ``folder`` (made by the caller, e.g. bench's
     ``run-N``); its result tree."""
     settings = config.settings()
-    network, target = cell_target(config.target, settings, config.bind, config.hosts)
+    network, target = cell_target(config.target, settings, config.bind, config.hosts, config.pool_device)
     meta = RunResult(sglang=target.info, seed=config.seed, engine_settings=settings, full_waits=config.full_waits,
                      started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), network=network,
                      docs_url=config.docs_url,
                      hosts=[{"rank": i, "name": h.get("host", ""), "address": h["address"]}
-                            for i, h in enumerate(config.hosts)], hosts_spec=config.hosts_spec)
+                            for i, h in enumerate(config.hosts)], hosts_spec=config.hosts_spec,
+                     pool_device=config.pool_device)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)

@@ -19,7 +19,7 @@ duplication and reordering).
 * network-data-loss / network-data-reorder: the data path loses 5 % of its packets (or
   duplicates and reorders them) while two rooms transfer.  Each room must end Success with
   every byte in place, or Failed with a reason, on both sides within the waiting timeout
-  plus 5 s, never Success with a wrong byte (R-NET-3).  pdconform's reference carries KV
+  plus 5 s, never Success with a wrong byte (R-XFER-2: Success only once every byte is in place).  pdconform's reference carries KV
   bytes on its control sockets: it has no data path, so the fault does not reach it.
 """
 
@@ -146,11 +146,11 @@ def data_path_steps(fault: NetworkFault):
 def data_path_checks(seed: int):
     big, small, after = _two_rooms(seed)
     return [
-        c.Check("steps-complete", "R-NET-3", c.steps_completed()),
-        c.Check("big-room-exact-or-failed", "R-NET-3", exact_or_failed(big.room, "decode", 0)),
-        c.Check("small-room-exact-or-failed", "R-NET-3", exact_or_failed(small.room, "decode", 1)),
+        c.Check("steps-complete", "R-XFER-2", c.steps_completed()),
+        c.Check("big-room-exact-or-failed", "R-XFER-2", exact_or_failed(big.room, "decode", 0)),
+        c.Check("small-room-exact-or-failed", "R-XFER-2", exact_or_failed(small.room, "decode", 1)),
         c.Check("terminal-held", "R-TERM-1", c.stays_terminal(big.room, ("decode", "prefill"))),
-        *room_succeeds(after, "R-NET-3", "after-heal"),
+        *room_succeeds(after, "R-XFER-2", "after-heal"),
         c.Check("after-heal-bytes", "R-LAYOUT-1", c.pools_exact(which=2)),
         *pair_healthy(bytes_exact=False),
     ]

@@ -170,7 +170,11 @@ class NixlRole(SglangCommonRole):
                         "thread keeps its own setting (%s ignored)", PROGRESS_DELAY_ENV)
 
     def fill_backend_kv_args(self, kv_args: Any) -> None:
-        kv_args.kv_data_mem_kinds = ["DRAM"] * len(kv_args.kv_data_ptrs)
+        from harness.role.pools import pool_device
+
+        # KV in device memory (run --pool-device cuda) is registered as sglang's schedulers do
+        kind = "VRAM" if pool_device() == "cuda" else "DRAM"
+        kv_args.kv_data_mem_kinds = [kind] * len(kv_args.kv_data_ptrs)
 
     def missing_method_note(self, method: str) -> str:
         if method == self.decode_control_method:
@@ -200,9 +204,12 @@ class NixlRole(SglangCommonRole):
         """nixl/conn.py ``_prepare_payload_xfer`` refuses a heterogeneous-TP MHA transfer into a
         decode whose KV is not VRAM ("heterogeneous-TP direct-to-host KV transfer is not
         implemented safely yet"), on the prefill's bootstrap thread; this adapter registers its
-        KV as DRAM, as a CPU machine must."""
+        KV as DRAM, as a CPU machine must, and as VRAM under ``run --pool-device cuda`` (then
+        nothing is refused here)."""
+        from harness.role.pools import pool_device
+
         common = super().unsupported_topology(prefill_tp, decode_tp, mla, prefill_pp, prefill_dp, decode_dp)
-        if common:
+        if common or pool_device() == "cuda":  # VRAM KV: NIXL serves what follows
             return common
         if prefill_pp > 1:
             return (f"needs VRAM: NIXL takes a whole-model decode fed by one of {prefill_pp} prefill stages (more KV "
@@ -220,8 +227,11 @@ class NixlRole(SglangCommonRole):
         prefill (``n_dst > n_src``) for decode-only speculative decoding and refuses it unless
         the decode's KV is VRAM; on a CPU machine it is registered as DRAM.  That is decode-only
         draft KV, and every stage of a multi-stage prefill sending to a whole-model decode."""
+        from harness.role.pools import pool_device
         from harness.spec.layouts import whole_model_decode
 
+        if pool_device() == "cuda":  # VRAM KV: NIXL serves both
+            return None
         if spec["decode"][2] > spec["prefill"][2]:
             return ("NIXL refuses decode-only draft KV unless the decode's KV is VRAM (nixl/conn.py "
                     "_prepare_payload_xfer: 'HiSparse combined with decode-only speculative decoding'); "

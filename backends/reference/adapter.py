@@ -225,9 +225,11 @@ class ReferenceRole(RoleAdapter):
             return  # declared lost at the transfer timeout: the reference's engine cancels it, so it never lands
         generation = w.generation
         if w.aux:
-            payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind == pattern.AUX)
+            payload = b"".join(t[list(w.src)].cpu().numpy().tobytes()
+                               for s, t in self.buffers if s.kind == pattern.AUX)
         else:
-            payload = b"".join(t[list(w.src)].numpy().tobytes() for s, t in self.buffers if s.kind != pattern.AUX)
+            payload = b"".join(t[list(w.src)].cpu().numpy().tobytes()
+                               for s, t in self.buffers if s.kind != pattern.AUX)
         self.side.send(w.decode, [b"WRITE", str(w.room).encode(), str(generation).encode(), str(w.write_id).encode(),
                                   b"1" if w.aux else b"0", csv(w.dst), payload, self.side.endpoint.encode()])
 

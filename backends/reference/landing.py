@@ -58,7 +58,7 @@ def apply_write(buffers: list[tuple[pattern.BufferSpec, Any]], mine: Layout, pla
         if sliced:
             land_heads(tensor, list(dst), data[i], mine, source)
         else:
-            tensor[list(dst)] = data[i]
+            tensor[list(dst)] = data[i].to(tensor.device)
     return True, ""
 
 
@@ -85,7 +85,7 @@ def land_heads(tensor, dst: list[int], pages, mine: Layout, source: Layout) -> N
     shared = shared_heads(tensor, pages, mine, source)
     if shared is not None:
         first, last, view, src = shared
-        view[dst, :, first - mine.head_start:last - mine.head_start] = src
+        view[dst, :, first - mine.head_start:last - mine.head_start] = src.to(view.device)
 
 
 def layout_plan(prefill: Layout, mine: Layout) -> Plan | Rejection:

@@ -178,6 +178,10 @@ BIND_OPTION = typer.Option(
     None, "--bind", metavar="ADDR", help="IPv4 address every role listens on and advertises (default: 127.0.0.1, "
     "each cell in a private loopback-only network when root). A non-loopback ADDR is reachable from other hosts: "
     "for roles on several hosts; give it only on a network you trust.")
+POOL_DEVICE_OPTION = typer.Option(
+    "cpu", "--pool-device", metavar="cpu|cuda", help="Where the roles' pattern-filled KV and aux pools live: cpu "
+    "(default), or cuda: device memory, as sglang keeps KV (NIXL then registers it as VRAM, so the layouts this CPU "
+    "machine marks 'needs VRAM' run). cuda needs a CUDA device on every host.")
 EXPECTATIONS_OPTION = typer.Option(None, "--expectations", help="TOML file of expected verdicts (default: the file "
                                    "expectations/ ships for the sglang under test, if any; 'none': every cell "
                                    "expected to PASS); exit 1 on a regression or a fix.")
@@ -230,6 +234,21 @@ def _bind(addr: Optional[str]) -> Optional[str]:
         return check_bind_address(addr)
     except ValueError as exc:
         raise _usage_error(str(exc))
+
+
+def _pool_device(value: str) -> str:
+    """``--pool-device`` checked: cpu, or cuda where this machine has a CUDA device; exit 2 otherwise."""
+    from harness.role.pools import POOL_DEVICES
+
+    if value not in POOL_DEVICES:
+        raise _usage_error(f"--pool-device {value[:20]!r}: one of {', '.join(POOL_DEVICES)}")
+    if value == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise _usage_error("--pool-device cuda: no CUDA device here (torch.cuda.is_available() is False): "
+                               "run on a GPU host, or leave the pools in host memory (--pool-device cpu)")
+    return value
 
 
 def main() -> None:

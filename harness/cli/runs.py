@@ -17,9 +17,11 @@ from harness.cli import (
     ENGINE_SETTING_OPTION,
     EXPECTATIONS_OPTION,
     FULL_WAITS_OPTION,
+    POOL_DEVICE_OPTION,
     SGLANG_SRC_OPTION,
     SGLANG_VERSION_OPTION,
     _bind,
+    _pool_device,
     _expectations,
     _out_dir,
     _registry,
@@ -165,6 +167,7 @@ def run(
     hosts: Optional[str] = HOSTS_OPTION,
     listen: Optional[str] = LISTEN_OPTION,
     join_timeout: float = JOIN_TIMEOUT_OPTION,
+    pool_device: str = POOL_DEVICE_OPTION,
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
@@ -174,6 +177,7 @@ def run(
 
     impls, scenarios = _select(impl, scenario, topology)
     bind = _bind(bind)
+    pool_device = _pool_device(pool_device)
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
     loaded = _expectations(expectations, target.info.version)
@@ -184,7 +188,7 @@ def run(
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
                        engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
-                       bind=bind, docs_url=_docs_url(docs_url),
+                       bind=bind, docs_url=_docs_url(docs_url), pool_device=pool_device,
                        baseline=(baseline, _load_results(baseline)) if baseline is not None else None)
     with _hosts(hosts, listen, bind, join_timeout) as (host_bind, agents):
         config.bind, config.hosts, config.hosts_spec = host_bind or config.bind, agents, hosts or ""
@@ -245,6 +249,7 @@ def repro(
     full_waits: bool = FULL_WAITS_OPTION,
     bind: Optional[str] = BIND_OPTION,
     expectations: Optional[Path] = EXPECTATIONS_OPTION,
+    pool_device: str = POOL_DEVICE_OPTION,
 ) -> None:
     """Run one cell verbosely: the replayable step list, the history as it happens, the verdict.
 
@@ -259,6 +264,7 @@ def repro(
     impls, scenarios = _select([impl], [scenario], what="scenario")
     sc = scenarios[0]
     bind = _bind(bind)
+    pool_device = _pool_device(pool_device)
     out = _out_dir(out)
     target = _target(sglang_src, sglang_version)
     loaded = _expectations(expectations, target.info.version)
@@ -271,7 +277,8 @@ def repro(
         console.print(f"  {i:>2}. {step!r}", markup=False, highlight=False)
     console.print("[bold]history[/] (t in s since the cell started)")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, full_waits=full_waits,
-                       engine_settings=_settings(engine_setting), bind=bind, expectations=loaded)
+                       engine_settings=_settings(engine_setting), bind=bind, expectations=loaded,
+                       pool_device=pool_device)
     result = _run_session(config, Callbacks(
         on_event=lambda event: console.print("  " + event_line(event), markup=False, highlight=False)))
     cell = result.cells[0]

@@ -66,7 +66,7 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float, op: str
 
 
 def exact_or_failed(room: int, decode: str, which: int) -> Checker:
-    """R-NET-3: the last poll of ``room`` on ``decode`` saw Success and the ``which``-th pool
+    """R-XFER-2 under a fault: the last poll of ``room`` on ``decode`` saw Success and the ``which``-th pool
     verification (the one for this room alone) found its bytes exact, or it saw Failed with
     a failure reason; anything else (Success with a wrong byte, no terminal status, Failed
     without a reason) fails it."""

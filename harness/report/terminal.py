@@ -77,6 +77,8 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, 
             target += f" --engine-setting {setting.name}={value}"
     if run.full_waits:
         target += " --full-waits"
+    if run.pool_device != "cpu":
+        target += f" --pool-device {shlex.quote(run.pool_device)}"
     judged = _expectations_option(run, portable)
     if run.hosts_spec:  # roles on several hosts: repro runs everything here, so the cell reruns through run
         hosts = shlex.quote(run.hosts_spec)

@@ -225,10 +225,11 @@ def verify_buffer(
 ) -> None:
     """Compare one destination buffer with the plan; add results to ``report``.
 
-    ``actual`` is the ``[num_pages, page_bytes]`` uint8 destination tensor;
-    ``unchecked`` pages are not judged (a transfer a fault cut short may or may
-    not have written them).
+    ``actual`` is the ``[num_pages, page_bytes]`` uint8 destination tensor (on any
+    device: it is read back to host memory); ``unchecked`` pages are not judged (a
+    transfer a fault cut short may or may not have written them).
     """
+    actual = actual.cpu()  # a pool in device memory (run --pool-device cuda) is judged from a copy
     num_pages, page_bytes = actual.shape
     expected = expected_destination(spec, num_pages, page_bytes, moves)
     got_words = actual.contiguous().view(torch.int64)

@@ -8,21 +8,37 @@ MLA ``[KV of each layer..., draft KV...]`` (draft layer d tagged as layer
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from harness.role import pattern
 from harness.spec.protocol import DRAFT_BASE, Layout
 
+POOL_DEVICE_ENV = "PDCONFORM_POOL_DEVICE"  # run --pool-device: where a role's pools live
+POOL_DEVICES = ("cpu", "cuda")
+
+
+def pool_device() -> str:
+    """The device this role's pools are allocated on: ``cpu`` (default) or ``cuda`` (the
+    current CUDA device; sglang's schedulers keep KV there), from :data:`POOL_DEVICE_ENV`.
+    ValueError for any other value."""
+    value = os.environ.get(POOL_DEVICE_ENV) or "cpu"
+    if value not in POOL_DEVICES:
+        raise ValueError(f"{POOL_DEVICE_ENV}={value[:20]!r}: one of {', '.join(POOL_DEVICES)}")
+    return value
+
 
 def pattern_pools(side: int, layout: Layout) -> tuple[list[tuple[pattern.BufferSpec, Any]], tuple[pattern.BufferSpec, Any]]:
     """(KV buffers, aux buffer) for ``side`` (pattern.PREFILL or pattern.DECODE): each a
-    (BufferSpec, ``[pages, page_bytes]`` uint8 tensor) pair."""
+    (BufferSpec, ``[pages, page_bytes]`` uint8 tensor) pair, on :func:`pool_device`."""
     main = list(layout.main_layers)
     draft = [DRAFT_BASE + d for d in range(layout.draft_layers)]
     kinds = (pattern.K,) if layout.mla else (pattern.K, pattern.V)
     heads = pattern.Heads.of(layout)  # the KV heads this rank holds (None: all of them)
     specs = [pattern.BufferSpec(kind, layer, heads) for kind in kinds for layer in main]
     specs += [pattern.BufferSpec(kind, layer, heads) for kind in kinds for layer in draft]
-    kv = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes, s.heads)) for s in specs]
+    device = pool_device()
+    kv = [(s, pattern.pattern(side, s.kind, s.layer, layout.num_pages, layout.page_bytes, s.heads).to(device))
+          for s in specs]
     aux_spec = pattern.BufferSpec(pattern.AUX, 0)
-    return kv, (aux_spec, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes))
+    return kv, (aux_spec, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes).to(device))
