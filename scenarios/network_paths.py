@@ -35,7 +35,7 @@ from scenarios._flows import DONE, LAYOUT, RoomAllocator, await_done, full_room,
     room_succeeds, send_all, verify
 from scenarios.network_partition import ENV, NETWORK_CELL, SLACK_S, WAITING_TIMEOUT_S
 
-WAIT_S = 30.0  # polling bound; the checks judge each latency against its own bound
+WAIT_S = 20.0  # polling bound; the checks judge each latency against its own bound
 # R-HB-1's slack when the probes go unanswered (dropped, not refused): each failed probe first
 # waits out its own timeout (sglang's: 2 s to connect, 3 s to read), so detection takes up to
 # max failures x (interval + probe timeout): 10 s with the harness's 2 s x 2

@@ -7,7 +7,9 @@ rooms interleaved, the decode aborting a room at any point after it registered (
 scheduler's AbortReq), rooms cleared once both sides concluded, and a cleared room id
 used again for a new lifecycle (R-REUSE-1), the prefill's transfer engine delaying its
 writes, delaying the aux data or failing its n-th write, a role frozen for less than the
-heartbeat window, and (a profile drawn first) deferred KV release with its ABORT_ACKs.
+heartbeat window, a message the control loops cannot parse pushed to either role's control
+socket (harness.spec.frames.malformed), and (a profile drawn first) deferred KV release
+with its ABORT_ACKs.
 :class:`ProgramMachine`, a hypothesis
 rule-based state machine, writes them: each rule's precondition keeps the program legal
 for a scheduler (a chunk only after the sender's init, a clear only after both sides
@@ -31,10 +33,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from harness.explore.program_checks import lifecycle_checks
 from harness.judge import checks as c
+from harness.spec import frames
 from harness.spec.protocol import KVPoll, Layout
 from harness.spec.rooms import DONE
-from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, OpenRoom, RequestKV,
-                                RestartRole, SendChunk, Sleep, StartRoles, Step, ThawRole, VerifyPools)
+from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, OpenRoom,
+                                RequestKV, RestartRole, SendChunk, Sleep, StartRoles, Step, ThawRole, VerifyPools)
 
 #: the pools every program runs on: 32 pages and 8 aux slots, enough for 8 room lifecycles
 #: of up to 4 pages that never share a decode page or aux slot (so every byte stays checkable)
@@ -49,6 +52,12 @@ ENGINE_DELAYS_S = (0.05, 0.2)  # what each prefill write waits (seconds)
 AUX_DELAY_S = 0.3  # how late the aux data reaches the decode (seconds)
 FAIL_NTH = (1, 2, 3)  # which write, counted from the plan, the prefill's engine fails
 MAX_ENGINE_PLANS = 3  # engine fault plans a program sets, at most
+MAX_INJECTIONS = 3  # malformed messages a program pushes, at most
+MAX_MESSAGE_FRAMES = 16  # the frames of one injected message, at most (MALFORMED draws up to 15)
+MAX_MESSAGE_BYTES = 4096  # the bytes of one injected message, at most: a found file stays small
+#: the messages a program injects: frames.malformed's kinds but the 2 MiB one (malformed-frame sends it)
+MALFORMED = st.one_of(frames.truncated(), frames.unknown_tag(), frames.non_ascii(), frames.non_numeric(),
+                      frames.empty(), frames.extra_frames(), frames.well_formed_unknown_room())
 WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2): a failed write's room ends by then
 AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
@@ -118,9 +127,10 @@ class Program:
 
 
 #: the steps a program may hold: what ProgramMachine writes, nothing that starts processes
-#: with a file's settings, kills, injects or loads code (a found file is input, not trusted)
+#: with a file's settings, kills or loads code (a found file is input, not trusted; an
+#: injected message is bytes to a role's control socket, bounded by _check_bounds)
 PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools,
-                 EngineFaults, FreezeRole, ThawRole, RestartRole)
+                 EngineFaults, FreezeRole, ThawRole, RestartRole, InjectFrames)
 MAX_WAIT_S = 30.0  # the longest Sleep or status bound a program file may ask for (seconds)
 
 
@@ -169,6 +179,10 @@ def _check_bounds(program: Program) -> None:
                 raise ValueError("not a pdconform program: an engine fault a program never sets")
         if not 0 <= wait <= MAX_WAIT_S:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
+        if isinstance(step, InjectFrames) and (
+                step.role not in ("prefill", "decode") or len(step.frames) != 1
+                or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):
+            raise ValueError("not a pdconform program: an injected message a program never sends")
         if isinstance(step, RestartRole) and (step.role != "prefill" or step.env is not None or frozen):
             raise ValueError("not a pdconform program: a restart a program never makes")
         if isinstance(step, (FreezeRole, ThawRole)):
@@ -196,6 +210,7 @@ class ProgramMachine(RuleBasedStateMachine):
         self.failing = False  # the prefill's engine is set to fail a write
         self.slow = False  # a delay plan was set: a room's writes may queue behind every other room's
         self.plans = 0  # engine fault plans set
+        self.injections = 0  # malformed messages pushed
 
     # ---- the model ----------------------------------------------------------------
     def _live(self) -> list[_Room]:
@@ -321,6 +336,15 @@ class ProgramMachine(RuleBasedStateMachine):
         """A role stops for a moment (a GC pause, a descheduled VM), well inside the
         heartbeat window: nothing may fail because of it."""
         self.steps += [FreezeRole(role), Sleep(seconds), ThawRole(role)]
+
+    @precondition(lambda self: self.injections < MAX_INJECTIONS)
+    @rule(role=st.sampled_from(("prefill", "decode")), message=MALFORMED)
+    def inject_malformed(self, role: str, message: tuple) -> None:
+        """A peer (a scanner, a client of another version) pushes a message the role's control
+        loop cannot parse: the loop drops it and goes on, and no room changes (R-LIVE-1), so
+        every room still ends as it would have."""
+        self.injections += 1
+        self.steps.append(InjectFrames(role, (tuple(bytes(f) for f in message),)))
 
     # ---- the program ----------------------------------------------------------------
     def _await(self, r: _Room) -> None:

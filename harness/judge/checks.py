@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from harness.judge.verdict import Level
-from harness.spec.history import Event, Op, completions, fact
+from harness.spec.history import Event, Op, completions
 from harness.spec.protocol import KVPoll, kvpoll_name
 from harness.spec.requirements import requirement
 
