@@ -32,16 +32,29 @@ def test_the_pools_live_where_the_role_is_told_and_nowhere_else(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device: --pool-device cuda is valid")
-@pytest.mark.parametrize("device, message", [
-    ("cuda", "--pool-device cuda: no CUDA device here"), ("tpu", "--pool-device 'tpu': one of cpu, cuda")])
-def test_a_pool_device_this_machine_lacks_is_refused_before_anything_runs(tmp_path, device, message):
-    for command in (["run", "--impl", "reference", "--scenario", "happy-path", "--out", str(tmp_path)],
-                    ["repro", "happy-path", "--impl", "reference", "--out", str(tmp_path)]):
-        done = subprocess.run([sys.executable, "-m", "harness.cli", *command, "--pool-device", device],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert done.returncode == 2 and message in done.stderr + done.stdout, done.stderr[-2000:]
-        assert "Traceback" not in done.stderr
-    assert not (tmp_path / "latest").exists()  # refused before a run folder was made
+def test_a_pool_device_this_machine_lacks_is_refused_before_anything_runs(tmp_path):
+    import typer
+
+    from harness.cli import _pool_device
+
+    for device, message in (("cuda", "--pool-device cuda: no CUDA device here"),
+                            ("tpu", "--pool-device 'tpu': one of cpu, cuda")):
+        with pytest.raises(typer.Exit) as refused:
+            _pool_device(device)
+        assert refused.value.exit_code == 2
+    assert _pool_device("cpu") == "cpu"
+    # end to end, once: one line, exit 2, no traceback, no run folder
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "repro", "happy-path", "--impl", "reference",
+                           "--out", str(tmp_path), "--pool-device", "cuda"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and message_of(done) == "--pool-device cuda: no CUDA device here", done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "latest").exists()
+
+
+def message_of(done: subprocess.CompletedProcess) -> str:
+    """The start of the usage error's message (the CLI's one line, after its 'error:' prefix)."""
+    text = (done.stderr + done.stdout).strip()
+    return text.split("error:", 1)[-1].strip()[:len("--pool-device cuda: no CUDA device here")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
