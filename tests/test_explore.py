@@ -117,6 +117,7 @@ def _explore_reference_and_mutant(tmp_path, found):
         (failure,) = bug.failures.values()
         assert failure.signature["requirement"] == "R-LAYOUT-1" and failure.signature["check"] == "bytes-exact"
         assert failure.path and failure.path.parent == found and len(failure.program.steps) <= 20
+        assert 0 < failure.shrink_s < 60 and failure.shrink_runs >= 1  # bench's explore_shrink_s times this
         scenario = load_file(failure.path)
         assert scenario.id == failure.path.stem and scenario.nightly
         again = explorer.run_scenario_file(failure.path, "mutant.aux-slot-off-by-one", tmp_path / "again")

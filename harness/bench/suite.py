@@ -27,7 +27,7 @@ from harness.bench.matrix import (
 )
 from harness.judge.results import write_atomic
 
-PARTS = ("matrix", "simulator", "engines", "explore")
+PARTS = ("matrix", "simulator", "engines", "explore", "shrink")
 
 
 @dataclass
@@ -42,8 +42,9 @@ class BenchPlan:
     matrix: object | None = None
     seeds: int = 0
     engine_bytes: int = 0
-    explore: tuple = ()  # (target, implementations) whose explore rate to measure; () to skip
+    explore: tuple = ()  # (target, implementations) whose explore rate to measure ([] none); () to skip explore
     explore_s: float = 20.0  # seconds of programs per implementation and sample
+    shrink: bool = False  # time explore's shrinking of a planted bug (SHRINK_MUTANT)
     notes: list[str] = field(default_factory=list)
 
 
@@ -63,7 +64,7 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
     unknown = skip - set(PARTS)
     if unknown:
         raise BenchUsageError(f"unknown --skip {', '.join(sorted(unknown))} (known: {', '.join(PARTS)})")
-    if skip == set(PARTS):
+    if skip >= set(PARTS):
         raise BenchUsageError("--skip leaves nothing to measure")
     if "engines" not in skip:
         free_mib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
@@ -72,8 +73,9 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
                                   f"destination buffer); {free_mib} MiB are free")
     plan = BenchPlan(out_dir=out, repeat=repeat, seeds=0 if "simulator" in skip else seeds,
                      engine_bytes=0 if "engines" in skip else engine_mib * 2**20)
-    if "explore" not in skip:
-        plan.explore = (target(), [i for i in impls if not i.startswith("mutant.")])
+    if "explore" not in skip or "shrink" not in skip:
+        plan.explore = (target(), [i for i in impls if not i.startswith("mutant.")] if "explore" not in skip else [])
+        plan.shrink = "shrink" not in skip
     if "matrix" not in skip:
         sglang = target()
         plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
@@ -95,20 +97,33 @@ def run_bench(plan: BenchPlan, on_progress: Callable[[str], None] = lambda text:
         on_progress(f"engines: {engine_pairs(plan.repeat)} x {plan.engine_bytes >> 20} MiB raw and instrumented")
         figures += bench_engines(plan.engine_bytes, plan.repeat)
     if plan.explore:
-        on_progress(f"explore: {plan.repeat} x {plan.explore_s:.0f} s per implementation")
-        figures += bench_explore(*plan.explore, plan.repeat, plan.out_dir / "explore", plan.explore_s)
+        on_progress(f"explore: {plan.repeat} x {plan.explore_s:.0f} s per implementation"
+                    + (f", {plan.repeat} shrinks of {SHRINK_MUTANT}" if plan.shrink else ""))
+        figures += bench_explore(*plan.explore, plan.repeat, plan.out_dir / "explore", plan.explore_s, plan.shrink)
     return figures
 
 
-def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds: float) -> list[Figure]:
-    """Explore's rate per implementation: ``repeat`` samples of ``seconds`` each (programs
-    per minute, steps per second; harness.explore.session; the corpus is not replayed), found
-    programs written under ``out_dir`` (never into the corpus)."""
+#: the planted bug whose shrinking bench times: found within seconds by a fault-free program
+SHRINK_MUTANT = "mutant.aux-slot-off-by-one"
+SHRINK_BUDGET_S = 120.0  # seconds one sample may take to find it (its shrinking then has its own bound)
+
+
+def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds: float,
+                  shrink: bool = False) -> list[Figure]:
+    """Explore's rate per implementation of ``impls``: ``repeat`` samples of ``seconds`` each
+    (programs per minute, steps per second; harness.explore.session; the corpus is not
+    replayed), and with ``shrink`` its time to shrink (:data:`SHRINK_MUTANT`'s failure, from
+    the first failing program to the smallest one written out); found programs are written
+    under ``out_dir`` (never into the corpus)."""
+    from harness import implementations
     from harness.explore.session import Explorer
 
+    if shrink:
+        os.environ[implementations.MUTANTS_ENV] = "1"  # the planted bug is an implementation from now on
+        implementations.registered.cache_clear()
     figures = []
     with Explorer(target, out_dir / "programs", out_dir / "found") as explorer:
-        explorer.start(impls)
+        explorer.start(impls + ([SHRINK_MUTANT] if shrink else []))
         explorer.wait_ready()
         for impl in impls:
             rate, steps = Figure(f"explore_programs_per_min[{impl}]", "/min"), Figure(f"explore_steps_per_s[{impl}]", "/s")
@@ -118,7 +133,21 @@ def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds:
                 rate.samples.append(round(report.rate_per_min, 1))
                 steps.samples.append(round(report.steps / report.seconds, 1) if report.seconds else 0.0)
             figures += [rate, steps]
+        if shrink:
+            figures.append(_shrink_figure(explorer, repeat))
     return figures
+
+
+def _shrink_figure(explorer, repeat: int) -> Figure:
+    """``repeat`` samples of the seconds :data:`SHRINK_MUTANT`'s failure takes to shrink (a
+    sample that does not find it within :data:`SHRINK_BUDGET_S` adds none)."""
+    figure = Figure(f"explore_shrink_s[{SHRINK_MUTANT.removeprefix('mutant.')}]", "s")
+    for sample in range(repeat):
+        explorer.seed = sample
+        report = explorer.explore(SHRINK_MUTANT, SHRINK_BUDGET_S, corpus=False, max_failures=1)
+        for failure in report.failures.values():
+            figure.samples.append(round(failure.shrink_s, 1))
+    return figure
 
 
 def _fmt(value: float | None, unit: str) -> str:

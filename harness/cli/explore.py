@@ -129,8 +129,9 @@ def _print_reports(reports) -> bool:
         for i, f in enumerate(rows):
             sig = f"{f.signature['check']} ({f.signature['requirement']})" + (" [flaky]" if f.flaky else "") + \
                 (" [known: corpus]" if f.known else "")
+            shrunk = "" if f.known else f" (shrunk in {f.shrink_s:.1f} s, {f.shrink_runs} cells)"
             table.add_row(*(first if i == 0 else [""] * 4), escape(terminal(sig)), str(f.count),
-                          f"{f.first_after_s:.1f} s", escape(str(f.path or "")))
+                          f"{f.first_after_s:.1f} s{shrunk}", escape(str(f.path or "")))
         for name, sig in r.corpus.items():
             now = {"PASS": "fixed, passes now", "WARN": "fixed (a SHOULD still warns)",
                    "UNSUPPORTED": "not judged here (UNSUPPORTED)"}.get(sig, "unreadable" if sig.startswith("unreadable")

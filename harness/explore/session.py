@@ -46,13 +46,17 @@ EXAMPLES_PER_ROUND = 25  # programs per hypothesis round; each round starts from
 @dataclass
 class Failure:
     """One distinct failure: its ``signature``, how many programs showed it, the smallest
-    program, its found file, and the seconds from the start of exploring to the first one."""
+    program, its found file, the seconds from the start of exploring to the first one, and
+    its shrinking: seconds from the first failing program to the smallest one written out,
+    and the cells run meanwhile (at most :data:`SHRINK_RUNS`, about :data:`SHRINK_S`)."""
 
     signature: dict
     count: int
     program: Program
     path: Path | None = None
     first_after_s: float = 0.0
+    shrink_s: float = 0.0
+    shrink_runs: int = 0
     flaky: bool = False
     known: bool = False  # a corpus program still showing it: not looked for, not written again
 
@@ -223,6 +227,7 @@ class Explorer:
             return None
         if not shrinking:
             state["sig"], state["shrink_until"], state["best"] = sig, time.monotonic() + SHRINK_S, program
+            state["found_at"] = time.monotonic()
             report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start)
             return sig
         if _key(sig) != _key(state["sig"]):
@@ -267,6 +272,7 @@ class Explorer:
         if state["sig"] is not None:
             failure = report.failures[_key(state["sig"])]
             failure.program, failure.flaky = state["best"], flaky
+            failure.shrink_s, failure.shrink_runs = time.monotonic() - state["found_at"], state["shrinks"]
             try:
                 failure.path = write_found(state["best"], impl, state["sig"], self.found_dir,
                                            {"seed": round_seed, "shrink_runs": state["shrinks"]})

@@ -46,7 +46,8 @@ def sweep(budget_s: float, out: Path, only: list[str] | None = None) -> list[dic
                          "failed_requirement": failure.signature["requirement"] if failure else "",
                          "first_after_s": round(failure.first_after_s, 1) if failure else None,
                          "programs": report.programs, "seconds": round(time.monotonic() - start, 1),
-                         "steps_shrunk": len(failure.program.steps) if failure else None})
+                         "steps_shrunk": len(failure.program.steps) if failure else None,
+                         "shrink_s": round(failure.shrink_s, 1) if failure else None})
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(rows, indent=1))
     (out / "sweep.md").write_text(markdown(rows, budget_s))
