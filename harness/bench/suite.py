@@ -97,8 +97,9 @@ def run_bench(plan: BenchPlan, on_progress: Callable[[str], None] = lambda text:
         on_progress(f"engines: {engine_pairs(plan.repeat)} x {plan.engine_bytes >> 20} MiB raw and instrumented")
         figures += bench_engines(plan.engine_bytes, plan.repeat)
     if plan.explore:
-        on_progress(f"explore: {plan.repeat} x {plan.explore_s:.0f} s per implementation"
-                    + (f", {plan.repeat} shrinks of {SHRINK_MUTANT}" if plan.shrink else ""))
+        rates = f"{plan.repeat} x {plan.explore_s:.0f} s per implementation" if plan.explore[1] else ""
+        shrinks = f"{plan.repeat} shrinks of {SHRINK_MUTANT}" if plan.shrink else ""
+        on_progress("explore: " + ", ".join(part for part in (rates, shrinks) if part))
         figures += bench_explore(*plan.explore, plan.repeat, plan.out_dir / "explore", plan.explore_s, plan.shrink)
     return figures
 

@@ -280,4 +280,4 @@ class Explorer:
                 self.note(f"could not write the found program of {impl} into {self.found_dir}: {exc}")
 
 
-__all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS"]
+__all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS", "SHRINK_S"]
