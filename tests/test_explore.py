@@ -3,6 +3,7 @@ survives a short exploration; a planted bug is found, shrunk, written out and re
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -72,11 +73,18 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
 def test_a_program_file_that_is_not_one_is_refused():
     good = json.loads(_programs(3)[-1].to_json())
     start = good["steps"][0]
+    big = base64.b64encode(b"x" * 5000).decode()
+    inject = {"step": "InjectFrames", "role": "prefill", "frames": [["eA==", "MQ=="]]}
+    program_from_json(json.dumps({**good, "steps": [start, inject]}))  # a message a program may hold
     bad = [{"steps": [{"step": "Popen", "args": ["rm"]}], "lifecycles": []},  # not a step
            {**good, "steps": [{**start, "env": [["LD_PRELOAD", "/tmp/x.so"]]}, *good["steps"][1:]]},  # roles' env
            {**good, "steps": [start, {"step": "KillRole", "role": "decode"}]},  # a step programs never hold
            {**good, "steps": [start, {"step": "Sleep", "seconds": 1e9}]},  # an unbounded wait
-           {**good, "steps": [start, {"step": "EngineFaults", "role": "prefill", "never_complete": True}]},
+           {**good, "steps": [start, {"step": "EngineFaults", "role": "decode", "never_complete": True}]},  # decode's
+           {**good, "steps": [start, {"step": "EngineFaults", "role": "prefill", "fail_group": 1}]},
+           {**good, "steps": [start, {"step": "InjectFrames", "role": "prefill", "frames": [[big]]}]},  # > 4 KiB
+           {**good, "steps": [start, {"step": "InjectFrames", "role": "prefill", "frames": [["eA=="]] * 2}]},
+           {**good, "steps": [start, {"step": "InjectFrames", "role": "bootstrap", "frames": [["eA=="]]}]},
            {**good, "steps": [start, {"step": "EngineFaults", "role": "prefill", "delay_s": 1e6}]},
            {**good, "steps": [start, {"step": "FreezeRole", "role": "decode"}]},  # left frozen
            {**good, "steps": [start, {"step": "ThawRole", "role": "decode"}]},  # a thaw with no freeze

@@ -6,7 +6,7 @@ can produce: rooms opened and registered while others transfer, chunks of differ
 rooms interleaved, the decode aborting a room at any point after it registered (its
 scheduler's AbortReq), rooms cleared once both sides concluded, and a cleared room id
 used again for a new lifecycle (R-REUSE-1), the prefill's transfer engine delaying its
-writes, delaying the aux data or failing its n-th write, a role frozen for less than the
+writes, delaying the aux data, failing its n-th write or completing none, a role frozen for less than the
 heartbeat window, a message the control loops cannot parse pushed to either role's control
 socket (harness.spec.frames.malformed), and (a profile drawn first) deferred KV release
 with its ABORT_ACKs.
@@ -174,8 +174,7 @@ def _check_bounds(program: Program) -> None:
         wait = step.seconds if isinstance(step, Sleep) else getattr(step, "timeout_s", 0.0)
         if isinstance(step, EngineFaults):
             wait = max(step.delay_s, step.aux_delay_s)
-            if step.role != "prefill" or step.never_complete or step.fail_group is not None \
-                    or not 0 < (step.fail_nth or 1) <= 100:
+            if step.role != "prefill" or step.fail_group is not None or not 0 < (step.fail_nth or 1) <= 100:
                 raise ValueError("not a pdconform program: an engine fault a program never sets")
         if not 0 <= wait <= MAX_WAIT_S:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
@@ -316,15 +315,17 @@ class ProgramMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def engine_faults(self, data) -> None:
         """The prefill's transfer engine changes: each write waits, the aux data comes late,
-        the n-th write from now fails (a room with writes to come may be the one: it must
-        then conclude, not succeed), or the engine heals."""
-        kind = data.draw(st.sampled_from(("delay", "aux-delay", "fail", "heal")), label="engine fault")
+        the n-th write from now fails, no write from now completes (a room with writes to
+        come may be hit: it must then conclude, within the waiting timeout plus 5 s,
+        R-TIMEOUT-3, not succeed), or the engine heals."""
+        kind = data.draw(st.sampled_from(("delay", "aux-delay", "fail", "never", "heal")), label="engine fault")
         plan = (EngineFaults("prefill", delay_s=data.draw(st.sampled_from(ENGINE_DELAYS_S), label="delay"))
                 if kind == "delay" else EngineFaults("prefill", aux_delay_s=AUX_DELAY_S) if kind == "aux-delay"
                 else EngineFaults("prefill", fail_nth=data.draw(st.sampled_from(FAIL_NTH), label="nth"))
-                if kind == "fail" else EngineFaults("prefill"))
+                if kind == "fail" else EngineFaults("prefill", never_complete=True) if kind == "never"
+                else EngineFaults("prefill"))
         self.plans += 1
-        self.failing = kind == "fail"
+        self.failing = kind in ("fail", "never")  # a room with writes to come may end Failed (R-TIMEOUT-3)
         self.slow = self.slow or kind == "delay"
         if self.failing:
             for r in self._live():
