@@ -67,6 +67,7 @@ class RunConfig:
     baseline: tuple[Path, RunResult] | None = None  # run --baseline: where it was read, and the run
     hosts: tuple[dict, ...] = ()
     hosts_spec: str = ""  # run --hosts as given (netns:N or N): what a cell's reproduce command repeats
+    hosts_listen: str = ""  # run --listen as given (with --hosts N): repeated too
     pool_device: str = "cpu"  # run --pool-device: where the roles' pools live (harness.role.pools)
 
     def settings(self) -> dict[str, int]:
@@ -124,7 +125,7 @@ def cell_target(target: SglangTarget, settings: dict[str, int], bind: str | None
     if hosts:
         network = f"{len(hosts)} hosts ({', '.join(h['address'] for h in hosts)}): roles listen on their host's address"
         network_env = {**network_env, HOSTS_ENV: json.dumps(list(hosts))}
-    devices = {POOL_DEVICE_ENV: pool_device} if pool_device != "cpu" else {}
+    devices = {POOL_DEVICE_ENV: pool_device}  # explicit: one in the caller's environment does not leak in
     return network, SglangTarget(python=target.python, info=target.info,
                                  env={**target.env, **settings_env(settings), **network_env, **devices})
 
@@ -144,7 +145,7 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                      docs_url=config.docs_url,
                      hosts=[{"rank": i, "name": h.get("host", ""), "address": h["address"]}
                             for i, h in enumerate(config.hosts)], hosts_spec=config.hosts_spec,
-                     pool_device=config.pool_device)
+                     hosts_listen=config.hosts_listen, pool_device=config.pool_device)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)

@@ -119,3 +119,39 @@ def test_exact_or_failed_passes_exact_success_and_visible_failure_only(status, r
     _verified(h, bytes_ok)
     ok, detail, *_ = exact_or_failed(7, "decode", 0)(h.events)
     assert ok is passes, detail
+
+
+def test_exact_or_failed_judges_the_first_terminal_read_and_wants_a_real_reason():
+    from harness.judge.fault_checks import exact_or_failed
+
+    h = History()
+    _await(h, "decode", 7, KVPoll.Success)  # planted: Success with a wrong byte, then read Failed
+    _await(h, "decode", 7, KVPoll.Failed, reason="late")
+    _verified(h, False)
+    assert exact_or_failed(7, "decode", 0)(h.events)[0] is False
+    h = History()
+    _await(h, "decode", 7, KVPoll.Failed, reason="  ")  # planted: a blank reason names nothing
+    _verified(h, True)
+    assert exact_or_failed(7, "decode", 0)(h.events)[0] is False
+
+
+def _fault_and_failure(addr_in_reason: str, heal_first: bool = False) -> History:
+    h = History()
+    h.record("ok", "start_decode", "decode", 1, value={"heartbeat_window_s": 4.0})
+    h.record("ok", "start_prefill", "prefill", 1, value={"bootstrap_addr": "10.0.0.1:80"})
+    if heal_first:
+        h.record("nemesis", "network", "prefill", 1, args={"heal": True})
+    h.record("nemesis", "network", "prefill", 1, args={"partition": True})
+    _await(h, "decode", 7, KVPoll.Failed, reason=f"prefill {addr_in_reason} stopped answering")
+    return h
+
+
+def test_a_heartbeat_failure_must_name_the_prefill_s_whole_address_after_the_fault_not_a_heal():
+    from harness.judge.fault_checks import failed_after_kill
+    from harness.spec.history import Op
+
+    check = failed_after_kill(7, "decode", "prefill", 10.0, op=Op.NETWORK)
+    assert check(_fault_and_failure("10.0.0.1:80").events)[0] is True
+    ok, detail, *_ = check(_fault_and_failure("10.0.0.1:8080").events)  # planted: another port's prefill
+    assert ok is False and "does not name prefill" in detail
+    assert check(_fault_and_failure("10.0.0.1:80", heal_first=True).events)[0] is True

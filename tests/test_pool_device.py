@@ -68,3 +68,12 @@ def test_with_pools_in_vram_nixl_serves_the_tp_pairs_it_refuses_in_host_memory(t
     verdicts = {(c["scenario"], c["impl"]): c["verdict"] for c in run["cells"]}
     assert verdicts[("happy-path", "nixl")] == "PASS" and verdicts[("happy-path", "reference")] == "PASS", done.stdout
     assert verdicts[("happy-path@p2-d1", "nixl")] != "UNSUPPORTED", done.stdout[-3000:]
+
+
+def test_a_pool_device_in_the_caller_s_environment_does_not_reach_the_cells(monkeypatch):
+    from harness.session import cell_target
+    from harness.target.sglang import installed_target
+
+    monkeypatch.setenv(POOL_DEVICE_ENV, "junk")
+    _, target = cell_target(installed_target(), {})
+    assert target.env[POOL_DEVICE_ENV] == "cpu"  # the run's own choice, explicitly

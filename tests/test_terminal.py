@@ -44,5 +44,8 @@ def test_a_cell_of_a_run_across_hosts_reruns_through_run_on_the_same_hosts():
     across = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=3, hosts_spec="netns:2", cells=[cell])
     line = reproduce_command(across, cell)
     assert line.startswith("pdconform run --hosts netns:2 --scenario network-partition --impl mooncake --seed 3")
+    cluster = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=3, hosts_spec="2",
+                        hosts_listen="10.0.0.5:29400", cells=[cell])
+    assert reproduce_command(cluster, cell).startswith("pdconform run --hosts 2 --listen 10.0.0.5:29400 --scenario")
     here = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=3, cells=[cell])
     assert reproduce_command(here, cell).startswith("pdconform repro network-partition --impl mooncake --seed 3")

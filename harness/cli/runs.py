@@ -192,6 +192,7 @@ def run(
                        baseline=(baseline, _load_results(baseline)) if baseline is not None else None)
     with _hosts(hosts, listen, bind, join_timeout) as (host_bind, agents):
         config.bind, config.hosts, config.hosts_spec = host_bind or config.bind, agents, hosts or ""
+        config.hosts_listen = listen or ""
         # stderr: a live view on a terminal, a line per finished cell off one (harness/cli/progress.py)
         with RunProgress(err, len(impls) * len(scenarios), seed, loaded, {sc.id: sc for sc in scenarios}) as progress:
             callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))

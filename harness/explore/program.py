@@ -168,6 +168,8 @@ def _check_bounds(program: Program) -> None:
     if not program.steps or program.steps[0] not in PROFILES.values():
         raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
     frozen: set[str] = set()
+    if sum(isinstance(step, InjectFrames) for step in program.steps) > MAX_INJECTIONS:
+        raise ValueError(f"not a pdconform program: more than {MAX_INJECTIONS} injected messages")
     for step in program.steps[1:]:
         if isinstance(step, StartRoles):
             raise ValueError("not a pdconform program: roles started twice")
@@ -180,7 +182,8 @@ def _check_bounds(program: Program) -> None:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
         if isinstance(step, InjectFrames) and (
                 step.role not in ("prefill", "decode") or len(step.frames) != 1
-                or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):
+                or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES
+                or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):
             raise ValueError("not a pdconform program: an injected message a program never sends")
         if isinstance(step, RestartRole) and (step.role != "prefill" or step.env is not None or frozen):
             raise ValueError("not a pdconform program: a restart a program never makes")

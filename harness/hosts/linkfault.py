@@ -13,9 +13,10 @@ A fault is on one **path** between the two hosts:
   Mooncake's TCP transport, NIXL's UCX; pdconform's reference carries its KV bytes on
   its control sockets, so it has no data path).
 
-Tools, by kind: a partition of every path is a blackhole route (only ``ip``); a partition
-or a loss on one path, or a loss alone, is an nftables rule in a table of this agent's
-own on the output hook (``nft``: Debian's nftables); delay, jitter, duplication,
+Tools, by kind: a partition or a loss, of every path or one, is an nftables rule in a
+table of this agent's own on the output hook (``nft``: Debian's nftables), so every
+packet is silently lost as on a cut link (without nftables a partition of every path
+falls back to a blackhole route, which fails the host's sends at once instead); delay, jitter, duplication,
 reordering and rate are ``tc netem`` in a prio band that only the peer's traffic reaches
 (by destination, or for one path by the packet mark an nftables rule sets).  What a host
 lacks makes :meth:`LinkFaults.apply` raise NotImplementedError with what would make it
@@ -120,14 +121,17 @@ class LinkFaults:
         check_spec(spec)
         self.heal()
         path = spec.get("path", "all")
-        if spec.get("partition") and path == "all":
+        if spec.get("partition") and path == "all" and shutil.which("nft") is None:
+            # without nftables: a blackhole route, which fails this host's sends at once
+            # (EINVAL) where a real partition leaves them unanswered
             run_tool(["ip", "route", "add", "blackhole", f"{peer}/32"])
             self.blackholes.append(peer)
-        elif spec.get("partition"):
+        elif spec.get("partition"):  # every packet silently lost, as on a cut link
             self._nft(nft_ruleset(self.table, peer, path, ports, "drop"))
         elif not any(spec.get(kind) for kind in NETEM_ONLY):  # a loss alone: nftables drops at random
             per_10k = round(float(spec.get("loss_pct", 0)) * 100)
-            self._nft(nft_ruleset(self.table, peer, path, ports, f"numgen random mod 10000 < {per_10k} drop"))
+            action = "drop" if per_10k >= 10000 else f"numgen random mod 10000 < {per_10k} drop"
+            self._nft(nft_ruleset(self.table, peer, path, ports, action))
         else:
             if path != "all":
                 self._nft(nft_ruleset(self.table, peer, path, ports, f"meta mark set {MARK:#x}"))
@@ -144,19 +148,23 @@ class LinkFaults:
         """A prio qdisc whose third band (netem) only the peer's packets reach: by destination,
         or by :data:`MARK` for one path."""
         dev = ["dev", self.interface]
+        if shutil.which("tc") is None:
+            raise NotImplementedError(f"host {socket.gethostname()} has no tc (Debian package iproute2): delay, "
+                                      "jitter, duplication, reordering and rate need tc netem")
+        match = ["handle", str(MARK), "fw"] if by_mark else ["u32", "match", "ip", "dst", f"{peer}/32"]
         try:
             run_tool(["tc", "qdisc", "add", *dev, "root", "handle", "1:", "prio", "bands", "3",
                       "priomap", *["0"] * 16])  # every packet to band 1, untouched, but the filter's
+            self.netem_on = True
+            run_tool(["tc", "qdisc", "add", *dev, "parent", "1:3", "handle", "30:", "netem", *args])
+            run_tool(["tc", "filter", "add", *dev, "protocol", "ip", "parent", "1:", "prio", "1", *match,
+                      "flowid", "1:3"])
         except NetnsError as exc:
-            if "qdisc kind is unknown" in str(exc):
-                raise NotImplementedError(f"the kernel of host {socket.gethostname()} has no prio/netem qdisc "
-                                          "(sch_prio, sch_netem): delay, jitter, duplication, reordering and rate "
-                                          "need a kernel with netem") from None
+            if "kind is unknown" in str(exc) or "classifier not found" in str(exc):  # a module the kernel lacks
+                raise NotImplementedError(f"the kernel of host {socket.gethostname()} lacks a part netem faults "
+                                          "need (sch_prio, sch_netem, cls_u32 or cls_fw): delay, jitter, "
+                                          f"duplication, reordering and rate need a kernel with netem ({exc})") from None
             raise
-        self.netem_on = True
-        run_tool(["tc", "qdisc", "add", *dev, "parent", "1:3", "handle", "30:", "netem", *args])
-        match = ["handle", str(MARK), "fw"] if by_mark else ["u32", "match", "ip", "dst", f"{peer}/32"]
-        run_tool(["tc", "filter", "add", *dev, "protocol", "ip", "parent", "1:", "prio", "1", *match, "flowid", "1:3"])
 
     def heal(self) -> None:
         """Remove every route, nftables table and qdisc this agent added."""

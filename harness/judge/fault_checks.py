@@ -3,6 +3,9 @@ link): pure functions of a cell's history, as harness.judge.checks's are."""
 
 from __future__ import annotations
 
+import math
+import re
+
 from harness.judge.checks import Checker, _first_failed_after, _last_poll, first_event, pools_exact, seen_at
 from harness.spec.history import Event, Op, completions, fact
 from harness.spec.protocol import KVPoll
@@ -38,10 +41,13 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float, op: str
     recorded under its name), with a reason naming ``dead``'s bootstrap address (R-HB-1)."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
-        fault = next((e for e in events if e["type"] == Event.NEMESIS and e["op"] == op and e["role"] == dead), None)
+        fault = next((e for e in events if e["type"] == Event.NEMESIS and e["op"] == op and e["role"] == dead
+                      and not (e.get("args") or {}).get("heal")), None)  # a heal is no fault
         if fault is None:
             return False, f"{dead} never had {op}"
         window = fact(events, decode, "heartbeat_window_s")
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not math.isfinite(window):
+            window = None  # not a number of seconds: as if none was reported
         addr = fact(events, dead, "bootstrap_addr")
         failed, last = _first_failed_after(events, decode, room, fault["seq"])
         if failed is None:
@@ -55,7 +61,7 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float, op: str
             problems.append(f"{decode} reported no heartbeat window")
         elif latency > bound:
             problems.append(f"took {latency:.1f} s, more than heartbeat window {window:.1f} s + {slack_s:.0f} s")
-        if not addr or addr not in reason:
+        if not addr or not names(reason, str(addr)):
             problems.append(f"reason {reason!r} does not name {dead} ({addr})")
         if problems:
             return False, f"{decode} room {room}: " + "; ".join(problems), failed["seq"]
@@ -76,14 +82,23 @@ def exact_or_failed(room: int, decode: str, which: int) -> Checker:
         polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=decode, room=room) if e["type"] == Event.OK]
         if not polls:
             return False, f"{decode} room {room} was never polled"
-        last = polls[-1]
-        status, reason = last["value"]["status"], last["value"].get("failure_reason")
+        # the first terminal status judges the room: a Success read once had to have its bytes,
+        # whatever a later read says (R-TERM-1 judges the flip)
+        first = next((e for e in polls if e["value"]["status"] in (KVPoll.Success, KVPoll.Failed)), polls[-1])
+        status, reason = first["value"]["status"], first["value"].get("failure_reason")
         if status == KVPoll.Failed:
-            return (True, f"{decode} room {room} Failed visibly: {reason!r}", last["seq"]) if reason else \
-                (False, f"{decode} room {room} Failed without a failure reason", last["seq"])
+            visible = isinstance(reason, str) and reason.strip()
+            return (True, f"{decode} room {room} Failed visibly: {reason!r}", first["seq"]) if visible else \
+                (False, f"{decode} room {room} Failed without a failure reason ({reason!r})", first["seq"])
         if status != KVPoll.Success:
-            return False, f"{decode} room {room} never concluded (last status {status})", last["seq"]
+            return False, f"{decode} room {room} never concluded (last status {status})", first["seq"]
         ok, said, *at = exact(events)
         return (ok, f"{decode} room {room} reached Success; {said}", *at)
 
     return fn
+
+
+def names(reason: str, addr: str) -> bool:
+    """Whether failure ``reason`` names ``addr`` (host:port) as a whole: not as the start of a
+    longer port or address (``10.0.0.1:80`` is not named by ``10.0.0.1:8080``)."""
+    return re.search(rf"(?<![\w.:]){re.escape(addr)}(?![\w.])", reason) is not None

@@ -89,6 +89,7 @@ class RunResult(msgspec.Struct, kw_only=True):
     # which host each role ran on (cell-end "placement"); [] when every role ran here
     hosts: list[dict[str, Any]] = msgspec.field(default_factory=list)
     hosts_spec: str = ""  # run --hosts as given (netns:N, or N); "" when every role ran here
+    hosts_listen: str = ""  # run --listen as given (the coordinator's address with --hosts N)
     pool_device: str = "cpu"  # run --pool-device: where the roles' KV and aux pools lived (cpu, cuda)
     cells: list[CellResult] = msgspec.field(default_factory=list)
 

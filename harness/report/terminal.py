@@ -81,7 +81,7 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, 
         target += f" --pool-device {shlex.quote(run.pool_device)}"
     judged = _expectations_option(run, portable)
     if run.hosts_spec:  # roles on several hosts: repro runs everything here, so the cell reruns through run
-        hosts = shlex.quote(run.hosts_spec)
+        hosts = shlex.quote(run.hosts_spec) + (f" --listen {shlex.quote(run.hosts_listen)}" if run.hosts_listen else "")
         return (f"{prog} run --hosts {hosts} --scenario {cell.scenario} --impl {cell.impl} --seed {run.seed}"
                 f"{judged}{target}")
     return f"{prog} repro {cell.scenario} --impl {cell.impl} --seed {run.seed}{judged}{target}"

@@ -51,8 +51,13 @@ def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
     agents (harness.drive.remote.PlacedLauncher.netem, harness.hosts.linkfault), on
     ``step.path``; UNSUPPORTED when the roles do not run on two hosts, or a host lacks what
     the fault needs."""
-    from harness.drive.remote import PlacedLauncher
+    import os
 
+    from harness.drive.remote import PlacedLauncher
+    from harness.target.role_context import BIND_ENV
+
+    if step.path not in s.NETWORK_PATHS:  # a typo is the scenario's error, wherever it runs
+        raise CellAborted(f"NetworkFault: no such path {step.path!r} (one of {', '.join(s.NETWORK_PATHS)})")
     launcher = d.launcher
     if not isinstance(launcher, PlacedLauncher):
         raise CellAborted("a network fault needs roles on several hosts: run with --hosts netns:2 (root) or "
@@ -60,8 +65,11 @@ def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
     hosts = [launcher.placement.get(name) for name in (step.a, step.b)]
     if None in hosts or hosts[0] == hosts[1]:
         raise CellAborted(f"NetworkFault: {step.a} and {step.b} do not run on two hosts ({hosts})", unsupported=True)
-    if step.path not in s.NETWORK_PATHS:
-        raise CellAborted(f"NetworkFault: no such path {step.path!r} (one of {', '.join(s.NETWORK_PATHS)})")
+    coordinator = os.environ.get(BIND_ENV, "")  # the run's own address (harness.session.cell_network)
+    if coordinator in (launcher.hosts[h]["address"] for h in hosts):
+        raise CellAborted(f"NetworkFault: the coordinator listens on {coordinator}, the address of a faulted host: "
+                          "the fault would cut the harness's own calls; run the coordinator on another address "
+                          "(docs/cluster.md)", unsupported=True)
     spec = {name: getattr(step, name) for name in NETEM_FIELDS if getattr(step, name)}
     ports = path_ports(d, step.path)
     if spec:
