@@ -16,6 +16,11 @@ duplication and reordering).
 * network-heartbeat-delay: the bootstrap path is slow (500 +/- 100 ms each way) while two
   rooms register and wait two heartbeat windows: a late health answer is an answer, so
   nothing fails (R-NET-2); then both transfer and succeed.
+* network-control-blip: the control path (the managers' ZMQ ports) is cut, both ways, for
+  1.5 s while a room transfers (its registration done, two of its three chunks sent in the
+  cut) and heals: far below every timeout and the heartbeat window (whose probes take the
+  bootstrap path), so TCP delivers what waited and the room must succeed on both sides with
+  every byte in place (R-NET-2).
 * network-data-loss / network-data-reorder: the data path loses 5 % of its packets (or
   duplicates and reorders them) while two rooms transfer.  Each room must end Success with
   every byte in place, or Failed with a reason, on both sides within the waiting timeout
@@ -112,6 +117,31 @@ def heartbeat_delay_checks(seed: int):
     ]
 
 
+def control_blip_steps(seed: int):
+    room, _, _ = _two_rooms(seed)
+    return [
+        StartRoles(layout=LAYOUT, env=ENV),
+        *open_and_request(room),
+        InitSender(room.room, len(room.src), room.aux_src),
+        SendChunk(room.room, room.chunks[0]),
+        NetworkFault("prefill", "decode", partition=True, path="control"),
+        *[SendChunk(room.room, chunk) for chunk in room.chunks[1:]],
+        Sleep(1.5),
+        HEAL,
+        *await_done(room, timeout_s=WAITING_TIMEOUT_S + SLACK_S),
+        verify([room]),
+    ]
+
+
+def control_blip_checks(seed: int):
+    room, _, _ = _two_rooms(seed)
+    return [
+        c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
+        *room_succeeds(room, "R-NET-2", "blipped-room"),
+        *pair_healthy(),
+    ]
+
+
 def data_path_steps(fault: NetworkFault):
     """The steps of a data-path fault scenario (module docstring) under ``fault``."""
 
@@ -161,6 +191,9 @@ for _id, _title, _steps, _checks in (
     ("network-heartbeat-delay",
      "Heartbeat probes answered 500 ms late for two windows: no room fails, every room succeeds",
      heartbeat_delay_steps, heartbeat_delay_checks),
+    ("network-control-blip",
+     "The control path cut for 1.5 s mid-transfer, then healed: the room still succeeds with every byte in place",
+     control_blip_steps, control_blip_checks),
     ("network-data-loss",
      "5 % of the data path's packets lost mid-transfer: every room Success with exact bytes, or Failed with a reason",
      data_path_steps(NetworkFault("prefill", "decode", loss_pct=5, path="data")), data_path_checks),
