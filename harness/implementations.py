@@ -179,6 +179,13 @@ def mutants_listed() -> bool:
     return os.environ.get(MUTANTS_ENV) == "1"
 
 
+def list_mutants() -> None:
+    """From now on, the registry in this process and every cell and role it starts lists the
+    planted-bug mutants (:data:`MUTANTS_ENV` set, the cached registry dropped)."""
+    os.environ[MUTANTS_ENV] = "1"
+    registered.cache_clear()
+
+
 def mutants_of(impl: Implementation) -> list[Implementation]:
     """``impl`` with each planted bug of its ``mutants`` tool (a sequence of objects with
     ``id``, ``requirement``, ``bug``, ``like``; e.g. backends.reference.mutants.MUTANTS), as
@@ -255,4 +262,4 @@ def load_role_adapter(name: str, *, role: str, recorder):
 
 __all__ = ["ENTRY_POINT_GROUP", "MUTANTS_ENV", "MUTANT_ENV", "MUTANT_PREFIX", "EngineSetting", "Implementation",
            "OutOfRangeRole", "RegistryError", "available", "engine_settings", "implementation", "load_role_adapter",
-           "mutants_listed", "mutants_of", "names", "registered", "settings_env"]
+           "list_mutants", "mutants_listed", "mutants_of", "names", "registered", "settings_env"]

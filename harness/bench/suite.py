@@ -120,8 +120,7 @@ def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds:
     from harness.explore.session import Explorer
 
     if shrink:
-        os.environ[implementations.MUTANTS_ENV] = "1"  # the planted bug is an implementation from now on
-        implementations.registered.cache_clear()
+        implementations.list_mutants()  # the planted bug is an implementation from now on
     figures = []
     with Explorer(target, out_dir / "programs", out_dir / "found") as explorer:
         explorer.start(impls + ([SHRINK_MUTANT] if shrink else []))

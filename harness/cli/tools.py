@@ -289,8 +289,7 @@ def mutants(
     from harness.session import RunConfig, run_into
     from harness.spec.protocol import REFERENCE
 
-    os.environ[implementations.MUTANTS_ENV] = "1"  # the registry (here and in every cell) lists the mutants
-    implementations.registered.cache_clear()
+    implementations.list_mutants()  # the registry (here and in every cell) lists the mutants
     registry = _registry()
     planted = {name: impl.planted for name, impl in registry.registered().items() if impl.planted}
     for name, bug in list(planted.items()):  # only a run across hosts reaches them: said, not counted as survivors

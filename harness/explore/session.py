@@ -214,7 +214,7 @@ class Explorer:
         if state["sig"] is None and time.monotonic() > deadline:
             return None  # the budget is spent: the rest of the round writes programs and runs none
         shrinking = state["sig"] is not None
-        if shrinking and (state["shrinks"] >= SHRINK_RUNS or time.monotonic() > state["shrink_until"]):
+        if shrinking and (state["shrinks"] >= SHRINK_RUNS or time.monotonic() > state["found_at"] + SHRINK_S):
             return None  # this failure's shrinking is over: the smallest so far is the one
         sig = seen[text] = self._run_counted(program, impl, report, start, "shrink" if shrinking else "program")
         state["shrinks"] += shrinking  # every cell run while shrinking, failing or not
@@ -226,8 +226,7 @@ class Explorer:
             seen[text] = None
             return None
         if not shrinking:
-            state["sig"], state["shrink_until"], state["best"] = sig, time.monotonic() + SHRINK_S, program
-            state["found_at"] = time.monotonic()
+            state["sig"], state["found_at"], state["best"] = sig, time.monotonic(), program
             report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start)
             return sig
         if _key(sig) != _key(state["sig"]):
@@ -244,7 +243,7 @@ class Explorer:
 
     def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
         """One hypothesis run: programs until one fails in a new way (then shrunk) or the round ends."""
-        state: dict = {"sig": None, "best": None, "shrinks": 0, "shrink_until": 0.0}
+        state: dict = {"sig": None, "best": None, "shrinks": 0, "found_at": 0.0}
         seen: dict[str, dict | None] = {}  # program -> what hypothesis is told: a program runs once per round
         explorer = self
         prefill = TOPOLOGIES[self.topology].prefill

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -23,13 +22,11 @@ SHAPE = {"dp-engine-zero": "p1dp2-d1", "head-slice-at-zero": "p2-d1", "stage-sta
 
 def sweep(budget_s: float, out: Path, only: list[str] | None = None) -> list[dict]:
     """Explore each mutant for at most ``budget_s`` seconds (see the module docstring); the rows."""
-    os.environ["PDCONFORM_MUTANTS"] = "1"
     from harness.explore.session import Explorer
-    from harness.implementations import implementation, mutants_of
-    from harness.implementations import registered
+    from harness.implementations import implementation, list_mutants, mutants_of
     from harness.target.sglang import installed_target
 
-    registered.cache_clear()  # listed with the mutants from now on
+    list_mutants()
     rows = []
     chosen = [m for m in mutants_of(implementation("reference")) if not only or m.planted["id"] in only]
     with Explorer(installed_target(), out / "programs", out / "found") as explorer:

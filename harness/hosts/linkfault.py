@@ -1,5 +1,5 @@
 """One host's faults on the traffic it sends to one other host: the network nemesis
-(harness.spec.steps.NetworkFault, R-NET-1..R-NET-4 in docs/protocol.md), applied by that
+(harness.spec.steps.NetworkFault, R-NET-1 and R-NET-2 in docs/protocol.md), applied by that
 host's agent (harness.hosts.agent.AgentServer.op_netem).
 
 A fault is on one **path** between the two hosts:
@@ -16,9 +16,10 @@ A fault is on one **path** between the two hosts:
 Tools, by kind: a partition or a loss, of every path or one, is an nftables rule in a
 table of this agent's own on the output hook (``nft``: Debian's nftables), so every
 packet is silently lost as on a cut link (without nftables a partition of every path
-falls back to a blackhole route, which fails the host's sends at once instead); delay, jitter, duplication,
-reordering and rate are ``tc netem`` in a prio band that only the peer's traffic reaches
-(by destination, or for one path by the packet mark an nftables rule sets).  What a host
+falls back to a blackhole route, which fails the host's sends at once instead); delay,
+jitter, duplication, reordering and rate are ``tc netem`` in a prio band that only the
+peer's traffic reaches (by destination, or for one path by the packet mark an nftables
+rule sets).  What a host
 lacks makes :meth:`LinkFaults.apply` raise NotImplementedError with what would make it
 run; the cell is then UNSUPPORTED, never FAIL.
 """
@@ -32,6 +33,7 @@ import socket
 
 from harness.hosts.netns import NetnsError, run_tool
 from harness.spec.steps import NETWORK_PATHS as PATHS
+
 NETEM_LIMITS = {"delay_ms": 60_000, "jitter_ms": 60_000, "loss_pct": 100, "duplicate_pct": 100, "reorder_pct": 100,
                 "rate_kbit": 10**8}
 NETEM_ONLY = ("delay_ms", "jitter_ms", "duplicate_pct", "reorder_pct", "rate_kbit")  # kinds nftables cannot do
@@ -68,7 +70,7 @@ def netem_args(spec: dict) -> list[str]:
             args += [word, f"{spec[name]}%"]
     if spec.get("rate_kbit"):
         args += ["rate", f"{int(spec['rate_kbit'])}kbit"]
-    return args
+    return args or ["delay", "0ms"]
 
 
 def nft_ruleset(table: str, peer: str, path: str, ports: list[int], action: str) -> str:
@@ -161,9 +163,10 @@ class LinkFaults:
                       "flowid", "1:3"])
         except NetnsError as exc:
             if "kind is unknown" in str(exc) or "classifier not found" in str(exc):  # a module the kernel lacks
-                raise NotImplementedError(f"the kernel of host {socket.gethostname()} lacks a part netem faults "
-                                          "need (sch_prio, sch_netem, cls_u32 or cls_fw): delay, jitter, "
-                                          f"duplication, reordering and rate need a kernel with netem ({exc})") from None
+                raise NotImplementedError(
+                    f"the kernel of host {socket.gethostname()} lacks a part netem faults need (sch_prio, "
+                    "sch_netem, cls_u32 or cls_fw): delay, jitter, duplication, reordering and rate need a kernel "
+                    f"with netem ({exc})") from None
             raise
 
     def heal(self) -> None:
