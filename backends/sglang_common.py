@@ -36,7 +36,7 @@ from backends.sglang_hooks import CommonHooks, wait_for_tcp_port
 from harness.role import pattern
 from harness.role.adapter import RoleAdapter, Unsupported
 from harness.role.faults import EngineFaultCounter
-from harness.role.pools import pattern_pools
+from harness.role.pools import pattern_pools, refill
 from harness.role.recorder import RoleRecorder
 from harness.spec.protocol import DRAFT_BASE, Layout
 from harness.target import gpu_import_shims, role_context
@@ -91,6 +91,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         self.manager = None
         self.bootstrap_server = None
         self.buffers: list[tuple[pattern.BufferSpec, Any]] = []
+        self.pool_of: tuple | None = None  # (side, layout) the pools were filled for
         self.senders: dict[int, Any] = {}
         self.receivers: dict[int, Any] = {}
         self.rooms_seen: list[int] = []
@@ -213,7 +214,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
             facts["bootstrap_addr"] = f"{self.host}:{bootstrap_port}"
         side = pattern.PREFILL if mode == "prefill" else pattern.DECODE
         kv, aux = pattern_pools(side, layout)
-        self.buffers = kv + [aux]
+        self.buffers, self.pool_of = kv + [aux], (side, layout)
         dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
         manager_cls = getattr(self.conn, self.manager_class)
         try:
@@ -408,3 +409,19 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         found = find_rooms(self.manager, wanted) if self.manager is not None and residue else None
         return self.recorder.observation(self.role, self._threads, found.rooms if found else {},
                                          residue_incomplete=found.incomplete if found else "")
+
+    def begin_program(self) -> dict:
+        """See :meth:`RoleAdapter.begin_program`: a plan of no faults replaces the last one (its
+        wrapper stays, passing everything through), the logs, ABORT_ACKs and rooms seen are
+        forgotten, and the pools are written again in place (their registrations stay)."""
+        if self.manager is None or self.pool_of is None:
+            raise RuntimeError("start the manager before its next program")
+        if self._fault_counter is not None:
+            self.set_engine_faults()
+        self._fault_counter, self._past_counters = None, []
+        with self._acks_lock:
+            self._acks.clear()
+        self.__dict__.pop("_points", None)
+        self.recorder.clear()
+        self.rooms_seen = [room for room in self.rooms_seen if room in self.senders or room in self.receivers]
+        return {"buffers": refill(self.buffers, *self.pool_of)}

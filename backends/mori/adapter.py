@@ -141,3 +141,10 @@ class MoriRole(SglangCommonRole):
 
         now = list(mori.io.standin_fault_log()) if hasattr(mori.io, "standin_fault_log") else []
         return self._standin_past_faults + now + super().fault_log()
+
+    def begin_program(self) -> dict:
+        """As :meth:`SglangCommonRole.begin_program`; the stand-in engine's own log of faults is
+        forgotten too (a plan of no faults restarts it)."""
+        facts = super().begin_program()
+        self._standin_past_faults = []
+        return facts

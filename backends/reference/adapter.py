@@ -36,7 +36,7 @@ from backends.reference.wire import (  # noqa: F401
 from harness.role import pattern
 from harness.role.adapter import RoleAdapter
 from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
-from harness.role.pools import pattern_pools
+from harness.role.pools import pattern_pools, refill
 from harness.role.recorder import RoleRecorder
 from harness.spec.layout_plan import Plan, plan
 from harness.spec.protocol import KVPoll, Layout
@@ -102,7 +102,7 @@ class ReferenceRole(RoleAdapter):
     # ---- pools -------------------------------------------------------------------
     def _pools(self, side: int, layout: Layout) -> None:
         kv, aux = pattern_pools(side, layout)
-        self.buffers = kv + [aux]
+        self.buffers, self.pool_side = kv + [aux], side
 
     def _record(self, room: int, status: int, reason: str) -> None:
         self.status[room] = status
@@ -484,3 +484,19 @@ class ReferenceRole(RoleAdapter):
             self.http.shutdown()
         if self.side is not None:
             self.side.close()
+
+    def begin_program(self) -> dict:
+        """See :meth:`RoleAdapter.begin_program`; on the control thread, so no write lands while
+        the pools are written again."""
+        if self.side is None:
+            raise RuntimeError("start the role before its next program")
+
+        def forget() -> dict:
+            self.fault_counter, self.past_counters = None, []
+            self.acks.clear()
+            self.__dict__.pop("_points", None)
+            self.recorder.clear()
+            self.rooms_seen = []
+            return {"buffers": refill(self.buffers, self.pool_side, self.layout)}
+
+        return self._sync(forget)

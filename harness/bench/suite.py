@@ -111,9 +111,9 @@ SHRINK_BUDGET_S = 120.0  # seconds one sample may take to find it (its shrinking
 
 def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds: float,
                   shrink: bool = False) -> list[Figure]:
-    """Explore's rate per implementation of ``impls``: ``repeat`` samples of ``seconds`` each
-    (programs per minute, steps per second; harness.explore.session; the corpus is not
-    replayed), and with ``shrink`` its time to shrink (:data:`SHRINK_MUTANT`'s failure, from
+    """Explore's rate per implementation of ``impls`` in each of :data:`EXPLORE_MODES`: ``repeat``
+    samples of ``seconds`` each (programs per minute, steps per second; harness.explore.session;
+    the corpus is not replayed), and with ``shrink`` its time to shrink (:data:`SHRINK_MUTANT`'s failure, from
     the first failing program to the smallest one written out); found programs are written
     under ``out_dir`` (never into the corpus)."""
     from harness import implementations
@@ -126,16 +126,33 @@ def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds:
         explorer.start(impls + ([SHRINK_MUTANT] if shrink else []))
         explorer.wait_ready()
         for impl in impls:
-            rate, steps = Figure(f"explore_programs_per_min[{impl}]", "/min"), Figure(f"explore_steps_per_s[{impl}]", "/s")
-            for sample in range(repeat):
-                explorer.seed = sample
-                report = explorer.explore(impl, seconds, corpus=False)
-                rate.samples.append(round(report.rate_per_min, 1))
-                steps.samples.append(round(report.steps / report.seconds, 1) if report.seconds else 0.0)
-            figures += [rate, steps]
+            for mode, (faults, long_lived) in EXPLORE_MODES.items():
+                explorer.faults, explorer.long_lived = faults, long_lived
+                figures += _rate_figures(explorer, impl, mode, repeat, seconds)
+        explorer.faults, explorer.long_lived = True, True
         if shrink:
             figures.append(_shrink_figure(explorer, repeat))
     return figures
+
+
+#: explore's rates bench measures: figure suffix -> (fault rules on, long-lived role pairs); the
+#: issue's goal (>= 300 programs a minute) is for fault-free programs, the first one
+EXPLORE_MODES = {"": (False, True), "alone": (False, False), "faults": (True, True)}  # see _rate_figures
+
+
+def _rate_figures(explorer, impl: str, mode: str, repeat: int, seconds: float) -> list[Figure]:
+    """Programs per minute and steps per second of ``impl`` in one of :data:`EXPLORE_MODES`:
+    ``explore_programs_per_min[IMPL]`` (the goal's), ``explore_alone_programs_per_min[IMPL]``
+    (each program forked fresh), ``explore_faults_programs_per_min[IMPL]`` (every rule)."""
+    prefix = f"explore_{mode}_" if mode else "explore_"
+    rate = Figure(f"{prefix}programs_per_min[{impl}]", "/min")
+    steps = Figure(f"{prefix}steps_per_s[{impl}]", "/s")
+    for sample in range(repeat):
+        explorer.seed = sample
+        report = explorer.explore(impl, seconds, corpus=False)
+        rate.samples.append(round(report.rate_per_min, 1))
+        steps.samples.append(round(report.steps / report.seconds, 1) if report.seconds else 0.0)
+    return [rate, steps]
 
 
 def _shrink_figure(explorer, repeat: int) -> Figure:

@@ -409,7 +409,8 @@ def _die_with_parent(interval_s: float = 0.5) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.drive.cell")
     parser.add_argument("--impl", required=True)
-    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--scenario")
+    parser.add_argument("--pair", metavar="SOCKET", help="serve programs on long-lived roles (harness.drive.pair)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--base-port", type=int, required=True)
@@ -417,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     network = contain_cell()  # while this process has one thread
     _die_with_parent()
+    if args.pair:
+        from harness.drive.pair import serve_pair
+
+        serve_pair(args.impl, Path(args.workdir), args.base_port, network, args.pair)
+        return 0
+    if not args.scenario:
+        parser.error("--scenario is required (or --pair)")
     run_cell(args.impl, get_scenario(args.scenario), args.seed, Path(args.workdir), args.base_port,
              full_waits=args.full_waits, network=network)
     return 0

@@ -69,6 +69,19 @@ _RUNNING: set = set()  # cell processes running now (Popen or ForkedProcess), fo
 _RUNNING_LOCK = threading.Lock()
 
 
+def track_process(process) -> None:
+    """Count ``process`` (a cell process started elsewhere: harness.drive.pair) among the running
+    cells, so that :func:`kill_running_cells` kills its group too."""
+    with _RUNNING_LOCK:
+        _RUNNING.add(process)
+
+
+def forget_process(process) -> None:
+    """The inverse of :func:`track_process`, once ``process``'s group is gone."""
+    with _RUNNING_LOCK:
+        _RUNNING.discard(process)
+
+
 def kill_running_cells() -> None:
     """SIGKILL the process group of every cell running now (an interrupted run)."""
     with _RUNNING_LOCK:

@@ -25,7 +25,7 @@ which is how a cell process gets it and how a found program replays (harness.exp
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 from hypothesis import strategies as st
@@ -61,7 +61,9 @@ MALFORMED = st.one_of(frames.truncated(), frames.unknown_tag(), frames.non_ascii
 WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2): a failed write's room ends by then
 AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
-ROOM_MIN = 2**40  # the smallest room id a program uses
+ROOM_MIN = 2**40  # the smallest room id a program uses (they are drawn up to 2^62)
+ROOM_STRIDE = 840 * 2**21  # a shifted program's rooms move by multiples of this (840: divisible by 1..8)
+MAX_SHIFTS = (2**62 - 1) // ROOM_STRIDE  # shifted rooms stay below 2^63
 WAITING_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
                ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
 DEFERRED_ENV = (*WAITING_ENV, ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"))
@@ -119,6 +121,17 @@ class Program:
         return lifecycle_checks(tuple(x for x in labels["clean"] if x not in later), labels["aborted"],
                                 labels["at-risk"], aborted_rooms, deferred=self.steps[0] == PROFILES["deferred-release"],
                                 after_restart=tuple(x for x in labels["clean"] if x in later))
+
+    def shifted(self, k: int) -> "Program":
+        """The same program with every room id moved up by ``k`` strides of :data:`ROOM_STRIDE`:
+        the rooms of the ``k``-th program a long-lived role pair serves (harness.drive.pair),
+        which no other program of the pair used.  A stride is a multiple of every DP size up to
+        8, so each room keeps its DP engine (R-DP-1); ids stay below 2^63.  ValueError for a
+        ``k`` beyond :data:`MAX_SHIFTS`."""
+        if not 0 <= k <= MAX_SHIFTS:
+            raise ValueError(f"a shift of {k} strides (0 to {MAX_SHIFTS})")
+        return replace(self, steps=tuple(replace(st, room=st.room + k * ROOM_STRIDE)
+                                         if isinstance(getattr(st, "room", None), int) else st for st in self.steps))
 
     def to_json(self) -> str:
         """The program as one JSON document (steps tagged by their class name)."""
@@ -202,6 +215,9 @@ class ProgramMachine(RuleBasedStateMachine):
 
     #: whether the prefill may be restarted (RestartRole): a prefill of one process only
     restarts = True
+    #: whether the fault rules apply (engine faults, freezes, restarts, injected messages, the
+    #: wait past the bootstrap timeout); False: fault-free programs (bench's rate goal)
+    faults = True
 
     def __init__(self):
         super().__init__()
@@ -304,9 +320,9 @@ class ProgramMachine(RuleBasedStateMachine):
         """Time passes: control messages are handled, heartbeats run; one wait in ten
         outlasts the bootstrap timeout, which may fail only a room still Bootstrapping
         (R-TIMEOUT-1), and every program room has registered by then."""
-        self.steps.append(Sleep(LONG_WAIT_S if which == 9 else SLEEPS_S[which % len(SLEEPS_S)]))
+        self.steps.append(Sleep(LONG_WAIT_S if which == 9 and self.faults else SLEEPS_S[which % len(SLEEPS_S)]))
 
-    @precondition(lambda self: self.restarts and self.rooms and not self._live() and
+    @precondition(lambda self: self.faults and self.restarts and self.rooms and not self._live() and
                   not any(isinstance(s, RestartRole) for s in self.steps))
     @rule()
     def restart_prefill(self) -> None:
@@ -314,7 +330,7 @@ class ProgramMachine(RuleBasedStateMachine):
         new ports (a deploy, a crash and restart): the rooms after it must succeed (R-RESTART-1)."""
         self.steps.append(RestartRole("prefill"))
 
-    @precondition(lambda self: self.plans < MAX_ENGINE_PLANS)
+    @precondition(lambda self: self.faults and self.plans < MAX_ENGINE_PLANS)
     @rule(data=st.data())
     def engine_faults(self, data) -> None:
         """The prefill's transfer engine changes: each write waits, the aux data comes late,
@@ -335,13 +351,14 @@ class ProgramMachine(RuleBasedStateMachine):
                 r.at_risk = r.at_risk or not r.concluded
         self.steps.append(plan)
 
+    @precondition(lambda self: self.faults)
     @rule(role=st.sampled_from(("prefill", "decode")), seconds=st.sampled_from(FREEZES_S))
     def freeze(self, role: str, seconds: float) -> None:
         """A role stops for a moment (a GC pause, a descheduled VM), well inside the
         heartbeat window: nothing may fail because of it."""
         self.steps += [FreezeRole(role), Sleep(seconds), ThawRole(role)]
 
-    @precondition(lambda self: self.injections < MAX_INJECTIONS)
+    @precondition(lambda self: self.faults and self.injections < MAX_INJECTIONS)
     @rule(role=st.sampled_from(("prefill", "decode")), message=MALFORMED)
     def inject_malformed(self, role: str, message: tuple) -> None:
         """A peer (a scanner, a client of another version) pushes a message the role's control

@@ -26,10 +26,11 @@ from hypothesis.errors import Flaky
 from hypothesis.stateful import get_state_machine_test
 
 from harness.drive.forkserver_client import ForkServerError
+from harness.drive.pair import RolePair
 from harness.drive.runner import run_cell_isolated
 from harness.drive.scheduler import close_fork_servers, fork_group, start_fork_servers
 from harness.explore.found import found_files, impl_of, load_program, scenario_of, write_found
-from harness.explore.program import Program, ProgramMachine
+from harness.explore.program import MAX_SHIFTS, Program, ProgramMachine
 from harness.judge.judge import judge
 from harness.judge.results import CellResult
 from harness.session import cell_target, default_settings
@@ -64,7 +65,8 @@ class Failure:
 @dataclass
 class ImplReport:
     """What explore did on one implementation: corpus replays (found file -> PASS or the
-    signature it still fails with), programs and steps run, seconds, distinct failures."""
+    signature it still fails with), programs and steps run, seconds, distinct failures, and the
+    failures a long-lived pair showed that a fresh cell did not (``pair_only``)."""
 
     impl: str
     corpus: dict[str, str] = field(default_factory=dict)
@@ -72,6 +74,8 @@ class ImplReport:
     steps: int = 0
     seconds: float = 0.0
     failures: dict[str, Failure] = field(default_factory=dict)
+    #: programs that failed on a long-lived pair but not in a fresh cell: (signature key, program)
+    pair_only: list[tuple[str, Program]] = field(default_factory=list)
 
     @property
     def rate_per_min(self) -> float:
@@ -108,7 +112,8 @@ class Explorer:
     machine allows one (``network`` says which)."""
 
     def __init__(self, target: SglangTarget, out_dir: Path, found_dir: Path, seed: int = 0,
-                 on_progress: Callable[[ImplReport], None] | None = None, note: Callable[[str], None] = print):
+                 on_progress: Callable[[ImplReport], None] | None = None, note: Callable[[str], None] = print,
+                 long_lived: bool = True):
         self.network, self.target = cell_target(target, default_settings())
         self.out_dir, self.found_dir, self.seed = out_dir, found_dir, seed
         self.on_progress = on_progress or (lambda report: None)
@@ -117,20 +122,52 @@ class Explorer:
         self.servers: dict = {}
         self._impls: set[str] = set()  # the implementations start() started fork servers for
         self.topology = "p1-d1"
+        self.long_lived = long_lived  # generated programs on long-lived role pairs (harness.drive.pair)
+        self.pairs: dict[tuple[str, str], RolePair] = {}  # (impl, its StartRoles) -> the pair serving it
+        self.shifts = 0  # programs run on pairs so far: each gets rooms of its own (Program.shifted)
+        self.faults = True  # ProgramMachine.faults: False writes fault-free programs only (bench's rate goal)
 
     def __enter__(self) -> "Explorer":
         return self
 
     def __exit__(self, *exc) -> None:
+        for pair in self.pairs.values():
+            pair.close()
+        self.pairs.clear()
         close_fork_servers(self.servers)
 
-    def run_program(self, program: Program, impl: str, name: str = "program") -> CellResult:
-        """Run ``program`` as one cell on ``impl`` (in ``out_dir/impl/name``); the judged cell."""
+    def run_program(self, program: Program, impl: str, name: str = "program", alone: bool = False) -> CellResult:
+        """Run ``program`` as one cell on ``impl`` (in ``out_dir/impl/name``); the judged cell.  On
+        the implementation's long-lived role pair for the program's StartRoles unless ``alone``
+        or the explorer runs none (then forked fresh, as ``run`` and ``repro`` do)."""
         folder = self.out_dir / impl / name
         folder.mkdir(parents=True, exist_ok=True)
+        if self.long_lived and not alone and self.shifts < MAX_SHIFTS:
+            self.shifts += 1
+            return self._run_on_pair(program.shifted(self.shifts), impl, folder)
         path = folder / "program.json"
         path.write_text(program.to_json())
         return self.run_scenario_file(path, impl, folder / "cell", program)
+
+    def _run_on_pair(self, program: Program, impl: str, folder: Path) -> CellResult:
+        """Run ``program`` (rooms shifted already) on ``impl``'s pair for its StartRoles, started
+        when there is none; a cell that is not PASS or WARN ends the pair (a later program
+        starts a new one), so a failure never leaves state behind for the next program."""
+        if impl not in self._impls:
+            raise ValueError(f"{impl}: not among the implementations this explorer started (Explorer.start)")
+        path = folder / "program.json"
+        path.write_text(program.to_json())
+        scenario = scenario_of(program, str(path.resolve()))
+        key = (impl, repr(scenario.steps(0)[0]))
+        pair = self.pairs.get(key)
+        if pair is None or not pair.open:
+            pair = self.pairs[key] = RolePair(impl, self.out_dir / impl / f"pair-{self.shifts}", self.target,
+                                              self.servers.get(fork_group(impl)))
+        pair.run(str(path.resolve()), folder / "cell", scenario.timeout_s)
+        cell = judge(scenario, 0, hist.load(folder / "cell" / "history.jsonl"), impl=impl, workdir=str(folder / "cell"))
+        if cell.verdict not in ("PASS", "WARN"):
+            pair.close()
+        return cell
 
     def start(self, impls: list[str]) -> None:
         """Start the fork servers of every implementation this explorer will run, at once (each
@@ -193,9 +230,11 @@ class Explorer:
         report.seconds = time.monotonic() - start
         return report
 
-    def _run_counted(self, program: Program, impl: str, report: ImplReport, start: float, name: str) -> dict | None:
-        """Run one program, count it in ``report``, tell the progress callback; its failure's signature."""
-        cell = self.run_program(program, impl, name)
+    def _run_counted(self, program: Program, impl: str, report: ImplReport, start: float, name: str,
+                     alone: bool = False) -> dict | None:
+        """Run one program (``alone``: forked fresh, never on a pair), count it in ``report``, tell
+        the progress callback; its failure's signature."""
+        cell = self.run_program(program, impl, name, alone=alone)
         report.programs += 1
         report.steps += len(program.steps)
         report.seconds = time.monotonic() - start
@@ -216,13 +255,18 @@ class Explorer:
         shrinking = state["sig"] is not None
         if shrinking and (state["shrinks"] >= SHRINK_RUNS or time.monotonic() > state["found_at"] + SHRINK_S):
             return None  # this failure's shrinking is over: the smallest so far is the one
-        sig = seen[text] = self._run_counted(program, impl, report, start, "shrink" if shrinking else "program")
+        # shrinking runs alone: the program written out must fail as `repro` runs it, in a fresh cell
+        sig = seen[text] = self._run_counted(program, impl, report, start, "shrink" if shrinking else "program",
+                                             alone=shrinking)
         state["shrinks"] += shrinking  # every cell run while shrinking, failing or not
         if sig is None:
             return None
         known = report.failures.get(_key(sig))
         if not shrinking and known is not None:
             known.count += 1  # an old failure again: counted, not shrunk again
+            seen[text] = None
+            return None
+        if not shrinking and self.long_lived and not self._fails_alone(program, impl, report, start, sig):
             seen[text] = None
             return None
         if not shrinking:
@@ -241,6 +285,18 @@ class Explorer:
             state["best"] = program
         return sig
 
+    def _fails_alone(self, program: Program, impl: str, report: ImplReport, start: float, sig: dict) -> bool:
+        """Whether ``program``, which failed with ``sig`` on a long-lived pair, fails the same way
+        in a fresh cell; when it does not, what reuse gave up showed (a state an earlier program
+        left, or a race): counted in ``report.pair_only`` with its program, not shrunk."""
+        again = self._run_counted(program, impl, report, start, "confirm", alone=True)
+        if again is not None and _key(again) == _key(sig):
+            return True
+        report.pair_only.append((_key(sig), program))
+        self.note(f"{impl}: a program failed on a long-lived pair ({_key(sig)}) but not in a fresh cell "
+                  f"({_key(again) if again else 'PASS'}): not shrunk, counted as pair-only")
+        return False
+
     def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
         """One hypothesis run: programs until one fails in a new way (then shrunk) or the round ends."""
         state: dict = {"sig": None, "best": None, "shrinks": 0, "found_at": 0.0}
@@ -250,6 +306,7 @@ class Explorer:
 
         class Run(ProgramMachine):
             restarts = prefill.tp == prefill.pp == prefill.dp == 1  # RestartRole replaces one process
+            faults = explorer.faults
 
             def teardown(self) -> None:
                 program = replace(self.program(), topology=explorer.topology)

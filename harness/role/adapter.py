@@ -224,6 +224,16 @@ class RoleAdapter(ABC):
         """Every engine fault injected so far (``transfer``, ``fault``, ``what``)."""
         return []
 
+    # ---- long-lived roles (harness.drive.pair) -----------------------------------
+    def begin_program(self) -> dict:
+        """This role, already started, serves its next program (explore's long-lived role pairs,
+        harness.drive.pair): heal the engine (a plan of no faults), forget what earlier programs
+        left to observe (log records, dead threads, the engine fault log, interleaving points and
+        their hits, ABORT_ACKs received, the rooms seen) and write the pools' pattern again in
+        place, so that the program observes what a freshly started role would show.  Returns
+        ``{"buffers": pools refilled}``.  Unsupported by default: such a role serves one program."""
+        raise Unsupported(f"{self.impl} roles serve one program each (no begin_program)")
+
     # ---- wire messages for field scenarios (decode side) -----------------
     def abort_frames(self, room: int) -> list[bytes]:
         """The plain ABORT this decode's implementation sends a prefill for ``room``

@@ -42,3 +42,17 @@ def pattern_pools(side: int, layout: Layout) -> tuple[list[tuple[pattern.BufferS
           for s in specs]
     aux_spec = pattern.BufferSpec(pattern.AUX, 0)
     return kv, (aux_spec, pattern.pattern(side, pattern.AUX, 0, layout.aux_slots, layout.aux_bytes).to(device))
+
+
+def refill(buffers: list[tuple[pattern.BufferSpec, Any]], side: int, layout: Layout) -> int:
+    """Write ``side``'s pattern into ``buffers`` again, in place (the tensors keep their memory,
+    so a transfer engine's registrations stay valid): what :func:`pattern_pools` gave ``buffers``
+    at the start, for a long-lived role starting its next program (harness.drive.pair).  The
+    number of buffers refilled; ValueError when ``buffers`` are not this layout's."""
+    kv, aux = pattern_pools(side, layout)
+    fresh = kv + [aux]
+    if [spec for spec, _ in fresh] != [spec for spec, _ in buffers]:
+        raise ValueError("these buffers are not the pools of this side and layout")
+    for (_, tensor), (_, values) in zip(buffers, fresh):
+        tensor.copy_(values.to(tensor.device))
+    return len(fresh)

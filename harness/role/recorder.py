@@ -80,6 +80,12 @@ class RoleRecorder:
         with self._lock:
             return list(self.log_records), list(self.dead_threads)
 
+    def clear(self) -> None:
+        """Forget every record and dead thread kept so far (a long-lived role starting its next
+        program, harness.drive.pair: each program observes only what happened during it)."""
+        with self._lock:
+            self.log_records, self.dead_threads, self.log_records_dropped = [], [], 0
+
     def dropped(self) -> int:
         """Log records not kept since the cap was reached."""
         with self._lock:

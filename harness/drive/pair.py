@@ -1,0 +1,296 @@
+"""Long-lived role pairs: one cell process whose roles serve many programs, for explore.
+
+A generated program costs little to run and much to start: forking a cell and its roles,
+starting their managers and engines.  A real server does not restart per request either: it
+serves many requests on one prefill and one decode, each in its own bootstrap room.  So
+explore keeps, per implementation and start step (profile and topology), one *pair*: a cell
+process started with ``python -m harness.drive.cell --pair`` (:func:`serve_pair`) that
+starts its roles with its first program and serves later programs on the same roles.
+
+Each program still gets a history of its own, from :attr:`Op.CELL_START` to
+:attr:`Op.CELL_END`, that reads like a fresh cell's: its StartRoles step records the events
+the roles' start recorded (the same facts), then each role's ``begin_program`` (the engine
+healed, the logs, fault log, points and ABORT_ACKs forgotten, the pools written again;
+harness.role.adapter.RoleAdapter.begin_program) as one ``begin-program`` info event per
+role.  Rooms isolate programs (explore gives each program's rooms ids no other program of
+the pair used).  A pair serves no further program after one it cannot vouch for
+(:func:`kept`): a step outside :data:`TRUSTED_STEPS`, a role gone, broken, with a dead
+loop or thread, an aborted or crashed cell; the parent (:class:`RolePair`) then starts a
+new one.  What reuse gives up is checked by ``tests/test_pair.py`` (the same programs
+judged alone and on a pair give the same verdicts) and by explore, which confirms every
+failure in a fresh cell before shrinking it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from harness.drive.errors import CellAborted
+from harness.spec import steps as s
+from harness.spec.history import Event, History, Op, append_event, last_observations
+
+#: the steps after which a pair's roles serve the next program: scheduler calls, waits, a freeze
+#: that was thawed, a malformed message, engine delays and failed writes (healed by begin_program).
+#: Anything else (a restart, a kill, a write that never completes, a partition) ends the pair.
+TRUSTED_STEPS = (s.OpenRoom, s.RequestKV, s.AwaitStatus, s.InitSender, s.SendChunk, s.Abort, s.Clear,
+                 s.VerifyPools, s.Sleep, s.FreezeRole, s.ThawRole, s.InjectFrames, s.EngineFaults)
+SOCKET_NAME = "pair.sock"
+REQUEST_WAIT_S = 0.5  # how often a pair waiting for its next program checks its parent (seconds)
+STOP_WAIT_S = 5.0  # a pair asked to stop: how long it may take before its process group is killed (seconds)
+
+
+def kept(steps: list[s.Step], outcome: dict, observations: dict[str, dict], alive: bool) -> str:
+    """Why a pair cannot serve another program after one with ``steps`` ended with ``outcome``
+    (run_cell's), its roles' last ``observations`` (role -> event) and ``alive`` (every role
+    process running, its client unbroken, the processes those it started); "" when it can."""
+    if outcome.get("outcome") != "completed":
+        return f"the program's cell {outcome.get('outcome')}"
+    odd = next((step for step in steps[1:] if not isinstance(step, TRUSTED_STEPS)
+                or (isinstance(step, s.EngineFaults) and step.never_complete)), None)
+    if odd is not None:
+        return f"a step after which the roles cannot be vouched for: {type(odd).__name__}"
+    if not alive:
+        return "a role process ended, was replaced or broke"
+    for role, event in observations.items():
+        value = event.get("value") or {}
+        if event["type"] != Event.OK:
+            return f"{role} could not be observed"
+        if value.get("dead_threads") or not all((value.get("loops") or {}).values()):
+            return f"a thread of {role} died"
+    return ""
+
+
+class PairServer:
+    """The pair's side (in its cell process): starts the roles with the first program, then
+    serves each program on them (see the module docstring)."""
+
+    def __init__(self, impl: str, workdir: Path, base_port: int, network: str):
+        from harness.drive.remote import launcher_for
+
+        self.impl, self.workdir, self.base_port, self.network = impl, workdir, base_port, network
+        self.launcher = launcher_for(workdir)
+        self.driver = None
+        self.start_key = ""
+        self.start_events: list[dict] = []
+        self.handles: dict[str, Any] = {}
+        self.served = 0
+
+    def serve(self, scenario_id: str, workdir: Path) -> dict:
+        """Run one program (a scenario, by id or path) in ``workdir``, recording its history there;
+        ``{"kept": True}`` or ``{"kept": False, "why": ...}`` (then this pair serves no more)."""
+        from harness.drive.cell import CellDriver
+        from harness.spec.scenario import get_scenario
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        history = History(workdir / "history.jsonl")
+        scenario = get_scenario(scenario_id)
+        steps = scenario.steps(0)
+        key = repr(steps[0])
+        reused = self.driver is not None
+        history.record(Event.INFO, Op.CELL_START, None, None,
+                       value={"impl": self.impl, "scenario": scenario.id, "seed": 0, "full_waits": False,
+                              "network": self.network, "pair": {"program": self.served, "reused": reused}})
+        if self.driver is None:
+            self.driver = CellDriver(self.impl, self.launcher, history, self.base_port)
+        d, outcome = self.driver, {"outcome": "completed"}
+        d.history, d.stalled_step, d.dp_requested = history, None, {}
+        d.cell_rooms = sorted({step.room for step in steps if isinstance(getattr(step, "room", None), int)})
+        try:
+            if reused and key != self.start_key:
+                raise CellAborted(f"this pair's roles were started by another StartRoles ({self.start_key[:80]})")
+            self._start(d, steps[0], key, reused)
+            for index, step in enumerate(steps[1:], 1):
+                d.step_index = index
+                d.record(Event.INFO, Op.STEP, None, args={"step": type(step).__name__})
+                d.execute(step)
+            d.observe_all()
+            d.record_injected()
+        except CellAborted as exc:
+            outcome = {"outcome": "unsupported" if exc.unsupported else "aborted", "reason": str(exc),
+                       "step": d.step_index}
+        except Exception as exc:  # a harness bug: this program's cell crashed; the pair ends
+            outcome = {"outcome": "crashed", "step": d.step_index,
+                       "reason": f"{type(exc).__name__}: {exc}" + "".join(traceback.format_exception(exc)[-3:-1])[-1500:]}
+        self.served += 1
+        why = kept(steps, outcome, last_observations(history.events), self._alive(d))
+        outcome["pair"] = {"program": self.served - 1, "reused": reused, "kept": not why, "why": why}
+        history.record(Event.INFO, Op.CELL_END, None, None, value=outcome)
+        history.close()
+        return {"kept": not why, "why": why}
+
+    def _start(self, d, step: s.Step, key: str, reused: bool) -> None:
+        """Step 0: start the roles (first program), or record what their start recorded and begin
+        the program in every role."""
+        d.step_index = 0
+        d.record(Event.INFO, Op.STEP, None, args={"step": type(step).__name__})
+        if not reused:
+            first = len(d.history.events)
+            d.execute(step)
+            self.start_key, self.start_events = key, d.history.events[first:]
+            self.handles = dict(d.handles)
+            return
+        skip = ("seq", "t", "wall", "step", "op", "role", "type")
+        for event in self.start_events:
+            d.record(event["type"], event["op"], event["role"], **{k: v for k, v in event.items() if k not in skip})
+        for name in d.clients:
+            d.record(Event.INFO, "begin-program", name, value=d.clients[name].call("begin_program", 10))
+
+    def _alive(self, d) -> bool:
+        return set(d.handles) == set(self.handles) and all(
+            d.handles[n] is self.handles[n] and d.handles[n].alive() and not d.clients[n].broken for n in d.handles)
+
+    def close(self) -> None:
+        if self.driver is not None:
+            self.driver.stop_all()
+
+
+def serve_pair(impl: str, workdir: Path, base_port: int, network: str, socket_path: str) -> None:
+    """The pair's loop (in its cell process): answer each request on ``socket_path`` (``{"scenario":
+    id or path, "workdir": dir}`` -> :meth:`PairServer.serve`'s reply; ``{"stop": true}`` ends
+    it) until a program leaves the pair unkept, then stop the roles.  Exits when the parent
+    goes (the cell's parent watch)."""
+    from harness.drive.contain import kill_descendants
+
+    server = PairServer(impl, workdir, base_port, network)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REP)
+    sock.bind(f"ipc://{socket_path}")
+    try:
+        while True:
+            if not sock.poll(int(REQUEST_WAIT_S * 1000)):
+                continue
+            request = sock.recv_json()
+            if request.get("stop"):
+                sock.send_json({"stopped": True})
+                break
+            try:
+                reply = server.serve(request["scenario"], Path(request["workdir"]))
+            except Exception as exc:  # an unreadable program: this pair ends, the parent is told
+                reply = {"kept": False, "why": f"{type(exc).__name__}: {exc}", "error": True}
+            sock.send_json(reply)
+            if not reply["kept"]:
+                break
+    finally:
+        server.close()
+        sock.close(linger=0)
+        ctx.term()
+        kill_descendants(grace_s=0.2)
+
+
+class RolePair:
+    """The parent's side of one pair: starts its cell process (forked from ``fork_server`` when
+    given, else a fresh interpreter), sends it programs, bounds each by its deadline, and ends
+    it (its whole process group) when it stops serving, misses a deadline or is closed."""
+
+    def __init__(self, impl: str, workdir: Path, target, fork_server=None):
+        from harness.drive.ports import free_port_block
+        from harness.target.role_context import BIND_ENV
+
+        self.impl, self.workdir = impl, workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        # a short path of pdconform's own (a unix socket's path is at most 107 bytes), removed by close
+        self.socket_dir = tempfile.mkdtemp(prefix="pdconform-pair-")
+        socket_path = os.path.join(self.socket_dir, SOCKET_NAME)
+        args = ["--impl", impl, "--pair", socket_path, "--workdir", str(workdir),
+                "--base-port", str(free_port_block(host=target.env.get(BIND_ENV)))]
+        self.process = _start(args, workdir, target, fork_server)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.REQ)
+        self.sock.connect(f"ipc://{socket_path}")
+        self.open = True
+
+    def run(self, scenario_id: str, workdir: Path, deadline_s: float) -> dict:
+        """Run one program (scenario id or path) in ``workdir`` within ``deadline_s`` seconds and
+        append its :attr:`Op.CELL_EXIT` (as harness.drive.runner does); the pair's reply, or
+        ``{"kept": False, "why": ...}`` when it missed the deadline or its process ended (then
+        it is closed)."""
+        shutil.rmtree(workdir, ignore_errors=True)  # an earlier program's cell in the same folder
+        workdir.mkdir(parents=True)
+        (workdir / "history.jsonl").touch()  # CELL_EXIT has a file to go into, whatever the pair does
+        start = time.monotonic()
+        reply: dict | None = None
+        self.sock.send_json({"scenario": scenario_id, "workdir": str(workdir)})
+        while time.monotonic() - start < deadline_s and self.process.poll() is None:
+            if self.sock.poll(100):
+                reply = self.sock.recv_json()
+                break
+        how = "exited" if reply is not None else "deadline" if self.process.poll() is None else "pair-exited"
+        if reply is None:
+            reply = {"kept": False, "why": "the program passed its deadline" if how == "deadline" else
+                     f"the pair's process ended ({self.process.poll()})"}
+        exit_ = {"impl": self.impl, "scenario": scenario_id, "seed": 0, "how": how, "returncode": self.process.poll(),
+                 "deadline_s": deadline_s, "duration_s": round(time.monotonic() - start, 3), "cpu_s": None,
+                 "log_tail": "", "pair": True}
+        if not reply["kept"]:
+            self.close()
+            exit_["log_tail"] = _tail(self.workdir / "cell.log")
+        append_event(workdir / "history.jsonl", Event.INFO, Op.CELL_EXIT, value=exit_)
+        return reply
+
+    def close(self) -> None:
+        """Stop the pair (asked once, then its process group killed) and remove its socket's folder."""
+        if not self.open:
+            return
+        self.open = False
+        from harness.drive.runner import forget_process
+
+        try:
+            if self.process.poll() is None:
+                self.sock.send_json({"stop": True}, flags=zmq.NOBLOCK)
+                if self.sock.poll(int(STOP_WAIT_S * 1000)):
+                    self.sock.recv_json()
+                    self.process.wait(timeout=STOP_WAIT_S)
+        except (zmq.ZMQError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            forget_process(self.process)
+            self.sock.close(linger=0)
+            self.ctx.term()
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+def _start(args: list[str], workdir: Path, target, fork_server):
+    """The pair's cell process (harness.drive.runner starts cells the same way), tracked so an
+    interrupted run kills it."""
+    from harness import ROOT
+    from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkServerError
+    from harness.drive.runner import track_process
+
+    process = None
+    if fork_server is not None:
+        try:
+            process = fork_server.wait_ready().fork("cell", args, workdir / "cell.log",
+                                                    env={FORK_SERVER_ENV: fork_server.socket_path})
+        except ForkServerError:
+            process = None
+    if process is None:
+        with open(workdir / "cell.log", "ab") as log:
+            process = subprocess.Popen([target.python, "-m", "harness.drive.cell", *args], stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT, process_group=0, env=target.cell_env(),
+                                       cwd=str(ROOT))
+    track_process(process)
+    return process
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+__all__ = ["PairServer", "RolePair", "serve_pair", "kept", "TRUSTED_STEPS"]

@@ -1,0 +1,121 @@
+"""Long-lived role pairs (harness.drive.pair): a pair serves many programs on one set of roles,
+each judged as a fresh cell would be; it ends after a program it cannot vouch for; what reuse
+gives up is checked (the same programs alone and on a pair: the same verdicts), and a
+failure only a pair shows is never shrunk or written out."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import get_state_machine_test
+
+from harness.drive.pair import kept
+from harness.explore.program import MAX_SHIFTS, ROOM_STRIDE, ProgramMachine
+from harness.spec import steps as s
+from harness.spec.history import Event
+
+
+def _programs(n: int, faults: bool = False) -> list:
+    out = []
+
+    class Collect(ProgramMachine):
+        def teardown(self):
+            out.append(self.program())
+
+    Collect.faults = faults
+    get_state_machine_test(Collect, settings=settings(max_examples=n, stateful_step_count=8, deadline=None,
+                                                      database=None, phases=(Phase.generate,),
+                                                      suppress_health_check=list(HealthCheck)))()
+    return out
+
+
+OK_OBS = {"prefill": {"type": Event.OK, "value": {"loops": {"control": True}, "dead_threads": []}}}
+
+
+def test_a_pair_ends_after_a_program_it_cannot_vouch_for():
+    plain = [s.StartRoles(), s.OpenRoom(1 << 40), s.Sleep(0.05), s.EngineFaults("prefill", delay_s=0.05)]
+    done = {"outcome": "completed"}
+    assert kept(plain, done, OK_OBS, alive=True) == ""
+    assert "RestartRole" in kept(plain + [s.RestartRole("prefill")], done, OK_OBS, alive=True)
+    assert "EngineFaults" in kept(plain + [s.EngineFaults("prefill", never_complete=True)], done, OK_OBS, True)
+    assert "aborted" in kept(plain, {"outcome": "aborted"}, OK_OBS, alive=True)
+    assert "ended" in kept(plain, done, OK_OBS, alive=False)
+    dead = {"decode": {"type": Event.OK, "value": {"loops": {"control": False}, "dead_threads": []}}}
+    assert "died" in kept(plain, done, dead, alive=True)
+    thread = {"decode": {"type": Event.OK, "value": {"loops": {}, "dead_threads": [{"thread": "t"}]}}}
+    assert "died" in kept(plain, done, thread, alive=True)
+    assert "observed" in kept(plain, done, {"decode": {"type": Event.FAIL}}, alive=True)
+
+
+def test_fault_free_programs_hold_no_fault_steps_and_shift_keeps_dp_engines():
+    programs = _programs(30)
+    faulty = (s.EngineFaults, s.FreezeRole, s.RestartRole, s.InjectFrames)
+    assert all(not isinstance(st, faulty) for p in programs for st in p.steps)
+    assert all(st.seconds < 1 for p in programs for st in p.steps if isinstance(st, s.Sleep))
+    p = max(programs, key=lambda p: len(p.steps))
+    moved = p.shifted(7)
+    pairs = [(a.room, b.room) for a, b in zip(p.steps, moved.steps) if hasattr(a, "room")]
+    assert pairs and all(b == a + 7 * ROOM_STRIDE and b % 8 == a % 8 and b % 3 == a % 3 for a, b in pairs)
+    assert max(b for _, b in pairs) < 2**63 and [c.name for c in moved.checks()] == [c.name for c in p.checks()]
+    assert p.shifted(MAX_SHIFTS).steps[1].room < 2**63
+    with pytest.raises(ValueError):
+        p.shifted(MAX_SHIFTS + 1)
+
+
+@pytest.mark.e2e
+def test_programs_on_a_long_lived_pair_judge_as_they_do_alone(tmp_path):
+    """The isolation reuse gives up, checked: the same fault-free programs (and a few with
+    faults) give the same verdicts alone and on one pair; the pair's roles were reused."""
+    from harness.explore.session import Explorer
+    from harness.spec import history as hist
+    from harness.target.sglang import installed_target
+
+    programs = _programs(5) + _programs(3, faults=True)
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "pdconform-pair-*")))
+    with Explorer(installed_target(), tmp_path / "out", tmp_path / "found") as explorer:
+        explorer.start(["reference"])
+        alone = [explorer.run_program(p, "reference", f"alone-{i}", alone=True).verdict for i, p in enumerate(programs)]
+        paired, reused = [], 0
+        for i, p in enumerate(programs):
+            cell = explorer.run_program(p, "reference", f"pair-{i}")
+            paired.append(cell.verdict)
+            start = next(e for e in hist.load(Path(cell.workdir) / "history.jsonl") if e["op"] == hist.Op.CELL_START)
+            reused += start["value"]["pair"]["reused"]
+        assert paired == alone and set(alone) <= {"PASS", "WARN"}, (alone, paired)
+        assert reused >= 4, "the pair's roles were started again for most programs"
+        assert any(p.open for p in explorer.pairs.values())
+        pids = [p.process.pid for p in explorer.pairs.values() if p.open]
+    for pid in pids:  # closed with the explorer: the pair's process group is gone, its socket folder too
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "pdconform-pair-*"))) <= before
+
+
+@pytest.mark.e2e
+def test_a_failure_only_a_pair_shows_is_counted_not_shrunk(tmp_path, monkeypatch):
+    """A planted pair-only failure (the pair's cell judged FAIL, the same program passing in a
+    fresh cell): explore counts it as pair-only and writes no found program."""
+    from harness.explore import session
+    import msgspec
+
+    real = session.Explorer._run_on_pair
+
+    def planted(self, program, impl, folder):
+        cell = real(self, program, impl, folder)
+        check = {"name": "bytes-exact", "requirement": "R-LAYOUT-1", "ok": False, "level": "MUST"}
+        return msgspec.structs.replace(cell, verdict="FAIL", checks=[check])
+
+    monkeypatch.setattr(session.Explorer, "_run_on_pair", planted)
+    from harness.target.sglang import installed_target
+
+    with session.Explorer(installed_target(), tmp_path / "out", tmp_path / "found", note=lambda line: None) as explorer:
+        explorer.faults = False
+        explorer.start(["reference"])
+        report = explorer.explore("reference", 3.0, corpus=False, max_failures=1)
+    assert report.pair_only and report.pair_only[0][0].startswith("R-LAYOUT-1|bytes-exact|reference")
+    assert not report.failures and not list((tmp_path / "found").glob("*"))
