@@ -43,6 +43,8 @@ def explore(
     found: Optional[Path] = typer.Option(None, "--found", help="Folder for found programs (default scenarios/found/); "
                                          "its programs replay first, with the shipped ones."),
     out: Path = typer.Option(DEFAULT_OUT / "explore", "--out", help="Folder for the program cells and the replay run."),
+    lanes: int = typer.Option(8, "--lanes", min=1, max=64, help="Programs run at once per implementation, each "
+                              "lane on long-lived roles of its own; 1: one at a time."),
     sglang_src: Optional[Path] = typer.Option(None, "--sglang-src", help="Run against this sglang checkout."),
     sglang_version: Optional[str] = typer.Option(None, "--sglang", help="Run against this released sglang."),
 ) -> None:
@@ -73,7 +75,7 @@ def explore(
         raise _usage_error(f"--found {found_dir}: {problem}")
     os.environ[FOUND_ENV] = os.pathsep.join(filter(None, [os.environ.get(FOUND_ENV), str(found_dir)]))
     folder = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    reports = _explore_all(list(dict.fromkeys(impl)), budget_s, seed, topology, target, folder, found_dir)
+    reports = _explore_all(list(dict.fromkeys(impl)), budget_s, seed, topology, target, folder, found_dir, lanes)
     failed = _print_reports(reports)
     replay = [f.path for r in reports for f in r.failures.values() if f.path and not f.known]
     if replay:
@@ -94,17 +96,22 @@ def _unwritable(folder: Path) -> str:
     return ""
 
 
-def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir):
+def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir, lanes=8):
     from harness.explore.session import Explorer
 
-    reports = []
+    reports, shown = [], [0.0]
+    live = err.is_terminal  # a terminal gets one line rewritten in place; a log a line every 10 s
 
     def progress(r) -> None:
-        err.print(f"\r{escape(r.impl)}: {r.programs} programs, {r.steps} steps, {len(r.failures)} distinct "
-                  f"failure(s), {r.rate_per_min:.0f}/min   ", end="")
+        if time.monotonic() - shown[0] < (0.2 if live else 10.0):
+            return
+        shown[0] = time.monotonic()
+        err.print(f"{chr(13) if live else ''}{escape(r.impl)}: {r.programs} programs, {r.steps} steps, "
+                  f"{len(r.failures)} distinct failure(s), {r.rate_per_min:.0f}/min   ", end="" if live else "\n")
 
     with Explorer(target, folder / "programs", found_dir, seed=seed, on_progress=progress,
                   note=lambda text: err.print(escape(text))) as explorer:
+        explorer.lanes = lanes
         explorer.start(impls)
         for name in impls:
             reports.append(explorer.explore(name, budget_s, topology))

@@ -15,8 +15,11 @@ within its own bound).
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -41,6 +44,7 @@ from harness.target.sglang import SglangTarget
 SHRINK_RUNS = 40  # cells one failure's shrinking may run, at most
 SHRINK_S = 30.0  # seconds one failure's shrinking may take, at most
 PROGRAM_RULES = 8  # rules hypothesis applies per program (the epilogue adds the steps that conclude it)
+LANES = 8  # programs run at once per implementation (each lane its own pairs): they mostly wait
 EXAMPLES_PER_ROUND = 25  # programs per hypothesis round; each round starts from its own seed
 
 
@@ -77,9 +81,21 @@ class ImplReport:
     #: programs that failed on a long-lived pair but not in a fresh cell: (signature key, program)
     pair_only: list[tuple[str, Program]] = field(default_factory=list)
 
+    corpus_s: float = 0.0  # of ``seconds``: replaying the corpus
+    shrinking_s: float = 0.0  # of ``seconds``: the cells that confirmed and shrank failures
+    shrink_programs: int = 0  # of ``programs``: those cells
+
     @property
     def rate_per_min(self) -> float:
         return 60.0 * self.programs / self.seconds if self.seconds else 0.0
+
+    @property
+    def exploring_rate_per_min(self) -> float:
+        """Generated programs a minute while exploring: without the corpus replay and the cells
+        that confirmed or shrank a failure (bench's rate goal; a sample that finds a bug early
+        would otherwise measure its shrinking)."""
+        seconds = self.seconds - self.corpus_s - self.shrinking_s
+        return 60.0 * (self.programs - self.shrink_programs) / seconds if seconds > 0 else 0.0
 
 
 def signature_of(cell: CellResult, impl: str) -> dict | None:
@@ -123,7 +139,10 @@ class Explorer:
         self._impls: set[str] = set()  # the implementations start() started fork servers for
         self.topology = "p1-d1"
         self.long_lived = long_lived  # generated programs on long-lived role pairs (harness.drive.pair)
-        self.pairs: dict[tuple[str, str], RolePair] = {}  # (impl, its StartRoles) -> the pair serving it
+        self.pairs: dict[tuple[str, str, int], RolePair] = {}  # (impl, its StartRoles, lane) -> the pair serving it
+        self.lanes = LANES  # pairs per implementation and StartRoles that run a round's programs at once
+        self._lock = threading.Lock()
+        self.known: dict[str, dict[str, Failure]] = {}  # impl -> failures its corpus still shows
         self.shifts = 0  # programs run on pairs so far: each gets rooms of its own (Program.shifted)
         self.faults = True  # ProgramMachine.faults: False writes fault-free programs only (bench's rate goal)
 
@@ -131,25 +150,26 @@ class Explorer:
         return self
 
     def __exit__(self, *exc) -> None:
-        for pair in self.pairs.values():
-            pair.close()
-        self.pairs.clear()
+        self.close_pairs()
         close_fork_servers(self.servers)
 
-    def run_program(self, program: Program, impl: str, name: str = "program", alone: bool = False) -> CellResult:
+    def run_program(self, program: Program, impl: str, name: str = "program", alone: bool = False,
+                    lane: int = 0) -> CellResult:
         """Run ``program`` as one cell on ``impl`` (in ``out_dir/impl/name``); the judged cell.  On
-        the implementation's long-lived role pair for the program's StartRoles unless ``alone``
-        or the explorer runs none (then forked fresh, as ``run`` and ``repro`` do)."""
+        the implementation's long-lived role pair ``lane`` for the program's StartRoles unless
+        ``alone`` or the explorer runs none (then forked fresh, as ``run`` and ``repro`` do)."""
         folder = self.out_dir / impl / name
         folder.mkdir(parents=True, exist_ok=True)
-        if self.long_lived and not alone and self.shifts < MAX_SHIFTS:
+        with self._lock:
             self.shifts += 1
-            return self._run_on_pair(program.shifted(self.shifts), impl, folder)
+            shift = self.shifts
+        if self.long_lived and not alone and shift <= MAX_SHIFTS:
+            return self._run_on_pair(program.shifted(shift), impl, folder, lane)
         path = folder / "program.json"
         path.write_text(program.to_json())
         return self.run_scenario_file(path, impl, folder / "cell", program)
 
-    def _run_on_pair(self, program: Program, impl: str, folder: Path) -> CellResult:
+    def _run_on_pair(self, program: Program, impl: str, folder: Path, lane: int = 0) -> CellResult:
         """Run ``program`` (rooms shifted already) on ``impl``'s pair for its StartRoles, started
         when there is none; a cell that is not PASS or WARN ends the pair (a later program
         starts a new one), so a failure never leaves state behind for the next program."""
@@ -158,11 +178,13 @@ class Explorer:
         path = folder / "program.json"
         path.write_text(program.to_json())
         scenario = scenario_of(program, str(path.resolve()))
-        key = (impl, repr(scenario.steps(0)[0]))
-        pair = self.pairs.get(key)
+        key = (impl, repr(scenario.steps(0)[0]), lane)
+        with self._lock:
+            pair = self.pairs.get(key)
         if pair is None or not pair.open:
-            pair = self.pairs[key] = RolePair(impl, self.out_dir / impl / f"pair-{self.shifts}", self.target,
-                                              self.servers.get(fork_group(impl)))
+            pair = RolePair(impl, folder / "pair", self.target, self.servers.get(fork_group(impl)))
+            with self._lock:
+                self.pairs[key] = pair
         pair.run(str(path.resolve()), folder / "cell", scenario.timeout_s)
         cell = judge(scenario, 0, hist.load(folder / "cell" / "history.jsonl"), impl=impl, workdir=str(folder / "cell"))
         if cell.verdict not in ("PASS", "WARN"):
@@ -210,55 +232,92 @@ class Explorer:
             sig = signature_of(cell, impl)
             if sig is not None:
                 report.failures.setdefault(_key(sig), Failure(sig, 0, load_program(path), path.resolve(), known=True))
+                self.known.setdefault(impl, {})[_key(sig)] = report.failures[_key(sig)]
             report.corpus[path.name] = str(cell.verdict) if sig is None else _key(sig)
 
     def explore(self, impl: str, budget_s: float, topology: str = "p1-d1", max_failures: int | None = None,
                 corpus: bool = True) -> ImplReport:
-        """The corpus (unless ``corpus`` is False), then generated programs on ``impl`` on
-        ``topology`` for ``budget_s`` seconds (or until ``max_failures`` distinct failures
-        were found and shrunk); the report."""
+        """The corpus (unless ``corpus`` is False: the failures an earlier replay of this explorer
+        found are known all the same), then generated programs on ``impl`` on ``topology`` for
+        ``budget_s`` seconds (or until ``max_failures`` distinct failures were found and
+        shrunk); the report.  The implementation's pairs are closed at the end."""
         self.topology = topology
         report = ImplReport(impl)
         start = time.monotonic()
         if corpus:
             self.replay_corpus(impl, report)
-        deadline = start + budget_s
-        round_ = 0
-        while time.monotonic() < deadline and (max_failures is None or len(report.failures) < max_failures):
-            self._round(impl, report, start, deadline, self.seed + round_)
-            round_ += 1
-        report.seconds = time.monotonic() - start
+            report.corpus_s = time.monotonic() - start
+        else:
+            report.failures = {key: replace(f, count=0) for key, f in self.known.get(impl, {}).items()}
+        try:
+            self._explore(impl, report, start, budget_s, max_failures)
+        finally:
+            self.close_pairs(impl)
         return report
 
-    def _run_counted(self, program: Program, impl: str, report: ImplReport, start: float, name: str,
-                     alone: bool = False) -> dict | None:
-        """Run one program (``alone``: forked fresh, never on a pair), count it in ``report``, tell
-        the progress callback; its failure's signature."""
-        cell = self.run_program(program, impl, name, alone=alone)
-        report.programs += 1
-        report.steps += len(program.steps)
+    def close_pairs(self, impl: str | None = None) -> None:
+        """Close the long-lived pairs of ``impl`` (None: of every implementation)."""
+        with self._lock:
+            keys = [key for key in self.pairs if impl is None or key[0] == impl]
+            pairs = [self.pairs.pop(key) for key in keys]
+        for pair in pairs:
+            pair.close()
+
+    def _explore(self, impl: str, report: ImplReport, start: float, budget_s: float, max_failures: int | None) -> None:
+        deadline = start + budget_s
+        round_ = 0
+        new = len([f for f in report.failures.values() if not f.known])
+        while time.monotonic() < deadline and (max_failures is None or new < max_failures):
+            self._round(impl, report, start, deadline, self.seed + round_)
+            new = len([f for f in report.failures.values() if not f.known])
+            round_ += 1
         report.seconds = time.monotonic() - start
-        self.on_progress(report)
+
+    def _run_counted(self, program: Program, impl: str, report: ImplReport, start: float, name: str,
+                     alone: bool = False, lane: int = 0) -> dict | None:
+        """Run one program (``alone``: forked fresh, never on a pair; ``lane``: which of the
+        implementation's pairs), count it in ``report``, tell the progress callback; its failure's
+        signature."""
+        began = time.monotonic()
+        cell = self.run_program(program, impl, name, alone=alone, lane=lane)
+        with self._lock:
+            if name in ("shrink", "confirm"):
+                report.shrink_programs += 1
+                report.shrinking_s += time.monotonic() - began
+            report.programs += 1
+            report.steps += len(program.steps)
+            report.seconds = time.monotonic() - start
+            self.on_progress(report)
         return signature_of(cell, impl)
 
     def _outcome(self, program: Program, impl: str, report: ImplReport, start: float, deadline: float,
-                 state: dict, seen: dict) -> dict | None:
+                 state: dict, seen: dict, ahead: dict | None = None) -> dict | None:
         """Run ``program`` (once per round: ``seen`` remembers) and say whether hypothesis is to
         count it failing: the signature of the failure being found or shrunk, else None.  A
         smaller program replaces the best one only when it fails the same way twice in a row,
-        so a race the first run won does not become the found program."""
+        so a race the first run won does not become the found program.  ``ahead``: programs of
+        this round already run (:meth:`_run_ahead`) -> their signatures; not run again."""
         text = program.to_json()
         if text in seen:
             return seen[text]
+        shrinking = state["sig"] is not None
+        if ahead and not shrinking and text in ahead:
+            sig = seen[text] = ahead.pop(text)
+            return self._judged(program, impl, report, start, state, seen, sig)
         if state["sig"] is None and time.monotonic() > deadline:
             return None  # the budget is spent: the rest of the round writes programs and runs none
-        shrinking = state["sig"] is not None
         if shrinking and (state["shrinks"] >= SHRINK_RUNS or time.monotonic() > state["found_at"] + SHRINK_S):
             return None  # this failure's shrinking is over: the smallest so far is the one
         # shrinking runs alone: the program written out must fail as `repro` runs it, in a fresh cell
         sig = seen[text] = self._run_counted(program, impl, report, start, "shrink" if shrinking else "program",
                                              alone=shrinking)
         state["shrinks"] += shrinking  # every cell run while shrinking, failing or not
+        return self._judged(program, impl, report, start, state, seen, sig)
+
+    def _judged(self, program: Program, impl: str, report: ImplReport, start: float, state: dict, seen: dict,
+                sig: dict | None) -> dict | None:
+        """What hypothesis is told of ``program``, which ran and showed ``sig`` (see :meth:`_outcome`)."""
+        text, shrinking = program.to_json(), state["sig"] is not None
         if sig is None:
             return None
         known = report.failures.get(_key(sig))
@@ -297,27 +356,66 @@ class Explorer:
                   f"({_key(again) if again else 'PASS'}): not shrunk, counted as pair-only")
         return False
 
-    def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
-        """One hypothesis run: programs until one fails in a new way (then shrunk) or the round ends."""
-        state: dict = {"sig": None, "best": None, "shrinks": 0, "found_at": 0.0}
-        seen: dict[str, dict | None] = {}  # program -> what hypothesis is told: a program runs once per round
-        explorer = self
-        prefill = TOPOLOGIES[self.topology].prefill
+    def _machine(self, on_program: Callable[[Program], dict | None]) -> type:
+        """The round's state machine: writes a program on this explorer's topology and rules, and
+        hands it to ``on_program`` at teardown (a signature: hypothesis is told it failed)."""
+        explorer, prefill = self, TOPOLOGIES[self.topology].prefill
 
         class Run(ProgramMachine):
             restarts = prefill.tp == prefill.pp == prefill.dp == 1  # RestartRole replaces one process
             faults = explorer.faults
 
             def teardown(self) -> None:
-                program = replace(self.program(), topology=explorer.topology)
-                sig = explorer._outcome(program, impl, report, start, deadline, state, seen)
+                sig = on_program(replace(self.program(), topology=explorer.topology))
                 if sig is not None:
                     raise AssertionError(_key(sig))
 
-        test = get_state_machine_test(Run, settings=settings(
+        return Run
+
+    def _test(self, machine: type, phases: tuple) -> Callable[[], None]:
+        return get_state_machine_test(machine, settings=settings(
             max_examples=EXAMPLES_PER_ROUND, stateful_step_count=PROGRAM_RULES, deadline=None, database=None,
             verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-            phases=(Phase.generate, Phase.shrink)))
+            phases=phases))
+
+    def _run_ahead(self, impl: str, report: ImplReport, start: float, deadline: float,
+                   round_seed: int) -> dict[str, dict | None]:
+        """Write the round's programs first (hypothesis's generate phase with the round's seed, as
+        the round then writes them again) and run them on :attr:`lanes` pairs at once, until the
+        budget is spent; program text -> its failure's signature (None: it passed)."""
+        programs: list[Program] = []
+        hypothesis_seed(round_seed)(self._test(self._machine(lambda p: programs.append(p)), (Phase.generate,)))()
+        lanes, results = queue.SimpleQueue(), {}
+        for lane in range(self.lanes):
+            lanes.put(lane)
+
+        def run(program: Program) -> None:
+            if time.monotonic() > deadline:
+                return
+            lane = lanes.get()
+            try:
+                results[program.to_json()] = self._run_counted(program, impl, report, start, f"lane-{lane}", lane=lane)
+            finally:
+                lanes.put(lane)
+
+        unique = list({p.to_json(): p for p in programs}.values())
+        with ThreadPoolExecutor(self.lanes, thread_name_prefix="pdconform-explore-lane") as pool:
+            list(pool.map(run, unique))
+        return results
+
+    def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
+        """One hypothesis run: programs until one fails in a new way (then shrunk) or the round
+        ends.  With :attr:`lanes` above 1 the round's programs run ahead, several at once; the
+        round is replayed by hypothesis (nothing runs again) only when one of them failed."""
+        state: dict = {"sig": None, "best": None, "shrinks": 0, "found_at": 0.0}
+        seen: dict[str, dict | None] = {}  # program -> what hypothesis is told: a program runs once per round
+        ahead = self._run_ahead(impl, report, start, deadline, round_seed) \
+            if self.lanes > 1 and self.long_lived else None
+        if ahead is not None and all(sig is None for sig in ahead.values()):
+            return
+        test = self._test(self._machine(lambda program: self._outcome(program, impl, report, start, deadline,
+                                                                      state, seen, ahead)),
+                          (Phase.generate, Phase.shrink))
         flaky = False
         try:
             hypothesis_seed(round_seed)(test)()
@@ -325,6 +423,9 @@ class Explorer:
             pass
         except Flaky:  # the smallest program did not fail again on its replay: written out, marked
             flaky = True
+        for sig in (ahead or {}).values():  # run ahead, not replayed: this round's first failure ended it
+            if sig is not None and _key(sig) in report.failures:
+                report.failures[_key(sig)].count += 1
         if state["sig"] is not None:
             failure = report.failures[_key(state["sig"])]
             failure.program, failure.flaky = state["best"], flaky
