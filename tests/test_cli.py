@@ -92,8 +92,8 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     (tmp_path / "run-3" / "cells").mkdir(parents=True)  # not pdconform's: never touched
     (tmp_path / "bench.json").write_text("{}")
     out = pdconform("bench", "--repeat", "2", "--impl", "reference", "--scenario", "happy-path", "--jobs", "2",
-                    "--skip", "engines", "--skip", "shrink", "--seeds", "50", "--explore-seconds", "3", "--out",
-                    str(tmp_path), timeout=300)
+                    "--skip", "engines", "--skip", "shrink", "--skip", "isolation", "--seeds", "50",
+                    "--explore-seconds", "3", "--out", str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     bench = tmp_path / "latest"
     figures = {f["name"]: f for f in json.loads((bench / "bench.json").read_text())["figures"]}

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 GOALS = {
     "matrix_wall_s": ("<=", 60.0),
     "explore_programs_per_min[]": (">=", 300.0),  # issue "Explore": fault-free programs of ~10 steps, 2 cores
+    "explore_pair_verdicts_differ[]": ("<=", 0.0),  # issue "Explore": a verdict alone and on a long-lived pair: the same
     "cell_overhead_s": ("<=", 0.150),
     "simulator_runs_per_min": (">=", 2000.0),
     "instrumentation_overhead_pct": ("<=", 5.0),

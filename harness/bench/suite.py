@@ -27,7 +27,7 @@ from harness.bench.matrix import (
 )
 from harness.judge.results import write_atomic
 
-PARTS = ("matrix", "simulator", "engines", "explore", "shrink")
+PARTS = ("matrix", "simulator", "engines", "explore", "isolation", "shrink")
 
 
 @dataclass
@@ -45,6 +45,7 @@ class BenchPlan:
     explore: tuple = ()  # (target, implementations) whose explore rate to measure ([] none); () to skip explore
     explore_s: float = 20.0  # seconds of programs per implementation and sample
     shrink: bool = False  # time explore's shrinking of a planted bug (SHRINK_MUTANT)
+    isolation: bool = False  # verdicts alone and on long-lived pairs, per explored implementation
     notes: list[str] = field(default_factory=list)
 
 
@@ -64,7 +65,7 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
     unknown = skip - set(PARTS)
     if unknown:
         raise BenchUsageError(f"unknown --skip {', '.join(sorted(unknown))} (known: {', '.join(PARTS)})")
-    if skip >= set(PARTS):
+    if skip >= set(PARTS) - {"isolation"}:  # isolation is measured on explore's implementations
         raise BenchUsageError("--skip leaves nothing to measure")
     if "engines" not in skip:
         free_mib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
@@ -76,6 +77,7 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
     if "explore" not in skip or "shrink" not in skip:
         plan.explore = (target(), [i for i in impls if not i.startswith("mutant.")] if "explore" not in skip else [])
         plan.shrink = "shrink" not in skip
+        plan.isolation = "isolation" not in skip and "explore" not in skip
     if "matrix" not in skip:
         sglang = target()
         plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
@@ -100,7 +102,8 @@ def run_bench(plan: BenchPlan, on_progress: Callable[[str], None] = lambda text:
         rates = f"{plan.repeat} x {plan.explore_s:.0f} s per implementation" if plan.explore[1] else ""
         shrinks = f"{plan.repeat} shrinks of {SHRINK_MUTANT}" if plan.shrink else ""
         on_progress("explore: " + ", ".join(part for part in (rates, shrinks) if part))
-        figures += bench_explore(*plan.explore, plan.repeat, plan.out_dir / "explore", plan.explore_s, plan.shrink)
+        figures += bench_explore(*plan.explore, plan.repeat, plan.out_dir / "explore", plan.explore_s, plan.shrink,
+                                 plan.isolation)
     return figures
 
 
@@ -110,12 +113,13 @@ SHRINK_BUDGET_S = 120.0  # seconds one sample may take to find it (its shrinking
 
 
 def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds: float,
-                  shrink: bool = False) -> list[Figure]:
+                  shrink: bool = False, isolation: bool = False) -> list[Figure]:
     """Explore's rate per implementation of ``impls`` in each of :data:`EXPLORE_MODES`: ``repeat``
     samples of ``seconds`` each (programs per minute, steps per second; harness.explore.session;
     the corpus is not replayed), and with ``shrink`` its time to shrink (:data:`SHRINK_MUTANT`'s failure, from
-    the first failing program to the smallest one written out); found programs are written
-    under ``out_dir`` (never into the corpus)."""
+    the first failing program to the smallest one written out), with ``isolation`` what the
+    long-lived pairs give up (:func:`_isolation_figure`); found programs are written under
+    ``out_dir`` (never into the corpus)."""
     from harness import implementations
     from harness.explore.session import Explorer, ImplReport
 
@@ -131,6 +135,9 @@ def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds:
             for mode, (faults, long_lived) in EXPLORE_MODES.items():
                 explorer.faults, explorer.long_lived = faults, long_lived
                 figures += _rate_figures(explorer, impl, mode, repeat if not mode else 1, seconds)  # others: one sample
+            explorer.long_lived = True
+            if isolation:
+                figures.append(_isolation_figure(explorer, impl))
         explorer.faults, explorer.long_lived = True, True
         if shrink:
             figures.append(_shrink_figure(explorer, repeat))
@@ -140,6 +147,32 @@ def bench_explore(target, impls: list[str], repeat: int, out_dir: Path, seconds:
 #: explore's rates bench measures: figure suffix -> (fault rules on, long-lived role pairs); the
 #: issue's goal (>= 300 programs a minute) is for fault-free programs, the first one
 EXPLORE_MODES = {"": (False, True), "alone": (False, False), "faults": (True, True)}  # see _rate_figures
+
+
+ISOLATION_PROGRAMS = 12  # generated programs of each kind (fault-free, with faults) run alone and on a pair
+
+
+def _isolation_figure(explorer, impl: str) -> Figure:
+    """What long-lived pairs give up, measured: :data:`ISOLATION_PROGRAMS` fault-free programs and
+    as many with the fault rules (hypothesis, seed 0), each judged alone (a fresh cell) and on
+    one of ``impl``'s pairs; the figure is how many verdicts differ (goal 0), the note names them."""
+    from hypothesis import Phase, seed as hypothesis_seed
+
+    programs = []
+    for faults in (False, True):
+        explorer.faults, drawn = faults, []
+        hypothesis_seed(0)(explorer._test(explorer._machine(drawn.append), (Phase.generate,)))()
+        programs += list({p.to_json(): p for p in drawn}.values())[:ISOLATION_PROGRAMS]
+    differ = []
+    for i, program in enumerate(programs):
+        alone = explorer.run_program(program, impl, "isolation-alone", alone=True).verdict
+        paired = explorer.run_program(program, impl, "isolation-pair").verdict
+        if alone != paired:
+            differ.append(f"program {i}: {alone} alone, {paired} on a pair")
+    explorer.close_pairs(impl)
+    figure = Figure(f"explore_pair_verdicts_differ[{impl}]", "programs", [float(len(differ))])
+    figure.note = f"of {len(programs)} programs" + (": " + "; ".join(differ) if differ else "")
+    return figure
 
 
 def _rate_figures(explorer, impl: str, mode: str, repeat: int, seconds: float) -> list[Figure]:

@@ -144,6 +144,10 @@ def _print_reports(reports) -> bool:
                    "UNSUPPORTED": "not judged here (UNSUPPORTED)"}.get(sig, "unreadable" if sig.startswith("unreadable")
                                                                       else "still fails")
             table.add_row(r.impl, "", "", "", escape(terminal(f"corpus {name}: {now}")), "", "", "")
+        if r.pair_only:  # not a finding: what reuse gave up showed (harness.drive.pair)
+            kinds = sorted({key for key, _ in r.pair_only})
+            table.add_row(r.impl, "", "", "", escape(terminal(f"pair-only (passed in a fresh cell): {', '.join(kinds)}")),
+                          str(len(r.pair_only)), "", "")
     console.print(table)
     from harness.explore.found import FOUND_DIR, FOUND_ENV
 

@@ -125,7 +125,8 @@ def bench(
     engine_mib: int = typer.Option(128, "--engine-mib", min=1, max=4096,
                                    help="MiB per engine throughput sample (a source and a destination buffer each)."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines, explore "
-                                             "(its rates), shrink (its time to shrink a planted bug)."),
+                                             "(its rates), isolation (verdicts alone and on long-lived role pairs), "
+                                             "shrink (its time to shrink a planted bug)."),
     explore_seconds: float = typer.Option(20.0, "--explore-seconds", min=1.0, max=3600.0,
                                           help="Seconds of generated programs per implementation and sample."),
     out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),

@@ -352,8 +352,10 @@ class Explorer:
         if again is not None and _key(again) == _key(sig):
             return True
         report.pair_only.append((_key(sig), program))
+        kept = self.out_dir / impl / f"pair-only-{len(report.pair_only)}.json"
+        kept.write_text(program.to_json())
         self.note(f"{impl}: a program failed on a long-lived pair ({_key(sig)}) but not in a fresh cell "
-                  f"({_key(again) if again else 'PASS'}): not shrunk, counted as pair-only")
+                  f"({_key(again) if again else 'PASS'}): not shrunk, counted as pair-only ({kept})")
         return False
 
     def _machine(self, on_program: Callable[[Program], dict | None]) -> type:
