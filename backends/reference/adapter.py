@@ -486,11 +486,7 @@ class ReferenceRole(RoleAdapter):
             self.side.close()
 
     def begin_program(self) -> dict:
-        """See :meth:`RoleAdapter.begin_program`; on the control thread, so no write lands while
-        the pools are written again."""
-        if self.side is None:
-            raise RuntimeError("start the role before its next program")
-
+        """See :meth:`RoleAdapter.begin_program`; on the control thread (no write lands meanwhile)."""
         def forget() -> dict:
             self.fault_counter, self.past_counters = None, []
             self.acks.clear()

@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pair:
         from harness.drive.pair import serve_pair
 
-        serve_pair(args.impl, Path(args.workdir), args.base_port, network, args.pair)
+        serve_pair(args.impl, Path(args.workdir), args.base_port, network, args.pair, CellDriver)
         return 0
     if not args.scenario:
         parser.error("--scenario is required (or --pair)")

@@ -74,11 +74,12 @@ class PairServer:
     """The pair's side (in its cell process): starts the roles with the first program, then
     serves each program on them (see the module docstring)."""
 
-    def __init__(self, impl: str, workdir: Path, base_port: int, network: str):
+    def __init__(self, impl: str, workdir: Path, base_port: int, network: str, make_driver):
         from harness.drive.remote import launcher_for
 
         self.impl, self.workdir, self.base_port, self.network = impl, workdir, base_port, network
         self.launcher = launcher_for(workdir)
+        self.make_driver = make_driver  # (impl, launcher, history, base_port) -> harness.drive.cell.CellDriver
         self.driver = None
         self.start_key = ""
         self.start_events: list[dict] = []
@@ -88,7 +89,6 @@ class PairServer:
     def serve(self, scenario_id: str, workdir: Path) -> dict:
         """Run one program (a scenario, by id or path) in ``workdir``, recording its history there;
         ``{"kept": True}`` or ``{"kept": False, "why": ...}`` (then this pair serves no more)."""
-        from harness.drive.cell import CellDriver
         from harness.spec.scenario import get_scenario
 
         workdir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ class PairServer:
                        value={"impl": self.impl, "scenario": scenario.id, "seed": 0, "full_waits": False,
                               "network": self.network, "pair": {"program": self.served, "reused": reused}})
         if self.driver is None:
-            self.driver = CellDriver(self.impl, self.launcher, history, self.base_port)
+            self.driver = self.make_driver(self.impl, self.launcher, history, self.base_port)
         d, outcome = self.driver, {"outcome": "completed"}
         d.history, d.stalled_step, d.dp_requested = history, None, {}
         d.cell_rooms = sorted({step.room for step in steps if isinstance(getattr(step, "room", None), int)})
@@ -154,14 +154,15 @@ class PairServer:
             self.driver.stop_all()
 
 
-def serve_pair(impl: str, workdir: Path, base_port: int, network: str, socket_path: str) -> None:
+def serve_pair(impl: str, workdir: Path, base_port: int, network: str, socket_path: str, make_driver) -> None:
     """The pair's loop (in its cell process): answer each request on ``socket_path`` (``{"scenario":
     id or path, "workdir": dir}`` -> :meth:`PairServer.serve`'s reply; ``{"stop": true}`` ends
-    it) until a program leaves the pair unkept, then stop the roles.  Exits when the parent
+    it) until a program leaves the pair unkept, then stop the roles.  ``make_driver``: the cell's
+    CellDriver class (passed in: harness.drive.cell imports this module, not the other way).  Exits when the parent
     goes (the cell's parent watch)."""
     from harness.drive.contain import kill_descendants
 
-    server = PairServer(impl, workdir, base_port, network)
+    server = PairServer(impl, workdir, base_port, network, make_driver)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REP)
     sock.bind(f"ipc://{socket_path}")
