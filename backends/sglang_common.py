@@ -421,7 +421,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         self._fault_counter, self._past_counters = None, []
         with self._acks_lock:
             self._acks.clear()
-        self.__dict__.pop("_points", None)
+        self._forget_points()
         self.recorder.clear()
         self.rooms_seen = [room for room in self.rooms_seen if room in self.senders or room in self.receivers]
         return {"buffers": refill(self.buffers, *self.pool_of)}

@@ -19,12 +19,15 @@ from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeR
                                 ThawRole, VerifyPools)
 
 
-def _programs(n: int = 40):
+def _programs(n: int = 40, faults: bool = True):
+    """``n`` programs as explore writes them (``faults`` False: fault-free ones), none run."""
     out = []
 
     class Collect(ProgramMachine):
         def teardown(self):
             out.append(self.program())
+
+    Collect.faults = faults
 
     get_state_machine_test(Collect, settings=settings(max_examples=n, stateful_step_count=8, deadline=None,
                                                       database=None, phases=(Phase.generate,),

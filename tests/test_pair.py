@@ -9,27 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import get_state_machine_test
+from test_explore import _programs
 
 from harness.drive.pair import kept
-from harness.explore.program import MAX_SHIFTS, ROOM_STRIDE, ProgramMachine
+from harness.explore.program import MAX_SHIFTS, ROOM_STRIDE
 from harness.spec import steps as s
 from harness.spec.history import Event
-
-
-def _programs(n: int, faults: bool = False) -> list:
-    out = []
-
-    class Collect(ProgramMachine):
-        def teardown(self):
-            out.append(self.program())
-
-    Collect.faults = faults
-    get_state_machine_test(Collect, settings=settings(max_examples=n, stateful_step_count=8, deadline=None,
-                                                      database=None, phases=(Phase.generate,),
-                                                      suppress_health_check=list(HealthCheck)))()
-    return out
 
 
 OK_OBS = {"prefill": {"type": Event.OK, "value": {"loops": {"control": True}, "dead_threads": []}}}
@@ -51,7 +36,7 @@ def test_a_pair_ends_after_a_program_it_cannot_vouch_for():
 
 
 def test_fault_free_programs_hold_no_fault_steps_and_shift_keeps_dp_engines():
-    programs = _programs(30)
+    programs = _programs(30, faults=False)
     faulty = (s.EngineFaults, s.FreezeRole, s.RestartRole, s.InjectFrames)
     assert all(not isinstance(st, faulty) for p in programs for st in p.steps)
     assert all(st.seconds < 1 for p in programs for st in p.steps if isinstance(st, s.Sleep))
@@ -73,7 +58,7 @@ def test_programs_on_a_long_lived_pair_judge_as_they_do_alone(tmp_path):
     from harness.spec import history as hist
     from harness.target.sglang import installed_target
 
-    programs = _programs(5) + _programs(3, faults=True)
+    programs = _programs(5, faults=False) + _programs(3)
     with Explorer(installed_target(), tmp_path / "out", tmp_path / "found") as explorer:
         explorer.start(["reference"])
         alone = [explorer.run_program(p, "reference", f"alone-{i}", alone=True).verdict for i, p in enumerate(programs)]
@@ -100,14 +85,16 @@ def test_a_failure_only_a_pair_shows_is_counted_not_shrunk(tmp_path, monkeypatch
     from harness.explore import session
     import msgspec
 
-    real = session.Explorer._run_on_pair
+    real = session.Explorer.run_scenario_file
 
-    def planted(self, program, impl, folder, lane=0):
-        cell = real(self, program, impl, folder, lane)
+    def planted(self, path, impl, workdir, program=None, lane=None):
+        cell = real(self, path, impl, workdir, program, lane)
+        if lane is None:  # a fresh cell judges as it is
+            return cell
         check = {"name": "bytes-exact", "requirement": "R-LAYOUT-1", "ok": False, "level": "MUST"}
         return msgspec.structs.replace(cell, verdict="FAIL", checks=[check])
 
-    monkeypatch.setattr(session.Explorer, "_run_on_pair", planted)
+    monkeypatch.setattr(session.Explorer, "run_scenario_file", planted)
     from harness.target.sglang import installed_target
 
     with session.Explorer(installed_target(), tmp_path / "out", tmp_path / "found", note=lambda line: None) as explorer:

@@ -490,7 +490,7 @@ class ReferenceRole(RoleAdapter):
         def forget() -> dict:
             self.fault_counter, self.past_counters = None, []
             self.acks.clear()
-            self.__dict__.pop("_points", None)
+            self._forget_points()
             self.recorder.clear()
             self.rooms_seen = []
             return {"buffers": refill(self.buffers, self.pool_side, self.layout)}

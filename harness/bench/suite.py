@@ -156,13 +156,10 @@ def _isolation_figure(explorer, impl: str) -> Figure:
     """What long-lived pairs give up, measured: :data:`ISOLATION_PROGRAMS` fault-free programs and
     as many with the fault rules (hypothesis, seed 0), each judged alone (a fresh cell) and on
     one of ``impl``'s pairs; the figure is how many verdicts differ (goal 0), the note names them."""
-    from hypothesis import Phase, seed as hypothesis_seed
-
     programs = []
     for faults in (False, True):
-        explorer.faults, drawn = faults, []
-        hypothesis_seed(0)(explorer._test(explorer._machine(drawn.append), (Phase.generate,)))()
-        programs += list({p.to_json(): p for p in drawn}.values())[:ISOLATION_PROGRAMS]
+        explorer.faults = faults
+        programs += explorer.write_round(0)[:ISOLATION_PROGRAMS]
     differ = []
     for i, program in enumerate(programs):
         alone = explorer.run_program(program, impl, "isolation-alone", alone=True).verdict

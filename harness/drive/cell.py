@@ -18,14 +18,13 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import zmq
 
 from harness.drive.contain import NETNS_ENV, NETNS_PID_ENV, become_subreaper, isolate_network, kill_descendants
-from harness.drive.errors import CellAborted, RoleError
+from harness.drive.errors import CellAborted, RoleError, ended_early
 from harness.drive.executors import execute
 from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
 from harness.drive.launcher import Launcher, RoleHandle
@@ -248,10 +247,11 @@ class CellDriver:
                      if e["role"] == role and e["op"] in START_OPS and e["type"] == Event.OK), None)
 
     # ---- steps --------------------------------------------------------------
-    def run(self, steps: list[s.Step]) -> None:
-        """Execute ``steps`` in order (harness.drive.executors); CellAborted ends the cell."""
+    def run(self, steps: list[s.Step], first: int = 0) -> None:
+        """Execute ``steps`` from index ``first`` on, in order (harness.drive.executors; a long-lived
+        pair has run step 0 its own way, harness.drive.pair); CellAborted ends the cell."""
         self.cell_rooms = sorted({step.room for step in steps if isinstance(getattr(step, "room", None), int)})
-        for index, step in enumerate(steps):
+        for index, step in enumerate(steps[first:], first):
             self.step_index = index
             self.record(Event.INFO, Op.STEP, None, args={"step": type(step).__name__})
             self.execute(step)
@@ -374,11 +374,9 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
         driver.observe_all()
         driver.record_injected()
     except CellAborted as exc:
-        outcome = {"outcome": "unsupported" if exc.unsupported else "aborted", "reason": str(exc),
-                   "step": driver.step_index}
+        outcome = ended_early(exc, driver.step_index)
     except BaseException as exc:  # a harness bug or an interrupt: the cell did not run to its end
-        outcome = {"outcome": "crashed", "step": driver.step_index,
-                   "reason": f"{type(exc).__name__}: {exc}" + "".join(traceback.format_exception(exc)[-3:-1])[-1500:]}
+        outcome = ended_early(exc, driver.step_index)
         raise
     finally:
         driver.stop_all()

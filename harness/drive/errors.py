@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 
 class RoleError(RuntimeError):
     """A role process failed to start, died, or answered a command with an error."""
@@ -27,3 +29,13 @@ class CellAborted(Exception):
     def __init__(self, message: str, unsupported: bool = False):
         super().__init__(message)
         self.unsupported = unsupported
+
+
+def ended_early(exc: BaseException, step: int | None) -> dict:
+    """The ``outcome`` a cell's :attr:`Op.CELL_END` records when ``exc`` ended it at ``step``:
+    ``unsupported`` or ``aborted`` for CellAborted, else ``crashed`` (a harness bug or an
+    interrupt), each with its ``reason`` (a crash's with the last frames of its traceback)."""
+    if isinstance(exc, CellAborted):
+        return {"outcome": "unsupported" if exc.unsupported else "aborted", "reason": str(exc), "step": step}
+    return {"outcome": "crashed", "step": step,
+            "reason": f"{type(exc).__name__}: {exc}" + "".join(traceback.format_exception(exc)[-3:-1])[-1500:]}

@@ -29,13 +29,13 @@ import signal
 import subprocess
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from harness.drive.errors import CellAborted
+from harness.drive.errors import CellAborted, ended_early
+from harness.drive.runner import forget_process, log_tail, start_cell_process, track_process
 from harness.spec import steps as s
 from harness.spec.history import Event, History, Op, append_event, last_observations
 
@@ -104,23 +104,15 @@ class PairServer:
             self.driver = self.make_driver(self.impl, self.launcher, history, self.base_port)
         d, outcome = self.driver, {"outcome": "completed"}
         d.history, d.stalled_step, d.dp_requested = history, None, {}
-        d.cell_rooms = sorted({step.room for step in steps if isinstance(getattr(step, "room", None), int)})
         try:
             if reused and key != self.start_key:
                 raise CellAborted(f"this pair's roles were started by another StartRoles ({self.start_key[:80]})")
             self._start(d, steps[0], key, reused)
-            for index, step in enumerate(steps[1:], 1):
-                d.step_index = index
-                d.record(Event.INFO, Op.STEP, None, args={"step": type(step).__name__})
-                d.execute(step)
+            d.run(steps, first=1)
             d.observe_all()
             d.record_injected()
-        except CellAborted as exc:
-            outcome = {"outcome": "unsupported" if exc.unsupported else "aborted", "reason": str(exc),
-                       "step": d.step_index}
-        except Exception as exc:  # a harness bug: this program's cell crashed; the pair ends
-            outcome = {"outcome": "crashed", "step": d.step_index,
-                       "reason": f"{type(exc).__name__}: {exc}" + "".join(traceback.format_exception(exc)[-3:-1])[-1500:]}
+        except Exception as exc:  # CellAborted; anything else is a harness bug: this program's cell crashed
+            outcome = ended_early(exc, d.step_index)
         self.served += 1
         why = kept(steps, outcome, last_observations(history.events), self._alive(d))
         outcome["pair"] = {"program": self.served - 1, "reused": reused, "kept": not why, "why": why}
@@ -204,7 +196,9 @@ class RolePair:
         socket_path = os.path.join(self.socket_dir, SOCKET_NAME)
         args = ["--impl", impl, "--pair", socket_path, "--workdir", str(workdir),
                 "--base-port", str(free_port_block(host=target.env.get(BIND_ENV)))]
-        self.process = _start(args, workdir, target, fork_server)
+        with open(workdir / "cell.log", "ab") as log:
+            self.process = start_cell_process(args, workdir, log, target, fork_server)
+        track_process(self.process)  # an interrupted run kills its group too
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.REQ)
         self.sock.connect(f"ipc://{socket_path}")
@@ -234,7 +228,7 @@ class RolePair:
                  "log_tail": "", "pair": True}
         if not reply["kept"]:
             self.close()
-            exit_["log_tail"] = _tail(self.workdir / "cell.log")
+            exit_["log_tail"] = log_tail(self.workdir)
         append_event(workdir / "history.jsonl", Event.INFO, Op.CELL_EXIT, value=exit_)
         return reply
 
@@ -243,8 +237,6 @@ class RolePair:
         if not self.open:
             return
         self.open = False
-        from harness.drive.runner import forget_process
-
         try:
             if self.process.poll() is None:
                 self.sock.send_json({"stop": True}, flags=zmq.NOBLOCK)
@@ -262,36 +254,6 @@ class RolePair:
             self.sock.close(linger=0)
             self.ctx.term()
             shutil.rmtree(self.socket_dir, ignore_errors=True)
-
-
-def _start(args: list[str], workdir: Path, target, fork_server):
-    """The pair's cell process (harness.drive.runner starts cells the same way), tracked so an
-    interrupted run kills it."""
-    from harness import ROOT
-    from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkServerError
-    from harness.drive.runner import track_process
-
-    process = None
-    if fork_server is not None:
-        try:
-            process = fork_server.wait_ready().fork("cell", args, workdir / "cell.log",
-                                                    env={FORK_SERVER_ENV: fork_server.socket_path})
-        except ForkServerError:
-            process = None
-    if process is None:
-        with open(workdir / "cell.log", "ab") as log:
-            process = subprocess.Popen([target.python, "-m", "harness.drive.cell", *args], stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT, process_group=0, env=target.cell_env(),
-                                       cwd=str(ROOT))
-    track_process(process)
-    return process
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 __all__ = ["PairServer", "RolePair", "serve_pair", "kept", "TRUSTED_STEPS"]

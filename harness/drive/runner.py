@@ -70,8 +70,8 @@ _RUNNING_LOCK = threading.Lock()
 
 
 def track_process(process) -> None:
-    """Count ``process`` (a cell process started elsewhere: harness.drive.pair) among the running
-    cells, so that :func:`kill_running_cells` kills its group too."""
+    """Count cell process ``process`` (a cell's, a long-lived pair's: harness.drive.pair) among
+    the running cells, so that :func:`kill_running_cells` kills its group too."""
     with _RUNNING_LOCK:
         _RUNNING.add(process)
 
@@ -112,8 +112,11 @@ class _HistoryFollower:
                 continue
 
 
-def _start(cmd: list[str], args: list[str], workdir: Path, log, target: SglangTarget, fork_server: ForkServer | None):
-    """The cell process: forked by ``fork_server`` when it can, else a fresh interpreter."""
+def start_cell_process(args: list[str], workdir: Path, log, target: SglangTarget, fork_server: ForkServer | None):
+    """A cell process running ``python -m harness.drive.cell ARGS`` (its output to ``log``, an
+    open binary file; the fork server writes ``workdir/cell.log``): forked by ``fork_server``
+    when it can, else a fresh interpreter, in a process group of its own."""
+    cmd = [target.python, "-m", "harness.drive.cell", *args]
     if fork_server is not None:
         try:
             return fork_server.wait_ready().fork("cell", args, workdir / "cell.log", env={FORK_SERVER_ENV: fork_server.socket_path})
@@ -148,7 +151,8 @@ def _wait(process, cmd: list[str], deadline_s: float, follower: _HistoryFollower
         return False
 
 
-def _log_tail(workdir: Path) -> str:
+def log_tail(workdir: Path) -> str:
+    """The last lines of ``workdir/cell.log`` ("" when unreadable)."""
     try:
         return "\n".join((workdir / "cell.log").read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
     except OSError:
@@ -189,15 +193,13 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     cmd = [target.python, "-m", "harness.drive.cell", *args]
     start = time.monotonic()
     with open(workdir / "cell.log", "wb") as log:
-        process = _start(cmd, args, workdir, log, target, fork_server)
-        with _RUNNING_LOCK:
-            _RUNNING.add(process)
+        process = start_cell_process(args, workdir, log, target, fork_server)
+        track_process(process)
         follower = _HistoryFollower(workdir / "history.jsonl", on_event) if on_event else None
         try:
             finished = _wait(process, cmd, deadline, follower)
         finally:
-            with _RUNNING_LOCK:  # the cell's roles are in its process group: none may outlive it
-                _RUNNING.discard(process)
+            forget_process(process)  # the cell's roles are in its process group: none may outlive it
             try:
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -206,7 +208,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     cpu = process.group_cpu_s() if isinstance(process, ForkedProcess) else None
     exit_ = {"impl": impl, "scenario": scenario.id, "seed": seed, "how": "exited" if finished else "deadline",
              "returncode": process.returncode, "deadline_s": deadline, "duration_s": duration, "cpu_s": cpu,
-             "log_tail": _log_tail(workdir)}
+             "log_tail": log_tail(workdir)}
     event = append_event(workdir / "history.jsonl", Event.INFO, Op.CELL_EXIT, value=exit_)
     if on_event:
         on_event(event)

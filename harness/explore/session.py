@@ -156,40 +156,32 @@ class Explorer:
     def run_program(self, program: Program, impl: str, name: str = "program", alone: bool = False,
                     lane: int = 0) -> CellResult:
         """Run ``program`` as one cell on ``impl`` (in ``out_dir/impl/name``); the judged cell.  On
-        the implementation's long-lived role pair ``lane`` for the program's StartRoles unless
-        ``alone`` or the explorer runs none (then forked fresh, as ``run`` and ``repro`` do)."""
+        the implementation's long-lived role pair ``lane`` for the program's StartRoles, with its
+        rooms shifted (Program.shifted), unless ``alone`` or the explorer runs none (then forked
+        fresh, as ``run`` and ``repro`` do)."""
         folder = self.out_dir / impl / name
         folder.mkdir(parents=True, exist_ok=True)
         with self._lock:
             self.shifts += 1
             shift = self.shifts
-        if self.long_lived and not alone and shift <= MAX_SHIFTS:
-            return self._run_on_pair(program.shifted(shift), impl, folder, lane)
+        on_pair = self.long_lived and not alone and shift <= MAX_SHIFTS
+        if on_pair:
+            program = program.shifted(shift)
         path = folder / "program.json"
         path.write_text(program.to_json())
-        return self.run_scenario_file(path, impl, folder / "cell", program)
+        return self.run_scenario_file(path, impl, folder / "cell", program, lane=lane if on_pair else None)
 
-    def _run_on_pair(self, program: Program, impl: str, folder: Path, lane: int = 0) -> CellResult:
-        """Run ``program`` (rooms shifted already) on ``impl``'s pair for its StartRoles, started
-        when there is none; a cell that is not PASS or WARN ends the pair (a later program
-        starts a new one), so a failure never leaves state behind for the next program."""
-        if impl not in self._impls:
-            raise ValueError(f"{impl}: not among the implementations this explorer started (Explorer.start)")
-        path = folder / "program.json"
-        path.write_text(program.to_json())
-        scenario = scenario_of(program, str(path.resolve()))
+    def _pair(self, impl: str, scenario, lane: int, workdir: Path) -> RolePair:
+        """``impl``'s open pair of ``lane`` for ``scenario``'s StartRoles, started (in ``workdir``)
+        when there is none."""
         key = (impl, repr(scenario.steps(0)[0]), lane)
         with self._lock:
             pair = self.pairs.get(key)
         if pair is None or not pair.open:
-            pair = RolePair(impl, folder / "pair", self.target, self.servers.get(fork_group(impl)))
+            pair = RolePair(impl, workdir, self.target, self.servers.get(fork_group(impl)))
             with self._lock:
                 self.pairs[key] = pair
-        pair.run(str(path.resolve()), folder / "cell", scenario.timeout_s)
-        cell = judge(scenario, 0, hist.load(folder / "cell" / "history.jsonl"), impl=impl, workdir=str(folder / "cell"))
-        if cell.verdict not in ("PASS", "WARN"):
-            pair.close()
-        return cell
+        return pair
 
     def start(self, impls: list[str]) -> None:
         """Start the fork servers of every implementation this explorer will run, at once (each
@@ -207,17 +199,26 @@ class Explorer:
             except ForkServerError as exc:
                 self.note(f"{group} cells start as fresh interpreters: {exc}")
 
-    def run_scenario_file(self, path: Path, impl: str, workdir: Path, program: Program | None = None) -> CellResult:
+    def run_scenario_file(self, path: Path, impl: str, workdir: Path, program: Program | None = None,
+                          lane: int | None = None) -> CellResult:
         """Run the program file ``path`` as one cell on ``impl`` in ``workdir`` (the cell reads
-        the file: its scenario id is the path); the judged cell.  ValueError when ``path`` is
-        not a program (harness.explore.program.program_from_json)."""
+        the file: its scenario id is the path); the judged cell.  ``lane``: on that long-lived
+        pair (:meth:`_pair`, in ``workdir``'s sibling ``pair``), which a cell other than PASS or
+        WARN ends (a failure never leaves state behind for the next program); None: forked fresh.
+        ValueError when ``path`` is not a program (harness.explore.program.program_from_json)."""
         scenario = scenario_of(program or load_program(path), str(path.resolve()))
         if impl not in self._impls:
             raise ValueError(f"{impl}: not among the implementations this explorer started (Explorer.start)")
-        run = run_cell_isolated(impl, scenario, 0, workdir, target=self.target,
-                                fork_server=self.servers.get(fork_group(impl)))
-        events = hist.load(run.workdir / "history.jsonl")
-        return judge(scenario, 0, events, impl=impl, workdir=str(run.workdir))
+        if lane is None:
+            workdir = run_cell_isolated(impl, scenario, 0, workdir, target=self.target,
+                                        fork_server=self.servers.get(fork_group(impl))).workdir
+            return judge(scenario, 0, hist.load(workdir / "history.jsonl"), impl=impl, workdir=str(workdir))
+        pair = self._pair(impl, scenario, lane, workdir.parent / "pair")
+        pair.run(str(path.resolve()), workdir, scenario.timeout_s)
+        cell = judge(scenario, 0, hist.load(workdir / "history.jsonl"), impl=impl, workdir=str(workdir))
+        if cell.verdict not in ("PASS", "WARN"):
+            pair.close()
+        return cell
 
     def replay_corpus(self, impl: str, report: ImplReport) -> None:
         """Replay every found file of ``impl`` (the corpus), recording what each shows now
@@ -266,10 +267,11 @@ class Explorer:
     def _explore(self, impl: str, report: ImplReport, start: float, budget_s: float, max_failures: int | None) -> None:
         deadline = start + budget_s
         round_ = 0
-        new = len([f for f in report.failures.values() if not f.known])
-        while time.monotonic() < deadline and (max_failures is None or new < max_failures):
+        def found() -> int:  # new distinct failures (the corpus's known ones are not looked for)
+            return sum(not f.known for f in report.failures.values())
+
+        while time.monotonic() < deadline and (max_failures is None or found() < max_failures):
             self._round(impl, report, start, deadline, self.seed + round_)
-            new = len([f for f in report.failures.values() if not f.known])
             round_ += 1
         report.seconds = time.monotonic() - start
 
@@ -385,8 +387,6 @@ class Explorer:
         """Write the round's programs first (hypothesis's generate phase with the round's seed, as
         the round then writes them again) and run them on :attr:`lanes` pairs at once, until the
         budget is spent; program text -> its failure's signature (None: it passed)."""
-        programs: list[Program] = []
-        hypothesis_seed(round_seed)(self._test(self._machine(lambda p: programs.append(p)), (Phase.generate,)))()
         lanes, results = queue.SimpleQueue(), {}
         for lane in range(self.lanes):
             lanes.put(lane)
@@ -400,10 +400,20 @@ class Explorer:
             finally:
                 lanes.put(lane)
 
-        unique = list({p.to_json(): p for p in programs}.values())
         with ThreadPoolExecutor(self.lanes, thread_name_prefix="pdconform-explore-lane") as pool:
-            list(pool.map(run, unique))
+            list(pool.map(run, self.write_round(round_seed)))
         return results
+
+    def write_round(self, round_seed: int) -> list[Program]:
+        """The distinct programs a round of ``round_seed`` writes on this explorer's topology and
+        rules, in order, none run (hypothesis's generate phase: the round writes them again)."""
+        programs: dict[str, Program] = {}
+
+        def keep(program: Program) -> None:  # None: hypothesis is told it passed
+            programs.setdefault(program.to_json(), program)
+
+        hypothesis_seed(round_seed)(self._test(self._machine(keep), (Phase.generate,)))()
+        return list(programs.values())
 
     def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
         """One hypothesis run: programs until one fails in a new way (then shrunk) or the round

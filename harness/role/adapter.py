@@ -199,6 +199,10 @@ class RoleAdapter(ABC):
             self.__dict__["_points"] = Points(self.POINTS)
         return self.__dict__["_points"]
 
+    def _forget_points(self) -> None:
+        """Disarm every point and forget its hits (a long-lived role's next program: begin_program)."""
+        self.__dict__.pop("_points", None)
+
     def arm_point(self, point: str, action: str, frames: list | None = None, hold_s: float = 20.0) -> None:
         """Arm an interleaving point for its next hit (:meth:`harness.role.faults.Points.arm`).
         Unsupported when this adapter cannot reach ``point``."""
