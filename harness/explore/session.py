@@ -53,7 +53,7 @@ class Failure:
     """One distinct failure: its ``signature``, how many programs showed it, the smallest
     program, its found file, the seconds from the start of exploring to the first one, and
     its shrinking: seconds from the first failing program to the smallest one written out,
-    and the cells run meanwhile (at most :data:`SHRINK_RUNS`, about :data:`SHRINK_S`)."""
+    and the cells run meanwhile (at most :data:`SHRINK_RUNS`, about ``Explorer.shrink_s``, :data:`SHRINK_S` unless changed)."""
 
     signature: dict
     count: int
@@ -145,6 +145,7 @@ class Explorer:
         self.known: dict[str, dict[str, Failure]] = {}  # impl -> failures its corpus still shows
         self.shifts = 0  # programs run on pairs so far: each gets rooms of its own (Program.shifted)
         self.faults = True  # ProgramMachine.faults: False writes fault-free programs only (bench's rate goal)
+        self.shrink_s = SHRINK_S  # seconds one failure's shrinking may take (tests shorten it)
 
     def __enter__(self) -> "Explorer":
         return self
@@ -308,8 +309,10 @@ class Explorer:
             return self._judged(program, impl, report, start, state, seen, sig)
         if state["sig"] is None and time.monotonic() > deadline:
             return None  # the budget is spent: the rest of the round writes programs and runs none
-        if shrinking and (state["shrinks"] >= SHRINK_RUNS or time.monotonic() > state["found_at"] + SHRINK_S):
-            return None  # this failure's shrinking is over: the smallest so far is the one
+        if shrinking and (state["shrinks"] >= SHRINK_RUNS or time.monotonic() > state["found_at"] + self.shrink_s):
+            # this failure's shrinking is over: the smallest so far is the one.  Told "passed",
+            # hypothesis would go on trying (and building) candidates for a minute or more
+            raise _ShrinkOver
         # shrinking runs alone: the program written out must fail as `repro` runs it, in a fresh cell
         sig = seen[text] = self._run_counted(program, impl, report, start, "shrink" if shrinking else "program",
                                              alone=shrinking)
@@ -435,6 +438,8 @@ class Explorer:
             pass
         except Flaky:  # the smallest program did not fail again on its replay: written out, marked
             flaky = True
+        except _ShrinkOver:  # the shrinking bound ended the round; state["best"] is the program
+            pass
         for sig in (ahead or {}).values():  # run ahead, not replayed: this round's first failure ended it
             if sig is not None and _key(sig) in report.failures:
                 report.failures[_key(sig)].count += 1
@@ -447,6 +452,11 @@ class Explorer:
                                            {"seed": round_seed, "shrink_runs": state["shrinks"]})
             except OSError as exc:  # the failure stays in the report; its program could not be kept
                 self.note(f"could not write the found program of {impl} into {self.found_dir}: {exc}")
+
+
+class _ShrinkOver(BaseException):
+    """Raised out of a program's teardown when its failure's shrinking bound is spent: not an
+    ``Exception``, so hypothesis does not take it for a failure of the program but stops."""
 
 
 __all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS", "SHRINK_S"]
