@@ -15,9 +15,10 @@ setup:
 matrix: setup
 	$(PDCONFORM) run --jobs $(JOBS) $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 
-# three workers (pytest-xdist): the tests mostly wait on role processes and timers
+# three workers (pytest-xdist): the tests mostly wait on role processes and timers; the tests
+# marked nightly (minute-long runs across network namespaces) run in `make nightly`
 test: setup
-	$(VENV)/bin/python -m pytest -q -n 3
+	$(VENV)/bin/python -m pytest -q -n 3 -m "not nightly"
 
 # Benchmarks and long property runs: not part of `make test`.
 bench: setup

@@ -93,7 +93,7 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     (tmp_path / "bench.json").write_text("{}")
     out = pdconform("bench", "--repeat", "2", "--impl", "reference", "--scenario", "happy-path", "--jobs", "2",
                     "--skip", "engines", "--skip", "shrink", "--skip", "isolation", "--seeds", "50",
-                    "--explore-seconds", "1", "--out", str(tmp_path), timeout=300)
+                    "--explore-seconds", "3", "--out", str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     bench = tmp_path / "latest"
     figures = {f["name"]: f for f in json.loads((bench / "bench.json").read_text())["figures"]}

@@ -155,6 +155,7 @@ def _subnet_of_agents(pid: int) -> str:
 
 
 @NEEDS_NETNS
+@pytest.mark.nightly
 def test_run_across_two_namespaces_places_prefill_and_decode_apart_and_leaves_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "reference",
                            "--impl", "mooncake", "--scenario", "happy-path", "--out", str(tmp_path)],
@@ -175,7 +176,7 @@ def test_run_across_two_namespaces_places_prefill_and_decode_apart_and_leaves_no
 
 @NEEDS_NETNS
 def test_an_interrupted_run_across_namespaces_leaves_nothing(tmp_path):
-    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "mooncake",
+    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "reference",
                               "--scenario", "happy-path", "--scenario", "multi-chunk-long-prompt", "--out",
                               str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.monotonic() + 120
@@ -229,6 +230,7 @@ def test_network_partition_catches_a_prefill_that_waits_for_a_partitioned_decode
 
 
 @NEEDS_NETNS
+@pytest.mark.nightly
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nftables' nft is not installed (make setup, as root)")
 def test_an_unreachable_bootstrap_server_fails_the_rooms_by_heartbeat_and_a_decode_without_one_is_caught(
         tmp_path, monkeypatch):

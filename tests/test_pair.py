@@ -78,6 +78,38 @@ def test_programs_on_a_long_lived_pair_judge_as_they_do_alone(tmp_path):
         assert not os.path.exists(folder)
 
 
+def _written(program) -> tuple[set[int], set[int]]:
+    """(decode pages ``program`` writes and its checks expect written, decode pages its checks skip)."""
+    verify = [st for st in program.steps if isinstance(st, s.VerifyPools)][-1]
+    return {d for _, d in verify.kv_moves}, set(verify.unchecked_kv)
+
+
+@pytest.mark.e2e
+def test_a_pair_that_leaves_the_last_programs_bytes_is_caught_by_the_alone_comparison(tmp_path, monkeypatch):
+    """The reuse leak the comparison exists for, planted: begin_program does not write the pools'
+    pattern again (PLANT_STALE_POOLS_ENV), so a program on a reused pair sees the bytes an
+    earlier one left.  Two generated programs on the same roles, the first writing a decode page
+    the second neither writes nor skips: alone the second passes, after the first on the pair
+    it fails the byte check."""
+    from harness.explore.session import Explorer
+    from harness.role.pools import PLANT_STALE_POOLS_ENV
+    from harness.target.sglang import installed_target
+
+    monkeypatch.setenv(PLANT_STALE_POOLS_ENV, "1")  # before the fork server starts: its roles inherit it
+    programs = [p for p in _programs(30, faults=False) if any(isinstance(st, s.VerifyPools) for st in p.steps)]
+    first, second = next((a, b) for a in programs for b in programs
+                         if a.steps[0] == b.steps[0] and _written(a)[0] - _written(b)[0] - _written(b)[1])
+    with Explorer(installed_target(), tmp_path / "out", tmp_path / "found", note=lambda line: None) as explorer:
+        explorer.start(["reference"])
+        alone = explorer.run_program(second, "reference", "alone", alone=True)
+        before = explorer.run_program(first, "reference", "pair-first")
+        after = explorer.run_program(second, "reference", "pair-second")
+    assert alone.verdict in ("PASS", "WARN") and before.verdict in ("PASS", "WARN"), (alone.reason, before.reason)
+    assert after.verdict == "FAIL", "stale pools passed on a reused pair"
+    failed = {(ch["requirement"], ch["name"]) for ch in after.checks if ch["ok"] is False}
+    assert any("bytes" in name or "pool" in name for _, name in failed), failed
+
+
 @pytest.mark.e2e
 def test_a_failure_only_a_pair_shows_is_counted_not_shrunk(tmp_path, monkeypatch):
     """A planted pair-only failure (the pair's cell judged FAIL, the same program passing in a

@@ -16,6 +16,9 @@ from harness.spec.protocol import DRAFT_BASE, Layout
 
 POOL_DEVICE_ENV = "PDCONFORM_POOL_DEVICE"  # run --pool-device: where a role's pools live
 POOL_DEVICES = ("cpu", "cuda")
+# Test-only planted state (tests/test_pair.py): refill() leaves the pools as the last program
+# left them, the reuse leak the alone-vs-pair comparison exists to catch.
+PLANT_STALE_POOLS_ENV = "PDCONFORM_TEST_PLANT_STALE_POOLS"
 
 
 def pool_device() -> str:
@@ -48,7 +51,10 @@ def refill(buffers: list[tuple[pattern.BufferSpec, Any]], side: int, layout: Lay
     """Write ``side``'s pattern into ``buffers`` again, in place (the tensors keep their memory,
     so a transfer engine's registrations stay valid): what :func:`pattern_pools` gave ``buffers``
     at the start, for a long-lived role starting its next program (harness.drive.pair).  The
-    number of buffers refilled; ValueError when ``buffers`` are not this layout's."""
+    number of buffers refilled; ValueError when ``buffers`` are not this layout's.  With
+    :data:`PLANT_STALE_POOLS_ENV` set (a planted bug, for tests) nothing is written: 0."""
+    if os.environ.get(PLANT_STALE_POOLS_ENV):
+        return 0
     kv, aux = pattern_pools(side, layout)
     fresh = kv + [aux]
     if [spec for spec, _ in fresh] != [spec for spec, _ in buffers]:
