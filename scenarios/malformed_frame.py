@@ -87,9 +87,8 @@ def _label(kind: str, index: int | None) -> str:
 
 
 def _loops_survived(seed: int):
-    sent_in_order = _sends(seed)
-
     def fn(events):
+        sent_in_order = _sends(seed)  # sampled when judging, not when the scenario registers
         sent = sum(e["args"]["messages"] for e in events if e["type"] == "nemesis" and e["op"] == "inject")
         killers, at = [], None
         for role in ROLES:
