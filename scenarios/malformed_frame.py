@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from harness.judge import checks as c
 from harness.spec import frames as f
+from harness.spec.history import Op
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InjectFrames, Observe, StartRoles
@@ -86,27 +87,48 @@ def _label(kind: str, index: int | None) -> str:
     return f"after {kind}" if index is None else f"after {kind} #{index + 1}"
 
 
-def _loops_survived(seed: int):
+def _loops_survived():
+    """R-LIVE-1 at every observation after a message: the first message after which a role's
+    loops were dead, quoted from the history (the inject event before that observation), so
+    the verdict reads only what the cell sent."""
+
     def fn(events):
-        sent_in_order = _sends(seed)  # sampled when judging, not when the scenario registers
         sent = sum(e["args"]["messages"] for e in events if e["type"] == "nemesis" and e["op"] == "inject")
+        kinds = {e["args"]["label"].split(" #")[0] for e in events if e["op"] == Op.OBSERVE_MID
+                 and str((e.get("args") or {}).get("label", "")).startswith("after ")}
         killers, at = [], None
         for role in ROLES:
-            for kind, index, messages in sent_in_order:
-                label = _label(kind, index)
+            last_inject = None
+            for event in events:
+                if event["role"] != role:
+                    continue
+                if event["type"] == "nemesis" and event["op"] == "inject":
+                    last_inject = event
+                    continue
+                label = (event.get("args") or {}).get("label")
+                if event["op"] != Op.OBSERVE_MID or not str(label).startswith("after "):
+                    continue
                 ok, detail, where = c.loops_alive_at(label, (role,))(events)
                 if not ok:
                     at = where if at is None else min(at, where if where is not None else at)
-                    what = (f"the {kind!r} message #{index + 1}: {_show(messages[0])}" if index is not None
-                            else f"the {kind!r} sequence of {len(messages)} message(s)")
-                    killers.append(f"{detail} -- killed by {what}")
+                    killers.append(f"{detail} -- killed by {_what(label, last_inject)}")
                     break
         if killers:
             return False, "; ".join(killers), at
         return True, (f"prefill and decode loops survived {sent} injected message(s) of "
-                      f"{len(batches(seed))} kinds, observed after each")
+                      f"{len(kinds)} kinds, observed after each")
 
     return fn
+
+
+def _what(label: str, inject: dict | None) -> str:
+    """The message(s) an observation ``label`` ("after KIND #N" or "after KIND") followed."""
+    kind, _, number = label[len("after "):].partition(" #")
+    shown = (inject or {}).get("args", {}).get("sample") or []
+    if not number:
+        return f"the {kind!r} sequence of {(inject or {}).get('args', {}).get('messages', '?')} message(s)"
+    first = _show(tuple(bytes.fromhex(part) for part in shown[0])) if shown else "(not recorded)"
+    return f"the {kind!r} message #{number}: {first}"
 
 
 def _show(message: tuple[bytes, ...]) -> str:
@@ -116,7 +138,7 @@ def _show(message: tuple[bytes, ...]) -> str:
 def checks(seed: int):
     held, new = _plan(seed)
     return [
-        c.Check("loops-survive", "R-LIVE-1", _loops_survived(seed)),
+        c.Check("loops-survive", "R-LIVE-1", _loops_survived()),
         c.Check("held-room-unchanged-prefill", "R-LIVE-1",
                 c.status_at("prefill-after-frames", (KVPoll.WaitingForInput,))),
         c.Check("held-room-unchanged-decode", "R-LIVE-1",

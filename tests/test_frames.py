@@ -47,3 +47,35 @@ def test_duplicated_sequences_repeat_a_message(messages):
 def test_truncated_is_shorter_than_some_well_formed_message(data):
     message = data.draw(f.truncated())
     assert 1 <= len(message) < 8
+
+
+_DRAW = """
+import contextlib, hashlib, sys
+from harness.spec import frames
+if sys.argv[1] == "unfixed":  # the planted bug: hypothesis's own view of the imported modules
+    frames._no_local_constants = contextlib.nullcontext
+if sys.argv[2] == "many":
+    import harness.judge.judge, harness.drive.cell, harness.drive.role_host  # noqa: F401
+    from harness.spec.scenario import all_scenarios
+    all_scenarios(include_test_only=True)
+from scenarios.malformed_frame import batches
+print(hashlib.sha1(repr(batches(0)).encode()).hexdigest())
+"""
+
+
+def _draw(fix: str, imports: str) -> str:
+    import subprocess
+    import sys
+
+    from harness import ROOT
+
+    done = subprocess.run([sys.executable, "-c", _DRAW, fix, imports], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=True)
+    return done.stdout.strip()
+
+
+def test_sample_draws_the_same_frames_whatever_the_process_imported():
+    # a fork-server cell, a fresh interpreter (--no-fork) and the runner import different modules
+    assert _draw("fixed", "few") == _draw("fixed", "many")
+    # without the fix, hypothesis's constants from the imported modules changed seed 0's frames
+    assert _draw("unfixed", "few") != _draw("unfixed", "many")

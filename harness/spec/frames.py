@@ -20,6 +20,8 @@ scenarios turn a strategy into steps.
 from __future__ import annotations
 
 import struct
+import threading
+from unittest import mock
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -117,11 +119,19 @@ def duplicated_reordered() -> st.SearchStrategy[list[Message]]:
         lambda ms: st.permutations(ms + ms[: len(ms) // 2 + 1]))
 
 
+_SAMPLE_LOCK = threading.Lock()  # sample() patches a module attribute of hypothesis for its draw
+
+
 def sample(strategy: st.SearchStrategy, count: int, seed: int) -> list:
-    """``count`` examples of ``strategy``, the same ones for the same ``seed``.
+    """``count`` examples of ``strategy``, the same ones for the same ``seed`` in any process.
 
     Uses hypothesis's own generator (``@seed``), without shrinking or the example
-    database, so a cell's frames are reproducible from its seed alone.
+    database, so a cell's frames are reproducible from its seed alone.  Hypothesis also
+    draws, now and then, constants it collects from the project's modules that the
+    process has imported; a cell forked from a fork server, a fresh interpreter and the
+    runner import different sets, so they drew different frames for one seed.  Here that
+    collection is empty (and its scan, 0.5 s in a fresh cell, skipped); hypothesis's
+    global constants still apply.  Thread-safe: the draw holds a lock.
     """
     drawn: list = []
 
@@ -133,8 +143,18 @@ def sample(strategy: st.SearchStrategy, count: int, seed: int) -> list:
         if len(drawn) < count:
             drawn.append(example)
 
-    collect()
+    with _SAMPLE_LOCK, _no_local_constants():
+        collect()
     return drawn
+
+
+def _no_local_constants():
+    """A context in which hypothesis sees no constants of the project's own modules
+    (hypothesis 6.170: ``providers._get_local_constants``; tests/test_frames.py proves the
+    draw no longer depends on what was imported, and fails if a hypothesis upgrade moves it)."""
+    from hypothesis.internal.conjecture import providers
+
+    return mock.patch.object(providers, "_get_local_constants", lambda: providers.Constants())
 
 
 def malformed_batch(count: int, seed: int) -> list[Message]:
