@@ -11,7 +11,7 @@ IMPLEMENTATION = Implementation(
     "backends.reference.adapter:ReferenceRole",
     "pdconform's reference cores (docs/protocol.md) on ZMQ, HTTP and torch pools",
     rank=0,
-    preload=("torch", "zmq", "backends.reference.adapter"),
+    preload=("torch", "zmq", "backends.reference.adapter", "backends.reference.mutants"),
     probe="backends.reference:probe",
     tools={"simulator": "backends.reference.simulator", "mutants": "backends.reference.mutants:MUTANTS"},
 )

@@ -71,6 +71,8 @@ def preload(impls: list[str]) -> list[str]:
     all_scenarios(include_test_only=True)  # every scenario module: a cell looks its scenario up first
     import harness.spec.frames  # noqa: F401 - hypothesis, for the cells that sample layouts or frames
     import harness.spec.layouts  # noqa: F401
+    import harness.role.residue  # noqa: F401 - every role's observe walks its manager with it
+    import encodings.idna  # noqa: F401 - requests' first URL in a role (sglang's bootstrap client)
 
     version = sglang_version()
     chosen = [implementation(name) for name in impls]

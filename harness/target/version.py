@@ -9,6 +9,7 @@ handed to every cell and role as :data:`VERSION_ENV`.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from importlib import metadata
@@ -20,8 +21,11 @@ VERSION_ENV = "PDCONFORM_SGLANG_VERSION"
 Release = tuple[int, int, int]
 
 
+@functools.lru_cache(maxsize=1)
 def installed_version() -> str | None:
-    """The installed sglang package's version (its metadata, no import); None when it is not installed."""
+    """The installed sglang package's version (its metadata, no import); None when it is not installed.
+    Read once per process (9 ms a read; a role asked three times): what is installed does not change
+    under a running process's feet, and a fork server's children inherit the answer."""
     try:
         return metadata.version("sglang")
     except metadata.PackageNotFoundError:
