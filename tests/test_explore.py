@@ -129,7 +129,9 @@ def _explore_reference_and_mutant(tmp_path, found):
         assert bug.failures, "90 s of programs never wrote an aux slot"
         (failure,) = bug.failures.values()
         assert failure.signature["requirement"] == "R-LAYOUT-1" and failure.signature["check"] == "bytes-exact"
-        assert failure.path and failure.path.parent == found and len(failure.program.steps) <= 24
+        # shrunk: hypothesis's smallest program so far within the 10 s bound, far below the first
+        assert failure.path and failure.path.parent == found
+        assert len(failure.program.steps) < 0.8 * failure.first_steps, (len(failure.program.steps), failure.first_steps)
         # bench's explore_shrink_s times this: bounded by shrink_s, plus the cells then running
         assert 0 < failure.shrink_s < explorer.shrink_s + 60 and failure.shrink_runs >= 1
         scenario = load_file(failure.path)
@@ -158,3 +160,58 @@ def test_explore_on_the_reference_from_the_command_line_finds_nothing(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "reference" in done.stdout and "none" in done.stdout and "Traceback" not in done.stderr
     assert not list((tmp_path / "found").glob("found-*"))
+
+
+def _killed_prefill_program():
+    """One room registered and its first chunk sent, then the prefill is SIGKILLed: what the
+    kill rule writes (ProgramMachine.kill_prefill), by hand so the test does not wait on a draw."""
+    from harness.explore.program import KILL_BOUND_S, LAYOUT, PROFILES, Program
+    from harness.spec.protocol import KVPoll
+    from harness.spec.rooms import DONE
+    from harness.spec.steps import KillRole, RequestKV, VerifyPools
+
+    room, src, dst = 2**41 + 7, (3, 9), (0, 1)
+    steps = (PROFILES["plain"], OpenRoom(room), RequestKV(room, dst, 0),
+             AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)), InitSender(room, 2, 5),
+             SendChunk(room, src[:1]), KillRole("prefill"),
+             AwaitStatus(room, "decode", DONE, label="L0", timeout_s=KILL_BOUND_S),
+             VerifyPools(tuple(zip(src, dst)), ((5, 0),), settle_s=0.0, label="L0"),
+             VerifyPools((), (), unchecked_kv=dst, unchecked_aux=(0,)), Clear(room, "decode"))
+    assert LAYOUT.num_pages > max(src)
+    return Program(steps, (("L0", False, False, "fail"),))
+
+
+@pytest.mark.e2e
+def test_the_kill_rule_passes_the_reference_and_catches_a_decode_without_heartbeat(tmp_path, monkeypatch):
+    from harness import implementations
+    from harness.explore.session import Explorer, signature_of
+    from harness.target.sglang import installed_target
+
+    program = _killed_prefill_program()
+    assert program_from_json(program.to_json()) == program  # a found file of it replays
+    monkeypatch.setenv(implementations.MUTANTS_ENV, "1")
+    implementations.registered.cache_clear()
+    try:
+        with Explorer(installed_target(), tmp_path / "out", tmp_path / "found") as explorer:
+            explorer.start(["reference", "mutant.no-heartbeat-checker"])
+            explorer.wait_ready()
+            good = explorer.run_program(program, "reference", alone=True)
+            assert good.verdict == "PASS", good.reason
+            assert "Failed" in next(ch for ch in good.checks if ch["name"] == "rooms-fail-after-kill")["detail"]
+            bad = explorer.run_program(program, "mutant.no-heartbeat-checker", alone=True)
+            sig = signature_of(bad, "mutant.no-heartbeat-checker")
+            assert sig and (sig["requirement"], sig["check"]) == ("R-HB-1", "rooms-fail-after-kill"), bad.reason
+    finally:
+        implementations.registered.cache_clear()
+
+
+def test_generated_kills_leave_the_dead_prefill_alone():
+    from harness.spec.steps import KillRole
+
+    killed = [p for p in _programs(80) if any(isinstance(s, KillRole) for s in p.steps)]
+    assert killed, "80 generated programs and not one kill"
+    prefill_steps = (InitSender, SendChunk, EngineFaults)
+    for p in killed:
+        after = p.steps[next(i for i, s in enumerate(p.steps) if isinstance(s, KillRole)) + 1:]
+        assert not any(isinstance(s, prefill_steps) or getattr(s, "role", "decode") == "prefill" for s in after), p
+        assert any(len(x) > 3 and x[3] for x in p.lifecycles), "a kill with no room in flight"

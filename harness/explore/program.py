@@ -36,8 +36,9 @@ from harness.judge import checks as c
 from harness.spec import frames
 from harness.spec.protocol import KVPoll, Layout
 from harness.spec.rooms import DONE
-from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, OpenRoom,
-                                RequestKV, RestartRole, SendChunk, Sleep, StartRoles, Step, ThawRole, VerifyPools)
+from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, KillRole,
+                                OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, StartRoles, Step, ThawRole,
+                                VerifyPools)
 
 #: the pools every program runs on: 32 pages and 8 aux slots, enough for 8 room lifecycles
 #: of up to 4 pages that never share a decode page or aux slot (so every byte stays checkable)
@@ -60,6 +61,10 @@ MALFORMED = st.one_of(frames.truncated(), frames.unknown_tag(), frames.non_ascii
                       frames.empty(), frames.extra_frames(), frames.well_formed_unknown_room())
 WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2): a failed write's room ends by then
 AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
+KILL_SLACK_S = 5.0  # R-HB-1: a dead prefill's rooms fail within the decode's heartbeat window plus this
+#: the decode's conclusion poll of a room in flight at the prefill's kill: the window (4 s,
+#: harness.target.role_context) plus the slack, and a second for the poll itself
+KILL_BOUND_S = 4.0 + KILL_SLACK_S + 1.0
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
 ROOM_MIN = 2**40  # the smallest room id a program uses (they are drawn up to 2^62)
 ROOM_STRIDE = 840 * 2**21  # a shifted program's rooms move by multiples of this (840: divisible by 1..8)
@@ -90,6 +95,7 @@ class _Room:
     aborted: bool = False
     cleared: bool = False
     at_risk: bool = False  # a write the prefill's engine was told to fail may be this room's
+    after_kill: str = ""  # in flight at the prefill's kill: "fail" (must fail, R-HB-1) or "end" (must end)
 
     @property
     def all_sent(self) -> bool:
@@ -99,9 +105,10 @@ class _Room:
 @dataclass(frozen=True)
 class Program:
     """A generated program: ``steps`` (the first is StartRoles), ``lifecycles`` (one
-    ``(label, aborted[, at_risk])`` per room lifecycle, in the order they opened: the label
-    its conclusion polls carry, whether the decode aborted it, whether a failed write may
-    reach it) and ``topology``."""
+    ``(label, aborted[, at_risk[, after_kill]])`` per room lifecycle, in the order they opened:
+    the label its conclusion polls carry, whether the decode aborted it, whether a failed write
+    may reach it, and "fail" or "end" when it was in flight at the prefill's kill, else "")
+    and ``topology``."""
 
     steps: tuple[Step, ...]
     lifecycles: tuple[tuple, ...] = ()
@@ -110,9 +117,12 @@ class Program:
     def checks(self) -> list[c.Check]:
         """The spec's expectations for this program (harness.explore.program_checks)."""
         def kind(x: tuple) -> str:
+            if len(x) > 3 and x[3]:
+                return f"killed-{x[3]}"
             return "aborted" if x[1] else "at-risk" if len(x) > 2 and x[2] else "clean"
 
-        labels = {k: tuple(x[0] for x in self.lifecycles if kind(x) == k) for k in ("clean", "aborted", "at-risk")}
+        labels = {k: tuple(x[0] for x in self.lifecycles if kind(x) == k)
+                  for k in ("clean", "aborted", "at-risk", "killed-fail", "killed-end")}
         aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
         # a clean lifecycle opened after the prefill's restart stands for R-RESTART-1 (lifecycle i is the i-th OpenRoom)
         opened = [i for i, s in enumerate(self.steps) if isinstance(s, OpenRoom)]
@@ -120,7 +130,8 @@ class Program:
         later = {f"L{n}" for n, i in enumerate(opened) if i > restart}
         return lifecycle_checks(tuple(x for x in labels["clean"] if x not in later), labels["aborted"],
                                 labels["at-risk"], aborted_rooms, deferred=self.steps[0] == PROFILES["deferred-release"],
-                                after_restart=tuple(x for x in labels["clean"] if x in later))
+                                after_restart=tuple(x for x in labels["clean"] if x in later),
+                                killed=(labels["killed-fail"], labels["killed-end"]))
 
     def shifted(self, k: int) -> "Program":
         """The same program with every room id moved up by ``k`` strides of :data:`ROOM_STRIDE`:
@@ -140,10 +151,11 @@ class Program:
 
 
 #: the steps a program may hold: what ProgramMachine writes, nothing that starts processes
-#: with a file's settings, kills or loads code (a found file is input, not trusted; an
-#: injected message is bytes to a role's control socket, bounded by _check_bounds)
+#: with a file's settings or loads code, and no kill but of the program's own prefill (a found
+#: file is input, not trusted; an injected message is bytes to a role's control socket,
+#: bounded by _check_bounds)
 PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools,
-                 EngineFaults, FreezeRole, ThawRole, RestartRole, InjectFrames)
+                 EngineFaults, FreezeRole, ThawRole, RestartRole, InjectFrames, KillRole)
 MAX_WAIT_S = 30.0  # the longest Sleep or status bound a program file may ask for (seconds)
 
 
@@ -166,12 +178,19 @@ def program_from_json(text: str) -> Program:
             if kind is None:
                 raise ValueError("a step a generated program never holds")
             steps.append(msgspec.json.decode(json.dumps(raw), type=kind))
-        lifecycles = tuple((str(x[0]), bool(x[1]), *(bool(v) for v in x[2:3])) for x in doc["lifecycles"])
+        lifecycles = tuple((str(x[0]), bool(x[1]), *(bool(v) for v in x[2:3]), *(_after_kill(v) for v in x[3:4]))
+                           for x in doc["lifecycles"])
         program = Program(tuple(steps), lifecycles, str(doc.get("topology", "p1-d1")))
     except (KeyError, TypeError, AttributeError, ValueError, IndexError, RecursionError) as exc:  # msgspec: ValueErrors
         raise ValueError(f"not a pdconform program: {type(exc).__name__}: {exc}") from exc
     _check_bounds(program)
     return program
+
+
+def _after_kill(value) -> str:
+    if value not in ("", "fail", "end"):
+        raise ValueError(f"a lifecycle's after-kill mark {value!r} (\"\", \"fail\" or \"end\")")
+    return value
 
 
 def _check_bounds(program: Program) -> None:
@@ -181,6 +200,7 @@ def _check_bounds(program: Program) -> None:
     if not program.steps or program.steps[0] not in PROFILES.values():
         raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
     frozen: set[str] = set()
+    kills = 0
     if sum(isinstance(step, InjectFrames) for step in program.steps) > MAX_INJECTIONS:
         raise ValueError(f"not a pdconform program: more than {MAX_INJECTIONS} injected messages")
     for step in program.steps[1:]:
@@ -198,6 +218,9 @@ def _check_bounds(program: Program) -> None:
                 or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES
                 or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):
             raise ValueError("not a pdconform program: an injected message a program never sends")
+        if isinstance(step, KillRole) and (step.role != "prefill" or frozen or kills):
+            raise ValueError("not a pdconform program: a kill a program never makes")
+        kills += isinstance(step, KillRole)
         if isinstance(step, RestartRole) and (step.role != "prefill" or step.env is not None or frozen):
             raise ValueError("not a pdconform program: a restart a program never makes")
         if isinstance(step, (FreezeRole, ThawRole)):
@@ -215,6 +238,8 @@ class ProgramMachine(RuleBasedStateMachine):
 
     #: whether the prefill may be restarted (RestartRole): a prefill of one process only
     restarts = True
+    #: whether the prefill may be killed (KillRole): a prefill of one process only
+    kills = True
     #: whether the fault rules apply (engine faults, freezes, restarts, injected messages, the
     #: wait past the bootstrap timeout); False: fault-free programs (bench's rate goal)
     faults = True
@@ -229,6 +254,8 @@ class ProgramMachine(RuleBasedStateMachine):
         self.slow = False  # a delay plan was set: a room's writes may queue behind every other room's
         self.plans = 0  # engine fault plans set
         self.injections = 0  # malformed messages pushed
+        self.killed = False  # the prefill was killed: only waits follow, then the decode's side of the end
+        self.may_kill = False  # drawn with the first room
 
     # ---- the model ----------------------------------------------------------------
     def _live(self) -> list[_Room]:
@@ -244,9 +271,12 @@ class ProgramMachine(RuleBasedStateMachine):
         """The profile (deferred KV release or not; a shrink falls back to plain), then a room."""
         if data.draw(st.booleans(), label="deferred KV release"):
             self.steps[0] = PROFILES["deferred-release"]
+        # one program in four may kill its prefill: a kill ends the program's prefill side and
+        # its long-lived pair, so more would crowd out everything else (a shrink drops the 3)
+        self.may_kill = self.faults and self.kills and data.draw(st.integers(0, 3), label="may kill (3)") == 3
         self.open_room(data)
 
-    @precondition(lambda self: len(self.rooms) < MAX_LIFECYCLES)
+    @precondition(lambda self: not self.killed and len(self.rooms) < MAX_LIFECYCLES)
     @rule(data=st.data())
     def open_room(self, data) -> None:
         """The decode opens a receiver and registers its pages; the prefill's sender waits."""
@@ -272,7 +302,7 @@ class ProgramMachine(RuleBasedStateMachine):
         self.steps += [OpenRoom(room), RequestKV(room, dst, aux_dst),
                        AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed))]
 
-    @precondition(lambda self: any(not r.inited and not r.concluded for r in self._live()))
+    @precondition(lambda self: not self.killed and any(not r.inited and not r.concluded for r in self._live()))
     @rule(data=st.data())
     def init_sender(self, data) -> None:
         """The prefill's scheduler starts the request: the sender learns its page count."""
@@ -280,7 +310,8 @@ class ProgramMachine(RuleBasedStateMachine):
         r.inited = True
         self.steps.append(InitSender(r.room, len(r.src), r.aux_src))
 
-    @precondition(lambda self: any(r.inited and not r.all_sent and not r.concluded for r in self._live()))
+    @precondition(lambda self: not self.killed and
+                  any(r.inited and not r.all_sent and not r.concluded for r in self._live()))
     @rule(data=st.data())
     def send_chunk(self, data) -> None:
         """The prefill sends the room's next chunk (the last one with its aux data), also
@@ -290,7 +321,7 @@ class ProgramMachine(RuleBasedStateMachine):
         self.steps.append(SendChunk(r.room, r.chunks[r.sent]))
         r.sent += 1
 
-    @precondition(lambda self: any(not r.aborted and not r.concluded for r in self._live()))
+    @precondition(lambda self: not self.killed and any(not r.aborted and not r.concluded for r in self._live()))
     @rule(data=st.data())
     def abort_on_decode(self, data) -> None:
         """The decode's scheduler aborts the request (its client went away)."""
@@ -298,7 +329,8 @@ class ProgramMachine(RuleBasedStateMachine):
         r.aborted = True
         self.steps.append(Abort(r.room, "decode"))
 
-    @precondition(lambda self: any((r.all_sent or r.aborted) and not r.concluded for r in self._live()))
+    @precondition(lambda self: not self.killed and
+                  any((r.all_sent or r.aborted) and not r.concluded for r in self._live()))
     @rule(data=st.data())
     def conclude(self, data) -> None:
         """Both schedulers poll the room until it concludes (Success or Failed)."""
@@ -306,7 +338,7 @@ class ProgramMachine(RuleBasedStateMachine):
                       label="room")
         self._await(r)
 
-    @precondition(lambda self: any(r.concluded for r in self._live()))
+    @precondition(lambda self: not self.killed and any(r.concluded for r in self._live()))
     @rule(data=st.data())
     def clear(self, data) -> None:
         """Both schedulers release the concluded request."""
@@ -314,15 +346,17 @@ class ProgramMachine(RuleBasedStateMachine):
         r.cleared = True
         self.steps += [Clear(r.room, "prefill"), Clear(r.room, "decode")]
 
-    @precondition(lambda self: not isinstance(self.steps[-1], Sleep))
+    @precondition(lambda self: self.killed or not isinstance(self.steps[-1], Sleep))  # the one rule after a kill
     @rule(which=st.integers(0, 9))
     def wait(self, which: int) -> None:
         """Time passes: control messages are handled, heartbeats run; one wait in ten
         outlasts the bootstrap timeout, which may fail only a room still Bootstrapping
         (R-TIMEOUT-1), and every program room has registered by then."""
+        if isinstance(self.steps[-1], Sleep):  # after a kill: one wait is enough
+            return
         self.steps.append(Sleep(LONG_WAIT_S if which == 9 and self.faults else SLEEPS_S[which % len(SLEEPS_S)]))
 
-    @precondition(lambda self: self.faults and self.restarts and self.rooms and not self._live() and
+    @precondition(lambda self: self.faults and not self.killed and self.restarts and self.rooms and not self._live() and
                   not any(isinstance(s, RestartRole) for s in self.steps))
     @rule()
     def restart_prefill(self) -> None:
@@ -330,7 +364,7 @@ class ProgramMachine(RuleBasedStateMachine):
         new ports (a deploy, a crash and restart): the rooms after it must succeed (R-RESTART-1)."""
         self.steps.append(RestartRole("prefill"))
 
-    @precondition(lambda self: self.faults and self.plans < MAX_ENGINE_PLANS)
+    @precondition(lambda self: self.faults and not self.killed and self.plans < MAX_ENGINE_PLANS)
     @rule(data=st.data())
     def engine_faults(self, data) -> None:
         """The prefill's transfer engine changes: each write waits, the aux data comes late,
@@ -351,14 +385,14 @@ class ProgramMachine(RuleBasedStateMachine):
                 r.at_risk = r.at_risk or not r.concluded
         self.steps.append(plan)
 
-    @precondition(lambda self: self.faults)
+    @precondition(lambda self: self.faults and not self.killed)
     @rule(role=st.sampled_from(("prefill", "decode")), seconds=st.sampled_from(FREEZES_S))
     def freeze(self, role: str, seconds: float) -> None:
         """A role stops for a moment (a GC pause, a descheduled VM), well inside the
         heartbeat window: nothing may fail because of it."""
         self.steps += [FreezeRole(role), Sleep(seconds), ThawRole(role)]
 
-    @precondition(lambda self: self.faults and self.injections < MAX_INJECTIONS)
+    @precondition(lambda self: self.faults and not self.killed and self.injections < MAX_INJECTIONS)
     @rule(role=st.sampled_from(("prefill", "decode")), message=MALFORMED)
     def inject_malformed(self, role: str, message: tuple) -> None:
         """A peer (a scanner, a client of another version) pushes a message the role's control
@@ -367,28 +401,45 @@ class ProgramMachine(RuleBasedStateMachine):
         self.injections += 1
         self.steps.append(InjectFrames(role, (tuple(bytes(f) for f in message),)))
 
+    @precondition(lambda self: self.may_kill and not self.killed and
+                  any(not r.concluded for r in self._live()) and not any(isinstance(s, RestartRole) for s in self.steps))
+    @rule()
+    def kill_prefill(self) -> None:
+        """The prefill's process dies with rooms in flight (SIGKILL: an OOM kill, a lost node).
+        The decode's heartbeat must fail each room still waiting on it within the heartbeat
+        window plus 5 s, with a reason naming the prefill (R-HB-1); a room whose chunks were
+        all sent, that the decode aborted or that a failed write may reach only has to end."""
+        self.killed = True
+        for r in self._live():
+            if not r.concluded:
+                r.after_kill = "end" if r.all_sent or r.aborted or r.at_risk else "fail"
+        self.steps.append(KillRole("prefill"))
+
     # ---- the program ----------------------------------------------------------------
     def _await(self, r: _Room) -> None:
         """The decode's conclusion poll, the room's bytes right then (a room the decode did
-        not abort), the prefill's poll."""
+        not abort), the prefill's poll (none once the prefill was killed)."""
         r.concluded = True
         label = f"L{self.rooms.index(r)}"
         # a serial transfer worker runs every room's delayed writes in turn: 8 rooms of 4 pages
         # at 0.2 s a write outlast the 6 s bound, so delayed programs get the long one (still bounded)
         bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk or self.slow else {}
+        if r.after_kill and not bound:
+            bound = {"timeout_s": KILL_BOUND_S}
         self.steps.append(AwaitStatus(r.room, "decode", DONE, label=label, **bound))
         if not r.aborted:
             others = [o for o in self.rooms if o is not r]
             self.steps.append(VerifyPools(tuple(zip(r.src, r.dst)), ((r.aux_src, r.aux_dst),),
                                           unchecked_kv=tuple(p for o in others for p in o.dst),
                                           unchecked_aux=tuple(o.aux_dst for o in others), settle_s=0.0, label=label))
-        self.steps.append(AwaitStatus(r.room, "prefill", DONE, label=label, **bound))
+        if not self.killed:
+            self.steps.append(AwaitStatus(r.room, "prefill", DONE, label=label, **bound))
 
     def program(self) -> Program:
         """The steps so far, then what every scheduler does before it goes idle: each room
         that is not aborted gets its remaining chunks, each room is polled to its end, the
         decode's pools are checked, every room is cleared."""
-        for r in self._live():
+        for r in ([] if self.killed else self._live()):
             if not r.aborted and not r.all_sent:
                 if not r.inited:
                     r.inited = True
@@ -398,16 +449,17 @@ class ProgramMachine(RuleBasedStateMachine):
         for r in self._live():
             if not r.concluded:
                 self._await(r)
-        judged = [r for r in self.rooms if not r.aborted and not r.at_risk]
-        rest = [r for r in self.rooms if r.aborted or r.at_risk]
+        judged = [r for r in self.rooms if not r.aborted and not r.at_risk and not r.after_kill]
+        rest = [r for r in self.rooms if r.aborted or r.at_risk or r.after_kill]
         self.steps.append(VerifyPools(tuple(m for r in judged for m in zip(r.src, r.dst)),
                                       tuple((r.aux_src, r.aux_dst) for r in judged),
                                       unchecked_kv=tuple(p for r in rest for p in r.dst),
                                       unchecked_aux=tuple(r.aux_dst for r in rest)))
         for r in self._live():
             r.cleared = True
-            self.steps += [Clear(r.room, "prefill"), Clear(r.room, "decode")]
-        return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk) for i, r in enumerate(self.rooms)))
+            self.steps += [Clear(r.room, "decode")] if self.killed else [Clear(r.room, "prefill"), Clear(r.room, "decode")]
+        return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk, r.after_kill)
+                                                for i, r in enumerate(self.rooms)))
 
 
 __all__ = ["LAYOUT", "PROFILES", "Program", "ProgramMachine", "program_from_json", "PROGRAM_TIMEOUT_S"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from harness.judge import checks as c
+from harness.judge import fault_checks
 from harness.spec.history import Event, Op, completions
 from harness.spec.protocol import KVPoll, kvpoll_name
 from harness.spec.rooms import DONE
@@ -16,18 +17,24 @@ from harness.spec.rooms import DONE
 
 def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: tuple[str, ...],
                      aborted_rooms: tuple[int, ...], deferred: bool,
-                     after_restart: tuple[str, ...] = ()) -> list[c.Check]:
+                     after_restart: tuple[str, ...] = (),
+                     killed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> list[c.Check]:
     """The checks of a program whose lifecycles (labels ``L<i>``) are ``clean`` (nobody
     aborted them and no failed write could reach them), ``aborted`` (by the decode) or
     ``at_risk`` (a write the prefill's engine was told to fail may be theirs);
     ``aborted_rooms`` the room ids the decode aborted; ``deferred``: the roles run with
     deferred KV release, so ABORT_ACKs are judged; ``after_restart`` the clean lifecycles
-    opened after the prefill was restarted on new ports.  The aborted and at-risk rooms' checks
-    come before the clean ones', so a stuck abort is not reported as a clean room's."""
+    opened after the prefill was restarted on new ports; ``killed``: the lifecycles in flight at
+    the prefill's kill that must fail (R-HB-1), and those that must only end, on the decode.
+    The aborted and at-risk rooms' checks come before the clean ones', so a stuck abort is not
+    reported as a clean room's."""
+    must_fail, must_end = killed
     out = [
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
         c.Check("aborted-rooms-conclude", "R-ABORT-1", all_reached(aborted, DONE)),
         c.Check("failed-write-rooms-conclude", "R-TIMEOUT-2", all_reached(at_risk, DONE)),
+        c.Check("rooms-fail-after-kill", "R-HB-1", failed_after_kill(must_fail)),
+        c.Check("rooms-end-after-kill", "R-HB-1", all_reached(must_end, DONE, roles=("decode",))),
         c.Check("rooms-after-restart-succeed", "R-RESTART-1", all_reached(after_restart, (KVPoll.Success,))),
         c.Check("clean-rooms-succeed", "R-XFER-1", all_reached(clean, (KVPoll.Success,))),
         c.Check("bytes-at-success", "R-XFER-2", bytes_at_success()),
@@ -45,15 +52,16 @@ def _conclusion(events: list[dict], label: str, role: str) -> dict | None:
     return polls[-1] if polls else None
 
 
-def all_reached(labels: tuple[str, ...], statuses: tuple[int, ...]) -> c.Checker:
-    """Each lifecycle's conclusion polls (AwaitStatus labelled with it) on the prefill and
-    on the decode reached one of ``statuses`` within their bound: every lifecycle of a
-    reused room id is judged, not only the last."""
+def all_reached(labels: tuple[str, ...], statuses: tuple[int, ...],
+                roles: tuple[str, ...] = ("prefill", "decode")) -> c.Checker:
+    """Each lifecycle's conclusion polls (AwaitStatus labelled with it) on ``roles`` reached
+    one of ``statuses`` within their bound: every lifecycle of a reused room id is judged,
+    not only the last."""
     names = "/".join(kvpoll_name(s) for s in statuses)
 
     def fn(events: list[dict]):
         for label in labels:
-            for role in ("prefill", "decode"):
+            for role in roles:
                 last = _conclusion(events, label, role)
                 if last is None:
                     return False, f"{role} never polled lifecycle {label} to its end"
@@ -62,7 +70,28 @@ def all_reached(labels: tuple[str, ...], statuses: tuple[int, ...]) -> c.Checker
                 if last["type"] != Event.OK or not value.get("reached") or value.get("status") not in statuses:
                     said = value.get("status_name") or last.get("error") or "nothing"
                     return False, f"{role} room {room} (lifecycle {label}) read {said}, not {names}", last["seq"]
-        return True, f"{len(labels)} lifecycle(s) reached {names} on both sides"
+        return True, f"{len(labels)} lifecycle(s) reached {names} on {' and '.join(roles)}"
+
+    return fn
+
+
+def failed_after_kill(labels: tuple[str, ...]) -> c.Checker:
+    """Each lifecycle in ``labels`` (in flight at the prefill's kill, its chunks not all sent)
+    read Failed on the decode within the heartbeat window plus KILL_SLACK_S of the kill, with a
+    reason naming the prefill's bootstrap address (R-HB-1; harness.judge.fault_checks, as
+    dead-prefill judges it)."""
+    from harness.explore.program import KILL_SLACK_S
+
+    def fn(events: list[dict]):
+        for label in labels:
+            poll = _conclusion(events, label, "decode")
+            if poll is None:
+                return False, f"decode never polled lifecycle {label} to its end"
+            ok, detail, *where = fault_checks.failed_after_kill(poll["args"]["room"], "decode", "prefill",
+                                                               KILL_SLACK_S)(events)
+            if not ok:
+                return False, f"lifecycle {label}: {detail}", *where
+        return True, f"{len(labels)} lifecycle(s) in flight at the prefill's kill Failed in time, naming it"
 
     return fn
 

@@ -64,6 +64,7 @@ class Failure:
     shrink_runs: int = 0
     flaky: bool = False
     known: bool = False  # a corpus program still showing it: not looked for, not written again
+    first_steps: int = 0  # the steps of the first program that showed it (``program`` is the smallest)
 
 
 @dataclass
@@ -335,7 +336,8 @@ class Explorer:
             return None
         if not shrinking:
             state["sig"], state["found_at"], state["best"] = sig, time.monotonic(), program
-            report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start)
+            report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start,
+                                                   first_steps=len(program.steps))
             return sig
         if _key(sig) != _key(state["sig"]):
             seen[text] = None  # while shrinking, another failure: not the one being shrunk

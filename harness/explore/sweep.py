@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 #: mutants whose bug lives only in a deployment shape: explored on that shape
-SHAPE = {"dp-engine-zero": "p1dp2-d1", "head-slice-at-zero": "p2-d1", "stage-start-ignored": "p1pp2-d1"}
+SHAPE = {"dp-engine-zero": "p1dp2-d1", "head-slice-at-zero": "p2-d1", "stage-start-ignored": "p1pp2-d1",
+         "failure-to-one-destination": "p1-d2", "reason-dropped-for-one-rank": "p1-d2"}
 
 
 def sweep(budget_s: float, out: Path, only: list[str] | None = None) -> list[dict]:
