@@ -57,7 +57,7 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
                 assert room in inited, "a chunk before the sender's init"
             elif isinstance(step, Abort):
                 assert room in opened and step.role == "decode"
-            elif isinstance(step, AwaitStatus) and step.statuses[0] != 2:  # a conclusion, not WaitingForInput
+            elif isinstance(step, AwaitStatus) and step.label:  # a conclusion poll, not a read in passing
                 concluded.add(room)
             elif isinstance(step, Clear) and step.role == "decode":
                 assert room in concluded, "cleared before both sides concluded"
@@ -181,26 +181,50 @@ def _killed_prefill_program():
     return Program(steps, (("L0", False, False, "fail"),))
 
 
+def _late_success_program():
+    """The decode aborts a room (Failed at once) while its delayed writes are outstanding, both
+    sides conclude, and a later poll reads the room again: what the poll rule
+    (ProgramMachine.poll) adds to a program."""
+    from harness.explore.program import ANY_STATUS, LAYOUT, PROFILES, Program
+    from harness.spec.protocol import KVPoll
+    from harness.spec.rooms import DONE
+    from harness.spec.steps import RequestKV, Sleep, VerifyPools
+
+    room, src, dst = 2**41 + 11, (2, 6), (0, 1)
+    steps = (PROFILES["plain"], OpenRoom(room), RequestKV(room, dst, 0),
+             AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)), InitSender(room, 2, 3),
+             EngineFaults("prefill", delay_s=0.2), SendChunk(room, src[:1]), SendChunk(room, src[1:]),
+             Abort(room, "decode"), AwaitStatus(room, "decode", DONE, label="L0"),
+             AwaitStatus(room, "prefill", DONE, label="L0"), Sleep(1.0),  # the drain: 3 writes x 0.2 s
+             AwaitStatus(room, "decode", ANY_STATUS, timeout_s=0.0, must_come=False),
+             VerifyPools((), (), unchecked_kv=dst, unchecked_aux=(0,)), Clear(room, "prefill"), Clear(room, "decode"))
+    assert LAYOUT.num_pages > max(src)
+    return Program(steps, (("L0", True, False, ""),))
+
+
 @pytest.mark.e2e
-def test_the_kill_rule_passes_the_reference_and_catches_a_decode_without_heartbeat(tmp_path, monkeypatch):
+def test_the_kill_and_poll_rules_pass_the_reference_and_catch_their_mutants(tmp_path, monkeypatch):
     from harness import implementations
     from harness.explore.session import Explorer, signature_of
     from harness.target.sglang import installed_target
 
-    program = _killed_prefill_program()
-    assert program_from_json(program.to_json()) == program  # a found file of it replays
+    cases = [(_killed_prefill_program(), "no-heartbeat-checker", ("R-HB-1", "rooms-fail-after-kill")),
+             (_late_success_program(), "failed-raised-to-success", ("R-TERM-1", "every-trail-terminal"))]
     monkeypatch.setenv(implementations.MUTANTS_ENV, "1")
     implementations.registered.cache_clear()
     try:
         with Explorer(installed_target(), tmp_path / "out", tmp_path / "found") as explorer:
-            explorer.start(["reference", "mutant.no-heartbeat-checker"])
+            explorer.start(["reference", *(f"mutant.{m}" for _, m, _ in cases)])
             explorer.wait_ready()
-            good = explorer.run_program(program, "reference", alone=True)
-            assert good.verdict == "PASS", good.reason
-            assert "Failed" in next(ch for ch in good.checks if ch["name"] == "rooms-fail-after-kill")["detail"]
-            bad = explorer.run_program(program, "mutant.no-heartbeat-checker", alone=True)
-            sig = signature_of(bad, "mutant.no-heartbeat-checker")
-            assert sig and (sig["requirement"], sig["check"]) == ("R-HB-1", "rooms-fail-after-kill"), bad.reason
+            for program, mutant, caught_by in cases:
+                assert program_from_json(program.to_json()) == program  # a found file of it replays
+                good = explorer.run_program(program, "reference", alone=True, name=mutant)
+                assert good.verdict == "PASS", good.reason
+                judged = {ch["name"]: ch["detail"] for ch in good.checks}[caught_by[1]]
+                assert judged.startswith(("1 lifecycle(s) in flight", "every terminal status held")), judged
+                bad = explorer.run_program(program, f"mutant.{mutant}", alone=True)
+                sig = signature_of(bad, f"mutant.{mutant}")
+                assert sig and (sig["requirement"], sig["check"]) == caught_by, bad.reason
     finally:
         implementations.registered.cache_clear()
 

@@ -65,6 +65,7 @@ KILL_SLACK_S = 5.0  # R-HB-1: a dead prefill's rooms fail within the decode's he
 #: the decode's conclusion poll of a room in flight at the prefill's kill: the window (4 s,
 #: harness.target.role_context) plus the slack, and a second for the poll itself
 KILL_BOUND_S = 4.0 + KILL_SLACK_S + 1.0
+ANY_STATUS = tuple(KVPoll)  # a poll that takes whatever it reads
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
 ROOM_MIN = 2**40  # the smallest room id a program uses (they are drawn up to 2^62)
 ROOM_STRIDE = 840 * 2**21  # a shifted program's rooms move by multiples of this (840: divisible by 1..8)
@@ -400,6 +401,16 @@ class ProgramMachine(RuleBasedStateMachine):
         every room still ends as it would have."""
         self.injections += 1
         self.steps.append(InjectFrames(role, (tuple(bytes(f) for f in message),)))
+
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data(), role=st.sampled_from(("decode", "prefill")))
+    def poll(self, data, role: str) -> None:
+        """A scheduler reads a room's status once, as its event loop does every iteration, whatever
+        it is: a Success or Failed read earlier must still be read now, until the clear (R-TERM-1,
+        judged over every read by the generic post-condition every-trail-terminal)."""
+        r = data.draw(st.sampled_from(self._live()), label="room")
+        self.steps.append(AwaitStatus(r.room, "decode" if self.killed else role, ANY_STATUS, timeout_s=0.0,
+                                      must_come=False))
 
     @precondition(lambda self: self.may_kill and not self.killed and
                   any(not r.concluded for r in self._live()) and not any(isinstance(s, RestartRole) for s in self.steps))
