@@ -135,3 +135,35 @@ def test_a_failure_only_a_pair_shows_is_counted_not_shrunk(tmp_path, monkeypatch
         report = explorer.explore("reference", 3.0, corpus=False, max_failures=1)
     assert report.pair_only and report.pair_only[0][0].startswith("R-LAYOUT-1|bytes-exact|reference")
     assert not report.failures and not list((tmp_path / "found").glob("*"))
+
+
+def test_a_failure_the_reference_shows_too_is_disputed_not_found(tmp_path, monkeypatch):
+    """The per-program diff against the reference: a planted failure that every cell shows, the
+    reference's too, is pdconform's problem (the spec fixes a program's outcome and the reference
+    is the spec's): explore counts it as disputed and writes no found program."""
+    from harness import implementations
+    from harness.explore import session
+    import msgspec
+
+    real = session.Explorer.run_scenario_file
+
+    def planted(self, path, impl, workdir, program=None, lane=None):
+        check = {"name": "bytes-exact", "requirement": "R-LAYOUT-1", "ok": False, "level": "MUST"}
+        return msgspec.structs.replace(real(self, path, impl, workdir, program, lane), verdict="FAIL", checks=[check])
+
+    monkeypatch.setattr(session.Explorer, "run_scenario_file", planted)
+    monkeypatch.setenv(implementations.MUTANTS_ENV, "1")
+    implementations.registered.cache_clear()
+    from harness.target.sglang import installed_target
+
+    mutant = "mutant.aux-slot-off-by-one"
+    try:
+        with session.Explorer(installed_target(), tmp_path / "out", tmp_path / "found", note=lambda line: None) as ex:
+            ex.faults = False
+            ex.start([mutant])
+            report = ex.explore(mutant, 3.0, corpus=False, max_failures=1)
+    finally:
+        implementations.registered.cache_clear()
+    assert report.disputed and report.disputed[0][1].startswith("R-LAYOUT-1|bytes-exact|reference")
+    assert not report.failures and not list((tmp_path / "found").glob("*"))
+    assert (tmp_path / "out" / mutant / "disputed-1.json").is_file()

@@ -148,6 +148,11 @@ def _print_reports(reports) -> bool:
             kinds = sorted({key for key, _ in r.pair_only})
             table.add_row(r.impl, "", "", "", escape(terminal(f"pair-only (passed in a fresh cell): {', '.join(kinds)}")),
                           str(len(r.pair_only)), "", "")
+        if r.disputed:  # not the implementation's finding: the reference fails the program too
+            kinds = sorted({f"{key} (reference: {ref})" for key, ref, _ in r.disputed})
+            table.add_row(r.impl, "", "", "", escape(terminal("the reference fails it too, pdconform's problem "
+                                                              f"(please report): {', '.join(kinds)}")),
+                          str(len(r.disputed)), "", "")
     console.print(table)
     from harness.explore.found import FOUND_DIR, FOUND_ENV
 

@@ -8,8 +8,10 @@ scheduler's AbortReq), rooms cleared once both sides concluded, and a cleared ro
 used again for a new lifecycle (R-REUSE-1), the prefill's transfer engine delaying its
 writes, delaying the aux data, failing its n-th write or completing none, a role frozen
 for less than the heartbeat window, a message the control loops cannot parse pushed to
-either role's control socket (harness.spec.frames.malformed), and (a profile drawn first)
-deferred KV release with its ABORT_ACKs.
+either role's control socket (harness.spec.frames.malformed), a status read in passing (the
+poll every scheduler loop makes), the prefill killed with rooms in flight (one program in
+four may: the decode's heartbeat must fail them), and (a profile drawn first) deferred KV
+release with its ABORT_ACKs.
 :class:`ProgramMachine`, a hypothesis
 rule-based state machine, writes them: each rule's precondition keeps the program legal
 for a scheduler (a chunk only after the sender's init, a clear only after both sides

@@ -81,6 +81,8 @@ class ImplReport:
     failures: dict[str, Failure] = field(default_factory=dict)
     #: programs that failed on a long-lived pair but not in a fresh cell: (signature key, program)
     pair_only: list[tuple[str, Program]] = field(default_factory=list)
+    #: failures the reference showed too on the same program: (signature key, the reference's, program)
+    disputed: list[tuple[str, str, Program]] = field(default_factory=list)
 
     corpus_s: float = 0.0  # of ``seconds``: replaying the corpus
     shrinking_s: float = 0.0  # of ``seconds``: the cells that confirmed and shrank failures
@@ -188,9 +190,10 @@ class Explorer:
     def start(self, impls: list[str]) -> None:
         """Start the fork servers of every implementation this explorer will run, at once (each
         once: a second call for the same group would leave the first server running)."""
-        if not self.servers:
-            self.servers = start_fork_servers(sorted(set(impls)), self.target, self.out_dir, self.note)
-        self._impls = set(impls)
+        if not self.servers:  # the reference's too: a failure is diffed against it (_reference_fails_too)
+            self.servers = start_fork_servers(sorted(set(impls) | {"reference"}), self.target, self.out_dir,
+                                              self.note)
+        self._impls = set(impls) | {"reference"}
 
     def wait_ready(self) -> None:
         """Wait until every fork server has imported (bench: a rate must not time the imports);
@@ -334,6 +337,9 @@ class Explorer:
         if not shrinking and self.long_lived and not self._fails_alone(program, impl, report, start, sig):
             seen[text] = None
             return None
+        if not shrinking and self._reference_fails_too(program, impl, report, sig):
+            seen[text] = None
+            return None
         if not shrinking:
             state["sig"], state["found_at"], state["best"] = sig, time.monotonic(), program
             report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start,
@@ -364,6 +370,26 @@ class Explorer:
         self.note(f"{impl}: a program failed on a long-lived pair ({_key(sig)}) but not in a fresh cell "
                   f"({_key(again) if again else 'PASS'}): not shrunk, counted as pair-only ({kept})")
         return False
+
+    def _reference_fails_too(self, program: Program, impl: str, report: ImplReport, sig: dict) -> bool:
+        """The per-program diff against the reference, before a failure counts: the spec fixes a
+        program's outcome, so a program the reference fails too is pdconform's problem (a rule
+        that wrote a program no scheduler could, or a check the spec does not make), not
+        ``impl``'s.  Such a failure is counted in ``report.disputed``, kept as
+        ``OUT/IMPL/disputed-N.json``, never shrunk or written as found.  One reference cell
+        per new distinct failure (none when exploring the reference itself)."""
+        if impl == "reference":
+            return False
+        ref = signature_of(self.run_program(program, "reference", f"reference-diff-{len(report.failures)}",
+                                            alone=True), "reference")
+        if ref is None:
+            return False
+        report.disputed.append((_key(sig), _key(ref), program))
+        kept = self.out_dir / impl / f"disputed-{len(report.disputed)}.json"
+        kept.write_text(program.to_json())
+        self.note(f"{impl}: a program failed ({_key(sig)}), and the reference fails it too ({_key(ref)}): "
+                  f"pdconform's problem, not {impl}'s; not counted as a finding ({kept})")
+        return True
 
     def _machine(self, on_program: Callable[[Program], dict | None]) -> type:
         """The round's state machine: writes a program on this explorer's topology and rules, and
