@@ -167,3 +167,30 @@ def test_a_failure_the_reference_shows_too_is_disputed_not_found(tmp_path, monke
     assert report.disputed and report.disputed[0][1].startswith("R-LAYOUT-1|bytes-exact|reference")
     assert not report.failures and not list((tmp_path / "found").glob("*"))
     assert (tmp_path / "out" / mutant / "disputed-1.json").is_file()
+
+
+def test_an_error_of_pdconforms_own_while_judging_stops_explore(tmp_path, monkeypatch):
+    """A bug in explore itself (here: planted in the reference diff) must not pass for a flaky
+    program: hypothesis would shrink it, see another outcome on the replay and drop it."""
+    from harness.explore import session
+
+    def broken(self, *args):
+        raise RuntimeError("planted: the reference diff broke")
+
+    real = session.Explorer.run_scenario_file
+
+    def failing(self, path, impl, workdir, program=None, lane=None):
+        import msgspec
+
+        check = {"name": "bytes-exact", "requirement": "R-LAYOUT-1", "ok": False, "level": "MUST"}
+        return msgspec.structs.replace(real(self, path, impl, workdir, program, lane), verdict="FAIL", checks=[check])
+
+    monkeypatch.setattr(session.Explorer, "run_scenario_file", failing)
+    monkeypatch.setattr(session.Explorer, "_reference_fails_too", broken)
+    from harness.target.sglang import installed_target
+
+    with session.Explorer(installed_target(), tmp_path / "out", tmp_path / "found", note=lambda line: None) as ex:
+        ex.faults = False
+        ex.start(["reference"])
+        with pytest.raises(RuntimeError, match="planted: the reference diff broke"):
+            ex.explore("reference", 3.0, corpus=False, max_failures=1)

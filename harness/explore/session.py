@@ -401,7 +401,10 @@ class Explorer:
             faults = explorer.faults
 
             def teardown(self) -> None:
-                sig = on_program(replace(self.program(), topology=explorer.topology))
+                try:
+                    sig = on_program(replace(self.program(), topology=explorer.topology))
+                except Exception as exc:  # pdconform's own error: hypothesis would shrink it and, as the
+                    raise _InternalError(exc) from exc  # replay differs, call it flaky and drop it
                 if sig is not None:
                     raise AssertionError(_key(sig))
 
@@ -468,6 +471,8 @@ class Explorer:
             flaky = True
         except _ShrinkOver:  # the shrinking bound ended the round; state["best"] is the program
             pass
+        except _InternalError as exc:
+            raise exc.__cause__ from None
         for sig in (ahead or {}).values():  # run ahead, not replayed: this round's first failure ended it
             if sig is not None and _key(sig) in report.failures:
                 report.failures[_key(sig)].count += 1
@@ -480,6 +485,10 @@ class Explorer:
                                            {"seed": round_seed, "shrink_runs": state["shrinks"]})
             except OSError as exc:  # the failure stays in the report; its program could not be kept
                 self.note(f"could not write the found program of {impl} into {self.found_dir}: {exc}")
+
+
+class _InternalError(BaseException):
+    """pdconform's own exception while running or judging a program: not a finding, so explore stops with it."""
 
 
 class _ShrinkOver(BaseException):
