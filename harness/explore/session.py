@@ -372,12 +372,9 @@ class Explorer:
         return False
 
     def _reference_fails_too(self, program: Program, impl: str, report: ImplReport, sig: dict) -> bool:
-        """The per-program diff against the reference, before a failure counts: the spec fixes a
-        program's outcome, so a program the reference fails too is pdconform's problem (a rule
-        that wrote a program no scheduler could, or a check the spec does not make), not
-        ``impl``'s.  Such a failure is counted in ``report.disputed``, kept as
-        ``OUT/IMPL/disputed-N.json``, never shrunk or written as found.  One reference cell
-        per new distinct failure (none when exploring the reference itself)."""
+        """Before a failure counts, the same program on the reference (the spec fixes its outcome):
+        failing there too, it is pdconform's problem, not ``impl``'s: counted in ``report.disputed``,
+        kept as ``OUT/IMPL/disputed-N.json``, never shrunk or written as found (docs/explore.md)."""
         if impl == "reference":
             return False
         ref = signature_of(self.run_program(program, "reference", f"reference-diff-{len(report.failures)}",
@@ -420,17 +417,21 @@ class Explorer:
                    round_seed: int) -> dict[str, dict | None]:
         """Write the round's programs first (hypothesis's generate phase with the round's seed, as
         the round then writes them again) and run them on :attr:`lanes` pairs at once, until the
-        budget is spent; program text -> its failure's signature (None: it passed)."""
-        lanes, results = queue.SimpleQueue(), {}
+        budget is spent or one of them failed in a new way (the round's later programs would only
+        delay its shrinking); program text -> its failure's signature (None: it passed)."""
+        lanes, results, new_failure = queue.SimpleQueue(), {}, threading.Event()
         for lane in range(self.lanes):
             lanes.put(lane)
 
         def run(program: Program) -> None:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or new_failure.is_set():
                 return
             lane = lanes.get()
             try:
-                results[program.to_json()] = self._run_counted(program, impl, report, start, f"lane-{lane}", lane=lane)
+                sig = results[program.to_json()] = self._run_counted(program, impl, report, start, f"lane-{lane}",
+                                                                     lane=lane)
+                if sig is not None and _key(sig) not in report.failures:
+                    new_failure.set()
             finally:
                 lanes.put(lane)
 
