@@ -33,7 +33,7 @@ import msgspec
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from harness.explore.program_checks import lifecycle_checks
+from harness.explore.program_checks import KILL_SLACK_S, lifecycle_checks
 from harness.judge import checks as c
 from harness.spec import frames
 from harness.spec.protocol import KVPoll, Layout
@@ -63,7 +63,6 @@ MALFORMED = st.one_of(frames.truncated(), frames.unknown_tag(), frames.non_ascii
                       frames.empty(), frames.extra_frames(), frames.well_formed_unknown_room())
 WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2): a failed write's room ends by then
 AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
-KILL_SLACK_S = 5.0  # R-HB-1: a dead prefill's rooms fail within the decode's heartbeat window plus this
 #: the decode's conclusion poll of a room in flight at the prefill's kill: the window (4 s,
 #: harness.target.role_context) plus the slack, and a second for the poll itself
 KILL_BOUND_S = 4.0 + KILL_SLACK_S + 1.0

@@ -14,6 +14,8 @@ from harness.spec.history import Event, Op, completions
 from harness.spec.protocol import KVPoll, kvpoll_name
 from harness.spec.rooms import DONE
 
+KILL_SLACK_S = 5.0  # R-HB-1: a dead prefill's rooms fail within the decode's heartbeat window plus this
+
 
 def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: tuple[str, ...],
                      aborted_rooms: tuple[int, ...], deferred: bool,
@@ -80,8 +82,6 @@ def failed_after_kill(labels: tuple[str, ...]) -> c.Checker:
     read Failed on the decode within the heartbeat window plus KILL_SLACK_S of the kill, with a
     reason naming the prefill's bootstrap address (R-HB-1; harness.judge.fault_checks, as
     dead-prefill judges it)."""
-    from harness.explore.program import KILL_SLACK_S
-
     def fn(events: list[dict]):
         for label in labels:
             poll = _conclusion(events, label, "decode")
