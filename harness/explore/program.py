@@ -240,8 +240,6 @@ class ProgramMachine(RuleBasedStateMachine):
 
     #: whether the prefill may be restarted (RestartRole): a prefill of one process only
     restarts = True
-    #: whether the prefill may be killed (KillRole): a prefill of one process only
-    kills = True
     #: whether the fault rules apply (engine faults, freezes, restarts, injected messages, the
     #: wait past the bootstrap timeout); False: fault-free programs (bench's rate goal)
     faults = True
@@ -275,7 +273,7 @@ class ProgramMachine(RuleBasedStateMachine):
             self.steps[0] = PROFILES["deferred-release"]
         # one program in four may kill its prefill: a kill ends the program's prefill side and
         # its long-lived pair, so more would crowd out everything else (a shrink drops the 3)
-        self.may_kill = self.faults and self.kills and data.draw(st.integers(0, 3), label="may kill (3)") == 3
+        self.may_kill = self.faults and data.draw(st.integers(0, 3), label="may kill (3)") == 3
         self.open_room(data)
 
     @precondition(lambda self: not self.killed and len(self.rooms) < MAX_LIFECYCLES)

@@ -190,10 +190,9 @@ class Explorer:
     def start(self, impls: list[str]) -> None:
         """Start the fork servers of every implementation this explorer will run, at once (each
         once: a second call for the same group would leave the first server running)."""
-        if not self.servers:  # the reference's too: a failure is diffed against it (_reference_fails_too)
-            self.servers = start_fork_servers(sorted(set(impls) | {"reference"}), self.target, self.out_dir,
-                                              self.note)
-        self._impls = set(impls) | {"reference"}
+        self._impls = set(impls) | {"reference"}  # a failure is diffed against it (_reference_fails_too)
+        if not self.servers:
+            self.servers = start_fork_servers(sorted(self._impls), self.target, self.out_dir, self.note)
 
     def wait_ready(self) -> None:
         """Wait until every fork server has imported (bench: a rate must not time the imports);
