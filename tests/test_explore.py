@@ -193,12 +193,15 @@ def _late_success_program():
     room, src, dst = 2**41 + 11, (2, 6), (0, 1)
     steps = (PROFILES["plain"], OpenRoom(room), RequestKV(room, dst, 0),
              AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)), InitSender(room, 2, 3),
-             EngineFaults("prefill", delay_s=0.2), SendChunk(room, src[:1]), SendChunk(room, src[1:]),
+             # each write lands 2 s after it is issued (the reference's delays run side by side): the
+             # decode's ABORT, however slow under load, finds them outstanding, which is what arms
+             # the mutant; with 0.2 s a loaded CI run let the writes finish first and the mutant passed
+             EngineFaults("prefill", delay_s=2.0), SendChunk(room, src[:1]), SendChunk(room, src[1:]),
              Abort(room, "decode"), AwaitStatus(room, "decode", DONE, label="L0"),
              AwaitStatus(room, "prefill", DONE, label="L0"),
-             # the decode polls on through the drain (3 writes x 0.2 s, longer under load): a
-             # Success read ends the wait at once, a conforming decode reads Failed for 3 s
-             AwaitStatus(room, "decode", (KVPoll.Success,), timeout_s=3.0, must_come=False),
+             # the decode polls on through the drain: a Success read ends the wait at once, a
+             # conforming decode reads Failed for 5 s
+             AwaitStatus(room, "decode", (KVPoll.Success,), timeout_s=5.0, must_come=False),
              VerifyPools((), (), unchecked_kv=dst, unchecked_aux=(0,)), Clear(room, "prefill"), Clear(room, "decode"))
     assert LAYOUT.num_pages > max(src)
     return Program(steps, (("L0", True, False, ""),))
@@ -226,7 +229,8 @@ def test_the_kill_and_poll_rules_pass_the_reference_and_catch_their_mutants(tmp_
                 assert judged.startswith(("1 lifecycle(s) in flight", "every terminal status held")), judged
                 bad = explorer.run_program(program, f"mutant.{mutant}", alone=True)
                 sig = signature_of(bad, f"mutant.{mutant}")
-                assert sig and (sig["requirement"], sig["check"]) == caught_by, bad.reason
+                assert sig and (sig["requirement"], sig["check"]) == caught_by, (mutant, bad.verdict, bad.reason,
+                                                                                  bad.checks, bad.workdir)
     finally:
         implementations.registered.cache_clear()
 
