@@ -163,22 +163,29 @@ def test_explore_on_the_reference_from_the_command_line_finds_nothing(tmp_path):
 
 
 def _killed_prefill_program():
-    """One room registered and its first chunk sent, then the prefill is SIGKILLed: what the
+    """Two rooms in flight when the prefill is SIGKILLed: L0 with its first chunk sent (it must
+    read Failed, naming the prefill: rooms-fail-after-kill) and L1 with every chunk sent and its
+    aux held back 5 s, so the kill comes first (it must end: rooms-end-after-kill).  What the
     kill rule writes (ProgramMachine.kill_prefill), by hand so the test does not wait on a draw."""
     from harness.explore.program import KILL_BOUND_S, LAYOUT, PROFILES, Program
     from harness.spec.protocol import KVPoll
     from harness.spec.rooms import DONE
     from harness.spec.steps import KillRole, RequestKV, VerifyPools
 
-    room, src, dst = 2**41 + 7, (3, 9), (0, 1)
-    steps = (PROFILES["plain"], OpenRoom(room), RequestKV(room, dst, 0),
-             AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)), InitSender(room, 2, 5),
-             SendChunk(room, src[:1]), KillRole("prefill"),
-             AwaitStatus(room, "decode", DONE, label="L0", timeout_s=KILL_BOUND_S),
-             VerifyPools(tuple(zip(src, dst)), ((5, 0),), settle_s=0.0, label="L0"),
-             VerifyPools((), (), unchecked_kv=dst, unchecked_aux=(0,)), Clear(room, "decode"))
-    assert LAYOUT.num_pages > max(src)
-    return Program(steps, (("L0", False, False, "fail"),))
+    rooms, srcs, dsts = (2**41 + 7, 2**41 + 8), ((3, 9), (4, 10)), ((0, 1), (2, 5))
+    opened = tuple(s for room, dst, aux in zip(rooms, dsts, (0, 1)) for s in (
+        OpenRoom(room), RequestKV(room, dst, aux), AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),
+        InitSender(room, 2, 5 + aux)))
+    concluded = tuple(s for n, room in enumerate(rooms) for s in (
+        AwaitStatus(room, "decode", DONE, label=f"L{n}", timeout_s=KILL_BOUND_S),
+        VerifyPools(tuple(zip(srcs[n], dsts[n])), ((5 + n, n),), settle_s=0.0, label=f"L{n}")))
+    steps = (PROFILES["plain"], *opened, EngineFaults("prefill", aux_delay_s=5.0),
+             SendChunk(rooms[0], srcs[0][:1]), SendChunk(rooms[1], srcs[1][:1]), SendChunk(rooms[1], srcs[1][1:]),
+             KillRole("prefill"), *concluded,
+             VerifyPools((), (), unchecked_kv=dsts[0] + dsts[1], unchecked_aux=(0, 1)),
+             Clear(rooms[0], "decode"), Clear(rooms[1], "decode"))
+    assert LAYOUT.num_pages > max(srcs[0] + srcs[1] + dsts[0] + dsts[1])
+    return Program(steps, (("L0", False, False, "fail"), ("L1", False, False, "end")))
 
 
 def _late_success_program():
@@ -225,12 +232,17 @@ def test_the_kill_and_poll_rules_pass_the_reference_and_catch_their_mutants(tmp_
                 assert program_from_json(program.to_json()) == program  # a found file of it replays
                 good = explorer.run_program(program, "reference", alone=True, name=mutant)
                 assert good.verdict == "PASS", good.reason
-                judged = {ch["name"]: ch["detail"] for ch in good.checks}[caught_by[1]]
-                assert judged.startswith(("1 lifecycle(s) in flight", "every terminal status held")), judged
+                judged = {ch["name"]: ch["detail"] for ch in good.checks}
+                assert judged[caught_by[1]].startswith(("1 lifecycle(s) in flight", "every terminal status held")), \
+                    judged
                 bad = explorer.run_program(program, f"mutant.{mutant}", alone=True)
                 sig = signature_of(bad, f"mutant.{mutant}")
                 assert sig and (sig["requirement"], sig["check"]) == caught_by, (mutant, bad.verdict, bad.reason,
                                                                                   bad.checks, bad.workdir)
+                if mutant == "no-heartbeat-checker":  # the room whose chunks were all sent never ends either
+                    assert judged["rooms-end-after-kill"].startswith("1 lifecycle(s) reached"), judged
+                    ended = next(ch for ch in bad.checks if ch["name"] == "rooms-end-after-kill")
+                    assert ended["ok"] is False and "lifecycle L1" in ended["detail"], ended
     finally:
         implementations.registered.cache_clear()
 
