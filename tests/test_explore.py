@@ -200,11 +200,12 @@ def _late_success_program():
     room, src, dst = 2**41 + 11, (2, 6), (0, 1)
     steps = (PROFILES["plain"], OpenRoom(room), RequestKV(room, dst, 0),
              AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)), InitSender(room, 2, 3),
-             # each write lands 2 s after it is issued (the reference's delays run side by side): the
-             # decode's ABORT, however slow under load, finds them outstanding, which is what arms
-             # the mutant; with 0.2 s a loaded CI run let the writes finish first and the mutant passed
+             # the mutant is armed only by an ABORT that finds writes outstanding: each lands 2 s after
+             # it is issued (the reference's delays run side by side), and the ABORT waits until the
+             # prefill reads Transferring (its writes issued). Under CI's load 0.2 s writes finished
+             # before a slow ABORT, and a fast ABORT overtook the chunks: the mutant passed both times
              EngineFaults("prefill", delay_s=2.0), SendChunk(room, src[:1]), SendChunk(room, src[1:]),
-             Abort(room, "decode"), AwaitStatus(room, "decode", DONE, label="L0"),
+             AwaitStatus(room, "prefill", (KVPoll.Transferring, KVPoll.Success)), Abort(room, "decode"), AwaitStatus(room, "decode", DONE, label="L0"),
              AwaitStatus(room, "prefill", DONE, label="L0"),
              # the decode polls on through the drain: a Success read ends the wait at once, a
              # conforming decode reads Failed for 5 s
