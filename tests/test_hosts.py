@@ -213,6 +213,7 @@ def test_a_network_scenario_on_one_host_is_unsupported_not_failed(tmp_path):
 
 
 @NEEDS_NETNS
+@pytest.mark.nightly  # 80 s under make test's load: the longest test, and R-NET-1 is a nightly (two-host) concern
 def test_network_partition_catches_a_prefill_that_waits_for_a_partitioned_decode_forever(tmp_path, monkeypatch):
     """R-NET-1's planted bug (mutant partitioned-write-waited-forever) FAILs network-partition
     across two namespaces, on the check that cites it; the reference PASSes it."""
