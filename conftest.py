@@ -7,16 +7,23 @@
   or ``make nightly``.
 * ``pytest --impl NAME --scenario ID`` runs pdconform cells as tests
   (harness.pytest_plugin, registered as a pytest11 entry point by pyproject.toml).
+* pytest caches its assertion-rewritten modules (``__pycache__``, git-ignored) even where
+  PYTHONDONTWRITEBYTECODE is set: without the cache every pytest process (each xdist worker,
+  and the pytest runs some tests start) rewrites the ~300 modules of the suite and of
+  pdconform (its pytest11 plugin's distribution) again, 6 s of CPU each.  Child processes
+  keep the environment's setting.
 * The suite never writes into the checkout's reports/ (a user's `make matrix` results
   live there): the session fails when anything under reports/ changed.
 """
 
 import os
+import sys
 from pathlib import Path
 
 from hypothesis import settings
 
 os.environ["PDCONFORM_TEST_SCENARIOS"] = "1"
+sys.dont_write_bytecode = False  # pytest's rewrite cache (see above); the environment variable is left alone
 
 settings.register_profile("ci", deadline=None, max_examples=150, stateful_step_count=40, database=None)
 settings.register_profile("nightly", deadline=None, max_examples=5000, stateful_step_count=100)

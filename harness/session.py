@@ -261,14 +261,15 @@ class RejudgeError(ValueError):
 
 
 def rejudge(path: Path, expectations: Expectations | None = None,
-            on_note: Callable[[str], None] | None = None) -> tuple[RunResult, Path]:
+            on_note: Callable[[str], None] | None = None, keep_runs: bool = True) -> tuple[RunResult, Path]:
     """Judge a stored run again from its histories and rewrite its result tree; the result
     and the run folder.
 
     ``path``: a run folder, or an --out folder (its ``latest`` run).  The run-level facts
     (sglang, seed, settings, cell list) come from its results.json; ``expectations``
     replaces the ones the run was judged against (None: the run's own file, or, when it can
-    no longer be read, the expected verdicts stored in the run; ``on_note`` says so).
+    no longer be read, the expected verdicts stored in the run; ``on_note`` says so; None
+    with ``keep_runs`` False: none, every cell expected to PASS, as `--expectations none`).
     RejudgeError for a folder that is no pdconform run, was made by an older pdconform, or
     names a scenario or implementation this checkout does not have; OutDirError when
     another process is judging it."""
@@ -283,7 +284,7 @@ def rejudge(path: Path, expectations: Expectations | None = None,
     missing = sorted({c.scenario for c in stored.cells} - set(known))
     if missing:
         raise RejudgeError(f"{results} has cells of scenarios this checkout does not have: {', '.join(missing)}")
-    if expectations is None and stored.expectations:
+    if expectations is None and keep_runs and stored.expectations:
         try:
             expectations = read_expectations(stored.expectations)
         except ExpectationsError as exc:

@@ -175,6 +175,7 @@ def test_run_across_two_namespaces_places_prefill_and_decode_apart_and_leaves_no
 
 
 @NEEDS_NETNS
+@pytest.mark.nightly  # about a minute under make test's load; make nightly's runs across hosts need it most
 def test_an_interrupted_run_across_namespaces_leaves_nothing(tmp_path):
     child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--hosts", "netns:2", "--impl", "reference",
                               "--scenario", "happy-path", "--scenario", "multi-chunk-long-prompt", "--out",

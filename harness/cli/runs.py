@@ -302,7 +302,8 @@ def judge(
     run_dir: Path = typer.Argument(..., help="A stored run: its run folder (OUT/runs/<time>/), or an --out folder "
                                    "(its latest run)."),
     expectations: Optional[Path] = typer.Option(None, "--expectations", help="Judge against this expectations file "
-                                                "instead of the one the run was judged against."),
+                                                "instead of the one the run was judged against; none: "
+                                                "every cell expected to PASS."),
 ) -> None:
     """Judge a stored run again from its histories, offline, and rewrite its results.json and reports.
 
@@ -315,7 +316,9 @@ def judge(
     loaded = _expectations(expectations)
     _stop_on_signals()
     try:
-        result, folder = rejudge(run_dir, loaded, on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
+        # --expectations none judges against none; without the option, the run's own
+        result, folder = rejudge(run_dir, loaded, on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"),
+                                 keep_runs=expectations is None)
     except (RejudgeError, OutDirError) as exc:
         raise _usage_error(str(exc))
     except KeyboardInterrupt:
