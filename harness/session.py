@@ -28,7 +28,7 @@ from harness.judge.judge import judge_run
 from harness.judge.results import RUNS, RunResult, cell_dir, dump_cell, dump_run, load_histories, load_run
 from harness.report.files import write_reports
 from harness.report.outdir import OutDirError, RunFolder, run_folder_of, take_lock
-from harness.spec.scenario import Scenario, all_scenarios
+from harness.spec.scenario import Scenario
 from harness.target.role_context import BIND_ENV, LOOPBACK
 from harness.target.sglang import SglangTarget
 
