@@ -16,7 +16,7 @@ matrix: setup
 	$(PDCONFORM) run --jobs $(JOBS) $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 
 # three workers (pytest-xdist): the tests mostly wait on role processes and timers; the tests
-# marked nightly (minute-long runs across network namespaces) run in `make nightly`
+# marked nightly (minute-long runs across network namespaces, bench's own test) run in `make nightly`
 test: setup
 	$(VENV)/bin/python -m pytest -q -n 3 -m "not nightly"
 

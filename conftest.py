@@ -7,11 +7,12 @@
   or ``make nightly``.
 * ``pytest --impl NAME --scenario ID`` runs pdconform cells as tests
   (harness.pytest_plugin, registered as a pytest11 entry point by pyproject.toml).
-* pytest caches its assertion-rewritten modules (``__pycache__``, git-ignored) even where
-  PYTHONDONTWRITEBYTECODE is set: without the cache every pytest process (each xdist worker,
-  and the pytest runs some tests start) rewrites the ~300 modules of the suite and of
-  pdconform (its pytest11 plugin's distribution) again, 6 s of CPU each.  Child processes
-  keep the environment's setting.
+* pytest's process writes bytecode (``__pycache__``, git-ignored) even where
+  PYTHONDONTWRITEBYTECODE is set, so pytest caches the modules it rewrites for assertions
+  (those imported after this file: the tests and most of pdconform, its pytest11 plugin's
+  distribution) and plain imports get .pyc files too.  Without it every pytest process (each
+  xdist worker, and the pytest runs some tests start) rewrites ~300 modules again, 6 s of
+  CPU each.  Child processes keep the environment's setting.
 * The suite never writes into the checkout's reports/ (a user's `make matrix` results
   live there): the session fails when anything under reports/ changed.
 """

@@ -88,7 +88,8 @@ def test_out_symlink_loop_is_a_usage_error(tmp_path):
     assert out.returncode == 2 and "cannot use --out" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.nightly  # two matrix runs, the simulator and two explore rates: 35 s of CPU; make bench is not make test's either
+# two matrix runs, the simulator and two explore rates: 35 s of CPU; make bench is not make test's either
+@pytest.mark.nightly
 def test_bench_reports_every_figure_with_its_samples(tmp_path):
     (tmp_path / "run-3" / "cells").mkdir(parents=True)  # not pdconform's: never touched
     (tmp_path / "bench.json").write_text("{}")
@@ -142,6 +143,7 @@ def test_a_known_bug_is_judged_against_the_shipped_expectations_by_default(tmp_p
     strict = pdconform("judge", str(tmp_path / "out"), "--expectations", "none")
     assert strict.returncode == 1 and "FAIL (expected PASS)" in strict.stdout, strict.stdout[-2000:]
     assert "1 regression (worse than expected)" in strict.stdout, strict.stdout[-2000:]
+    assert strict.stdout.rstrip().splitlines()[-3] == "expectations: none, every cell expected to PASS"
 
 
 def test_reproduce_commands_name_the_pdconform_that_ran(tmp_path, monkeypatch):

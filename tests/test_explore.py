@@ -165,8 +165,9 @@ def test_explore_on_the_reference_from_the_command_line_finds_nothing(tmp_path):
 def _killed_prefill_program():
     """Two rooms in flight when the prefill is SIGKILLed: L0 with its first chunk sent (it must
     read Failed, naming the prefill: rooms-fail-after-kill) and L1 with every chunk sent and its
-    aux held back 5 s, so the kill comes first (it must end: rooms-end-after-kill).  What the
-    kill rule writes (ProgramMachine.kill_prefill), by hand so the test does not wait on a draw."""
+    aux held back 5 s, so the kill comes first (it must end: rooms-end-after-kill).  The shape
+    of what the kill rule writes (ProgramMachine.kill_prefill), by hand so the test does not wait
+    on a draw; the 5 s aux delay is longer than the rules draw (0.3 s), to win the race with the kill."""
     from harness.explore.program import KILL_BOUND_S, LAYOUT, PROFILES, Program
     from harness.spec.protocol import KVPoll
     from harness.spec.rooms import DONE
@@ -174,7 +175,8 @@ def _killed_prefill_program():
 
     rooms, srcs, dsts = (2**41 + 7, 2**41 + 8), ((3, 9), (4, 10)), ((0, 1), (2, 5))
     opened = tuple(s for room, dst, aux in zip(rooms, dsts, (0, 1)) for s in (
-        OpenRoom(room), RequestKV(room, dst, aux), AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),
+        OpenRoom(room), RequestKV(room, dst, aux),
+        AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)),
         InitSender(room, 2, 5 + aux)))
     concluded = tuple(s for n, room in enumerate(rooms) for s in (
         AwaitStatus(room, "decode", DONE, label=f"L{n}", timeout_s=KILL_BOUND_S),
@@ -190,8 +192,9 @@ def _killed_prefill_program():
 
 def _late_success_program():
     """The decode aborts a room (Failed at once) while its delayed writes are outstanding, both
-    sides conclude, and a later poll reads the room again: what the poll rule
-    (ProgramMachine.poll) adds to a program."""
+    sides conclude, and a later poll reads the room again: the shape of what the poll rule
+    (ProgramMachine.poll) adds to a program, with writes 2 s late (the rules draw 0.05 or 0.2 s)
+    so that the ABORT finds them outstanding however loaded the machine."""
     from harness.explore.program import LAYOUT, PROFILES, Program
     from harness.spec.protocol import KVPoll
     from harness.spec.rooms import DONE
@@ -205,7 +208,8 @@ def _late_success_program():
              # prefill reads Transferring (its writes issued). Under CI's load 0.2 s writes finished
              # before a slow ABORT, and a fast ABORT overtook the chunks: the mutant passed both times
              EngineFaults("prefill", delay_s=2.0), SendChunk(room, src[:1]), SendChunk(room, src[1:]),
-             AwaitStatus(room, "prefill", (KVPoll.Transferring, KVPoll.Success)), Abort(room, "decode"), AwaitStatus(room, "decode", DONE, label="L0"),
+             AwaitStatus(room, "prefill", (KVPoll.Transferring, KVPoll.Success)), Abort(room, "decode"),
+             AwaitStatus(room, "decode", DONE, label="L0"),
              AwaitStatus(room, "prefill", DONE, label="L0"),
              # the decode polls on through the drain: a Success read ends the wait at once, a
              # conforming decode reads Failed for 5 s
@@ -243,7 +247,7 @@ def test_the_kill_and_poll_rules_pass_the_reference_and_catch_their_mutants(tmp_
                 if mutant == "no-heartbeat-checker":  # the room whose chunks were all sent never ends either
                     assert judged["rooms-end-after-kill"].startswith("1 lifecycle(s) reached"), judged
                     ended = next(ch for ch in bad.checks if ch["name"] == "rooms-end-after-kill")
-                    assert ended["ok"] is False and "lifecycle L1" in ended["detail"], ended
+                    assert ended["ok"] is False and "lifecycle L1) read WaitingForInput" in ended["detail"], ended
     finally:
         implementations.registered.cache_clear()
 

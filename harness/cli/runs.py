@@ -326,7 +326,9 @@ def judge(
         raise typer.Exit(code=130)
     except OSError as exc:
         raise _usage_error(f"cannot rewrite the results in {run_dir}: {exc.strerror or exc}")
-    _print_verdicts(result, result.expectations)
+    # say which expectations, when --expectations replaced the run's own (judge passes no version,
+    # so without the option nothing shipped is looked up and the run's own are kept)
+    _print_verdicts(result, result.expectations, _expectations_line(loaded, expectations) if expectations else "")
     console.print(f"results: {folder / 'results.json'} (judged again)", highlight=False)
     raise typer.Exit(code=0 if result.all_as_expected else 1)
 
