@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import get_state_machine_test
 
-from harness.explore.program import ProgramMachine, program_from_json
-from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, OpenRoom, SendChunk,
-                                ThawRole, VerifyPools)
+from harness.explore.program import ProgramMachine
+from harness.explore.program_file import program_from_json
+from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, KillRole, OpenRoom,
+                                SendChunk, ThawRole, VerifyPools)
 
 
 def _programs(n: int = 40, faults: bool = True):
@@ -40,8 +41,9 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
     assert len({p.to_json() for p in programs}) > 10  # programs, not one program many times
     for p in programs:
         assert program_from_json(p.to_json()) == p
-        opened, inited, concluded, dst_pages, frozen = set(), set(), set(), [], set()
+        opened, inited, concluded, dst_pages, frozen, dead = set(), set(), set(), [], set(), ""
         for step in p.steps:
+            dead = step.role if isinstance(step, KillRole) else dead
             if isinstance(step, (FreezeRole, ThawRole)):
                 assert (step.role in frozen) == isinstance(step, ThawRole), "a freeze without its thaw"
                 frozen ^= {step.role}
@@ -59,7 +61,7 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
                 assert room in opened and step.role == "decode"
             elif isinstance(step, AwaitStatus) and step.label:  # a conclusion poll, not a read in passing
                 concluded.add(room)
-            elif isinstance(step, Clear) and step.role == "decode":
+            elif isinstance(step, Clear) and step.role == ("prefill" if dead == "decode" else "decode"):  # the last
                 assert room in concluded, "cleared before both sides concluded"
                 opened.discard(room)
                 inited.discard(room)
@@ -79,9 +81,11 @@ def test_a_program_file_that_is_not_one_is_refused():
     big = base64.b64encode(b"x" * 5000).decode()
     inject = {"step": "InjectFrames", "role": "prefill", "frames": [["eA==", "MQ=="]]}
     program_from_json(json.dumps({**good, "steps": [start, inject]}))  # a message a program may hold
+    program_from_json(json.dumps({**good, "steps": [start, {"step": "KillRole", "role": "decode"}]}))  # a kill
     bad = [{"steps": [{"step": "Popen", "args": ["rm"]}], "lifecycles": []},  # not a step
            {**good, "steps": [{**start, "env": [["LD_PRELOAD", "/tmp/x.so"]]}, *good["steps"][1:]]},  # roles' env
-           {**good, "steps": [start, {"step": "KillRole", "role": "decode"}]},  # a step programs never hold
+           {**good, "steps": [start, {"step": "KillRole", "role": "decode.tp1"}]},  # a kill programs never make
+           {**good, "steps": [start, *[{"step": "KillRole", "role": "prefill"}] * 2]},  # a second kill
            {**good, "steps": [start, {"step": "Sleep", "seconds": 1e9}]},  # an unbounded wait
            {**good, "steps": [start, {"step": "EngineFaults", "role": "decode", "never_complete": True}]},  # decode's
            {**good, "steps": [start, {"step": "EngineFaults", "role": "prefill", "fail_group": 1}]},
@@ -252,13 +256,17 @@ def test_the_kill_and_poll_rules_pass_the_reference_and_catch_their_mutants(tmp_
         implementations.registered.cache_clear()
 
 
-def test_generated_kills_leave_the_dead_prefill_alone():
-    from harness.spec.steps import KillRole
-
-    killed = [p for p in _programs(80) if any(isinstance(s, KillRole) for s in p.steps)]
-    assert killed, "80 generated programs and not one kill"
+def test_generated_kills_leave_the_dead_role_alone():
+    killed = [p for p in _programs(120) if any(isinstance(s, KillRole) for s in p.steps)]
+    assert {s.role for p in killed for s in p.steps if isinstance(s, KillRole)} == {"prefill", "decode"}, \
+        "120 generated programs and not a kill of each role"
     prefill_steps = (InitSender, SendChunk, EngineFaults)
     for p in killed:
-        after = p.steps[next(i for i, s in enumerate(p.steps) if isinstance(s, KillRole)) + 1:]
-        assert not any(isinstance(s, prefill_steps) or getattr(s, "role", "decode") == "prefill" for s in after), p
-        assert any(len(x) > 3 and x[3] for x in p.lifecycles), "a kill with no room in flight"
+        at = next(i for i, s in enumerate(p.steps) if isinstance(s, KillRole))
+        dead, after = p.steps[at].role, p.steps[at + 1:]
+        if dead == "prefill":
+            assert not any(isinstance(s, prefill_steps) or getattr(s, "role", "decode") == "prefill" for s in after), p
+        else:  # the decode: nothing reads its pools or names it again
+            assert not any(isinstance(s, VerifyPools) or getattr(s, "role", "prefill") == "decode" for s in after), p
+        marks = {"prefill": ("fail", "end"), "decode": ("sender-fail", "sender-end")}[dead]
+        assert any(len(x) > 3 and x[3] in marks for x in p.lifecycles), "a kill with no room in flight"

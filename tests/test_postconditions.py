@@ -151,3 +151,19 @@ def test_a_role_whose_last_observation_failed_is_not_judged_on_an_older_one():
     h.record("fail", "observe", "prefill", None, args={}, error="prefill cannot be observed: its process ended")
     _observed(h, "decode", {})
     assert pc.no_residue_after_clear(h.events)[0] is True
+
+
+def test_a_killed_role_need_not_clear_but_its_surviving_peer_is_judged():
+    """dead-decode's shape: the decode is SIGKILLed, the prefill clears the room and keeps
+    state of it (planted); the residue is reported.  Without the kill, the decode's missing
+    clear would leave the room unjudged."""
+    h = History()
+    _room_life(h, 7, cleared_on=("prefill",))
+    h.record("nemesis", "kill", "decode", None, args={"signal": "SIGKILL"})
+    _observed(h, "prefill", {7: ["_deferred_ack_poisoned_rooms{}"]})
+    ok, detail, *_ = pc.no_residue_after_clear(h.events)
+    assert ok is False and "prefill room 7: _deferred_ack_poisoned_rooms{}" in detail
+    alive = History()
+    _room_life(alive, 7, cleared_on=("prefill",))
+    _observed(alive, "prefill", {7: ["_deferred_ack_poisoned_rooms{}"]})
+    assert "no room was cleared" in pc.no_residue_after_clear(alive.events)[1]

@@ -6,7 +6,7 @@ from harness.explore import program_checks as pc
 from harness.explore.program import AT_RISK_BOUND_S, ProgramMachine
 from harness.spec.history import History
 from harness.spec.protocol import KVPoll
-from harness.spec.steps import AwaitStatus, EngineFaults, VerifyPools
+from harness.spec.steps import AwaitStatus, Clear, EngineFaults, KillRole, SendChunk, VerifyPools
 
 
 def _lifecycle(h: History, label: str, room: int, status: int, verified_ok: bool | None) -> None:
@@ -124,3 +124,36 @@ def test_bytes_that_never_land_are_a_layout_failure_not_a_late_one():
                                                           "mismatches": ["page 3: still wrong"]})  # ... and for good
     ok, detail, *_ = pc.bytes_at_success()(h.events)
     assert ok is True and "bytes-exact" in detail
+
+
+def test_a_decode_kill_fails_the_rooms_written_after_it_and_judges_the_prefill_alone():
+    m = ProgramMachine()
+    _open(m, 2**40)  # its first chunk goes before the kill, its second after: must read Failed
+    _open(m, 2**40 + 1)  # every chunk sent before the kill: must only end
+    _open(m, 2**40 + 2)  # concluded before the kill: judged as a clean room
+    m.rooms[0].chunks = [(0,), (1,)]
+    for r in m.rooms:
+        m.init_sender(_Draws(room=r))
+        m.send_chunk(_Draws(room=r))
+    m.conclude(_Draws(room=m.rooms[2]))
+    m.may_kill = "decode"
+    m.kill()
+    program = m.program()
+    assert [x[3] for x in program.lifecycles] == ["sender-fail", "sender-end", ""]
+    after = program.steps[program.steps.index(KillRole("decode")) + 1:]
+    assert all(getattr(s, "role", "prefill") == "prefill" for s in after if not isinstance(s, VerifyPools)), after
+    assert not any(isinstance(s, VerifyPools) for s in after)  # no pools left to read
+    assert SendChunk(2**40, (1,)) in after and Clear(2**40, "prefill") in after
+    checks = {c.name: c for c in program.checks()}
+    assert "bytes-exact" not in checks and checks["sender-rooms-fail-after-decode-kill"].requirement == "R-PEER-1"
+    right = History()
+    for label, room, status in (("L0", 2**40, KVPoll.Failed), ("L1", 2**40 + 1, KVPoll.Success)):
+        right.record("ok", "await_status", "prefill", 1, args={"room": room, "label": label},
+                     value={"reached": True, "status": status, "status_name": KVPoll(status).name})
+    assert checks["sender-rooms-fail-after-decode-kill"].fn(right.events)[0] is True
+    assert checks["sender-rooms-end-after-decode-kill"].fn(right.events)[0] is True
+    planted = History()  # a write to the dead decode reported as landed
+    planted.record("ok", "await_status", "prefill", 1, args={"room": 2**40, "label": "L0"},
+                   value={"reached": True, "status": KVPoll.Success, "status_name": "Success"})
+    ok, detail, *_ = checks["sender-rooms-fail-after-decode-kill"].fn(planted.events)
+    assert ok is False and "prefill room 1099511627776 (lifecycle L0) read Success, not Failed" in detail

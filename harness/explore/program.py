@@ -9,8 +9,9 @@ used again for a new lifecycle (R-REUSE-1), the prefill's transfer engine delayi
 writes, delaying the aux data, failing its n-th write or completing none, a role frozen
 for less than the heartbeat window, a message the control loops cannot parse pushed to
 either role's control socket (harness.spec.frames.malformed), a status read in passing (the
-poll every scheduler loop makes), the prefill killed with rooms in flight (one program in
-four may: the decode's heartbeat must fail them), and (a profile drawn first) deferred KV
+poll every scheduler loop makes), the prefill or the decode killed with rooms in flight (one
+program in four may: the decode's heartbeat must fail the rooms of a dead prefill, the
+prefill's writes the rooms of a dead decode), and (a profile drawn first) deferred KV
 release with its ABORT_ACKs.
 :class:`ProgramMachine`, a hypothesis
 rule-based state machine, writes them: each rule's precondition keeps the program legal
@@ -20,8 +21,8 @@ legal.  The program then runs as one cell (harness.explore.session); its checks 
 the spec (harness.explore.program_checks lists them, in the order a failure's signature
 takes the first), and the judge adds the generic post-conditions.
 
-A program is data: :meth:`Program.to_json` / :func:`program_from_json` write and read it,
-which is how a cell process gets it and how a found program replays (harness.explore.found).
+A program is data: :meth:`Program.to_json` / harness.explore.program_file.program_from_json
+write and read it, which is how a cell process gets it and how a found program replays (harness.explore.found).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a r
 #: the decode's conclusion poll of a room in flight at the prefill's kill: the window (4 s,
 #: harness.target.role_context) plus the slack, and a second for the poll itself
 KILL_BOUND_S = 4.0 + KILL_SLACK_S + 1.0
+#: a lifecycle's mark when a role was killed while it was in flight: "fail" / "end" at the
+#: prefill's kill (judged on the decode, R-HB-1), "sender-fail" / "sender-end" at the decode's
+#: (judged on the prefill, R-PEER-1), "" for the rest
+AFTER_KILL = ("", "fail", "end", "sender-fail", "sender-end")
 ANY_STATUS = tuple(KVPoll)  # a poll that takes whatever it reads
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
 ROOM_MIN = 2**40  # the smallest room id a program uses (they are drawn up to 2^62)
@@ -97,7 +102,7 @@ class _Room:
     aborted: bool = False
     cleared: bool = False
     at_risk: bool = False  # a write the prefill's engine was told to fail may be this room's
-    after_kill: str = ""  # in flight at the prefill's kill: "fail" (must fail, R-HB-1) or "end" (must end)
+    after_kill: str = ""  # in flight at a kill: one of AFTER_KILL
 
     @property
     def all_sent(self) -> bool:
@@ -109,7 +114,7 @@ class Program:
     """A generated program: ``steps`` (the first is StartRoles), ``lifecycles`` (one
     ``(label, aborted[, at_risk[, after_kill]])`` per room lifecycle, in the order they opened:
     the label its conclusion polls carry, whether the decode aborted it, whether a failed write
-    may reach it, and "fail" or "end" when it was in flight at the prefill's kill, else "")
+    may reach it, and its mark when it was in flight at a kill (:data:`AFTER_KILL`))
     and ``topology``."""
 
     steps: tuple[Step, ...]
@@ -124,7 +129,7 @@ class Program:
             return "aborted" if x[1] else "at-risk" if len(x) > 2 and x[2] else "clean"
 
         labels = {k: tuple(x[0] for x in self.lifecycles if kind(x) == k)
-                  for k in ("clean", "aborted", "at-risk", "killed-fail", "killed-end")}
+                  for k in ("clean", "aborted", "at-risk", *(f"killed-{m}" for m in AFTER_KILL[1:]))}
         aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
         # a clean lifecycle opened after the prefill's restart stands for R-RESTART-1 (lifecycle i is the i-th OpenRoom)
         opened = [i for i, s in enumerate(self.steps) if isinstance(s, OpenRoom)]
@@ -133,7 +138,9 @@ class Program:
         return lifecycle_checks(tuple(x for x in labels["clean"] if x not in later), labels["aborted"],
                                 labels["at-risk"], aborted_rooms, deferred=self.steps[0] == PROFILES["deferred-release"],
                                 after_restart=tuple(x for x in labels["clean"] if x in later),
-                                killed=(labels["killed-fail"], labels["killed-end"]))
+                                killed=(labels["killed-fail"], labels["killed-end"]),
+                                orphaned=(labels["killed-sender-fail"], labels["killed-sender-end"]),
+                                decode_killed=any(isinstance(s, KillRole) and s.role == "decode" for s in self.steps))
 
     def shifted(self, k: int) -> "Program":
         """The same program with every room id moved up by ``k`` strides of :data:`ROOM_STRIDE`:
@@ -152,85 +159,8 @@ class Program:
                            "lifecycles": [list(x) for x in self.lifecycles]}, indent=1)
 
 
-#: the steps a program may hold: what ProgramMachine writes, nothing that starts processes
-#: with a file's settings or loads code, and no kill but of the program's own prefill (a found
-#: file is input, not trusted; an injected message is bytes to a role's control socket,
-#: bounded by _check_bounds)
-PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools,
-                 EngineFaults, FreezeRole, ThawRole, RestartRole, InjectFrames, KillRole)
-MAX_WAIT_S = 30.0  # the longest Sleep or status bound a program file may ask for (seconds)
-
-
-STEP_TYPES = {kind.__name__: kind for kind in PROGRAM_STEPS}
-
-
 def _encode(step: Step) -> dict:
     return {"step": type(step).__name__, **json.loads(msgspec.json.encode(step))}
-
-
-def program_from_json(text: str) -> Program:
-    """The program :meth:`Program.to_json` wrote.  ValueError on anything else: a step
-    outside :data:`PROGRAM_STEPS`, a field of the wrong type, a StartRoles other than a
-    :data:`PROFILES` one, a wait beyond :data:`MAX_WAIT_S`, a role left frozen."""
-    try:
-        doc = json.loads(text)
-        steps = []
-        for raw in doc["steps"]:
-            kind = STEP_TYPES.get(raw.pop("step"))
-            if kind is None:
-                raise ValueError("a step a generated program never holds")
-            steps.append(msgspec.json.decode(json.dumps(raw), type=kind))
-        lifecycles = tuple((str(x[0]), bool(x[1]), *(bool(v) for v in x[2:3]), *(_after_kill(v) for v in x[3:4]))
-                           for x in doc["lifecycles"])
-        program = Program(tuple(steps), lifecycles, str(doc.get("topology", "p1-d1")))
-    except (KeyError, TypeError, AttributeError, ValueError, IndexError, RecursionError) as exc:  # msgspec: ValueErrors
-        raise ValueError(f"not a pdconform program: {type(exc).__name__}: {exc}") from exc
-    _check_bounds(program)
-    return program
-
-
-def _after_kill(value) -> str:
-    if value not in ("", "fail", "end"):
-        raise ValueError(f"a lifecycle's after-kill mark {value!r} (\"\", \"fail\" or \"end\")")
-    return value
-
-
-def _check_bounds(program: Program) -> None:
-    """ValueError unless ``program`` is one ProgramMachine could have written: a profile's
-    StartRoles first and only there; every wait bounded; engine faults only on the
-    prefill, bounded, of the kinds a program sets; every frozen role thawed."""
-    if not program.steps or program.steps[0] not in PROFILES.values():
-        raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
-    frozen: set[str] = set()
-    kills = 0
-    if sum(isinstance(step, InjectFrames) for step in program.steps) > MAX_INJECTIONS:
-        raise ValueError(f"not a pdconform program: more than {MAX_INJECTIONS} injected messages")
-    for step in program.steps[1:]:
-        if isinstance(step, StartRoles):
-            raise ValueError("not a pdconform program: roles started twice")
-        wait = step.seconds if isinstance(step, Sleep) else getattr(step, "timeout_s", 0.0)
-        if isinstance(step, EngineFaults):
-            wait = max(step.delay_s, step.aux_delay_s)
-            if step.role != "prefill" or step.fail_group is not None or not 0 < (step.fail_nth or 1) <= 100:
-                raise ValueError("not a pdconform program: an engine fault a program never sets")
-        if not 0 <= wait <= MAX_WAIT_S:
-            raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
-        if isinstance(step, InjectFrames) and (
-                step.role not in ("prefill", "decode") or len(step.frames) != 1
-                or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES
-                or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):
-            raise ValueError("not a pdconform program: an injected message a program never sends")
-        if isinstance(step, KillRole) and (step.role != "prefill" or frozen or kills):
-            raise ValueError("not a pdconform program: a kill a program never makes")
-        kills += isinstance(step, KillRole)
-        if isinstance(step, RestartRole) and (step.role != "prefill" or step.env is not None or frozen):
-            raise ValueError("not a pdconform program: a restart a program never makes")
-        if isinstance(step, (FreezeRole, ThawRole)):
-            if step.role not in ("prefill", "decode") or (step.role in frozen) != isinstance(step, ThawRole):
-                raise ValueError("not a pdconform program: a freeze and a thaw out of pairs")
-            frozen ^= {step.role}
-    if frozen:
-        raise ValueError("not a pdconform program: a role is left frozen")
 
 
 class ProgramMachine(RuleBasedStateMachine):
@@ -254,8 +184,8 @@ class ProgramMachine(RuleBasedStateMachine):
         self.slow = False  # a delay plan was set: a room's writes may queue behind every other room's
         self.plans = 0  # engine fault plans set
         self.injections = 0  # malformed messages pushed
-        self.killed = False  # the prefill was killed: only waits follow, then the decode's side of the end
-        self.may_kill = False  # drawn with the first room
+        self.killed = ""  # the role killed ("prefill" or "decode"): only waits follow, then the survivor's end
+        self.may_kill = ""  # the role this program may kill, drawn with the first room ("": none)
 
     # ---- the model ----------------------------------------------------------------
     def _live(self) -> list[_Room]:
@@ -271,9 +201,10 @@ class ProgramMachine(RuleBasedStateMachine):
         """The profile (deferred KV release or not; a shrink falls back to plain), then a room."""
         if data.draw(st.booleans(), label="deferred KV release"):
             self.steps[0] = PROFILES["deferred-release"]
-        # one program in four may kill its prefill: a kill ends the program's prefill side and
-        # its long-lived pair, so more would crowd out everything else (a shrink drops the 3)
-        self.may_kill = self.faults and data.draw(st.integers(0, 3), label="may kill (3)") == 3
+        # one program in four may kill a role: a kill ends that side of the program and its
+        # long-lived pair, so more would crowd out everything else (a shrink drops the 3)
+        if self.faults and data.draw(st.integers(0, 3), label="may kill (3)") == 3:
+            self.may_kill = data.draw(st.sampled_from(("prefill", "decode")), label="which role")
         self.open_room(data)
 
     @precondition(lambda self: not self.killed and len(self.rooms) < MAX_LIFECYCLES)
@@ -408,29 +339,39 @@ class ProgramMachine(RuleBasedStateMachine):
         it is: a Success or Failed read earlier must still be read now, until the clear (R-TERM-1,
         judged over every read by the generic post-condition every-trail-terminal)."""
         r = data.draw(st.sampled_from(self._live()), label="room")
-        self.steps.append(AwaitStatus(r.room, "decode" if self.killed else role, ANY_STATUS, timeout_s=0.0,
-                                      must_come=False))
+        survivor = {"prefill": "decode", "decode": "prefill"}.get(self.killed, role)
+        self.steps.append(AwaitStatus(r.room, survivor, ANY_STATUS, timeout_s=0.0, must_come=False))
 
     @precondition(lambda self: self.may_kill and not self.killed and
                   any(not r.concluded for r in self._live()) and not any(isinstance(s, RestartRole) for s in self.steps))
     @rule()
-    def kill_prefill(self) -> None:
-        """The prefill's process dies with rooms in flight (SIGKILL: an OOM kill, a lost node).
-        The decode's heartbeat must fail each room still waiting on it within the heartbeat
-        window plus 5 s, with a reason naming the prefill (R-HB-1); a room whose chunks were
-        all sent, that the decode aborted or that a failed write may reach only has to end."""
-        self.killed = True
+    def kill(self) -> None:
+        """The role drawn with the first room dies with rooms in flight (SIGKILL: an OOM kill, a
+        lost node).  The prefill: the decode's heartbeat must fail each room still waiting on it
+        within the heartbeat window plus 5 s, with a reason naming the prefill (R-HB-1); a room
+        whose chunks were all sent, that the decode aborted or that a failed write may reach only
+        has to end.  The decode: the prefill's scheduler, which knows nothing of it, sends every
+        chunk still to send; a room with a chunk written after the death must read Failed on the
+        prefill, the others only end there (R-PEER-1)."""
+        self.killed = self.may_kill
         for r in self._live():
-            if not r.concluded:
+            if r.concluded:
+                continue
+            if self.killed == "prefill":
                 r.after_kill = "end" if r.all_sent or r.aborted or r.at_risk else "fail"
-        self.steps.append(KillRole("prefill"))
+            else:
+                r.after_kill = "sender-end" if r.all_sent or r.aborted else "sender-fail"
+        self.steps.append(KillRole(self.killed))
 
     # ---- the program ----------------------------------------------------------------
     def _await(self, r: _Room) -> None:
         """The decode's conclusion poll, the room's bytes right then (a room the decode did
-        not abort), the prefill's poll (none once the prefill was killed)."""
+        not abort), the prefill's poll (only the survivor's after a kill)."""
         r.concluded = True
         label = f"L{self.rooms.index(r)}"
+        if self.killed == "decode":  # its writes to a dead peer fail or never complete (R-TIMEOUT-3's bound)
+            self.steps.append(AwaitStatus(r.room, "prefill", DONE, label=label, timeout_s=AT_RISK_BOUND_S))
+            return
         # a serial transfer worker runs every room's delayed writes in turn: 8 rooms of 4 pages
         # at 0.2 s a write outlast the 6 s bound, so delayed programs get the long one (still bounded)
         bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk or self.slow else {}
@@ -449,7 +390,7 @@ class ProgramMachine(RuleBasedStateMachine):
         """The steps so far, then what every scheduler does before it goes idle: each room
         that is not aborted gets its remaining chunks, each room is polled to its end, the
         decode's pools are checked, every room is cleared."""
-        for r in ([] if self.killed else self._live()):
+        for r in ([] if self.killed == "prefill" else self._live()):
             if not r.aborted and not r.all_sent:
                 if not r.inited:
                     r.inited = True
@@ -461,15 +402,17 @@ class ProgramMachine(RuleBasedStateMachine):
                 self._await(r)
         judged = [r for r in self.rooms if not r.aborted and not r.at_risk and not r.after_kill]
         rest = [r for r in self.rooms if r.aborted or r.at_risk or r.after_kill]
-        self.steps.append(VerifyPools(tuple(m for r in judged for m in zip(r.src, r.dst)),
-                                      tuple((r.aux_src, r.aux_dst) for r in judged),
-                                      unchecked_kv=tuple(p for r in rest for p in r.dst),
-                                      unchecked_aux=tuple(r.aux_dst for r in rest)))
+        if self.killed != "decode":
+            self.steps.append(VerifyPools(tuple(m for r in judged for m in zip(r.src, r.dst)),
+                                          tuple((r.aux_src, r.aux_dst) for r in judged),
+                                          unchecked_kv=tuple(p for r in rest for p in r.dst),
+                                          unchecked_aux=tuple(r.aux_dst for r in rest)))
+        alive = [role for role in ("prefill", "decode") if role != self.killed]
         for r in self._live():
             r.cleared = True
-            self.steps += [Clear(r.room, "decode")] if self.killed else [Clear(r.room, "prefill"), Clear(r.room, "decode")]
+            self.steps += [Clear(r.room, role) for role in alive]
         return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk, r.after_kill)
                                                 for i, r in enumerate(self.rooms)))
 
 
-__all__ = ["LAYOUT", "PROFILES", "Program", "ProgramMachine", "program_from_json", "PROGRAM_TIMEOUT_S"]
+__all__ = ["AFTER_KILL", "LAYOUT", "PROFILES", "Program", "ProgramMachine", "PROGRAM_TIMEOUT_S"]

@@ -20,27 +20,37 @@ KILL_SLACK_S = 5.0  # R-HB-1: a dead prefill's rooms fail within the decode's he
 def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: tuple[str, ...],
                      aborted_rooms: tuple[int, ...], deferred: bool,
                      after_restart: tuple[str, ...] = (),
-                     killed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> list[c.Check]:
+                     killed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
+                     orphaned: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
+                     decode_killed: bool = False) -> list[c.Check]:
     """The checks of a program whose lifecycles (labels ``L<i>``) are ``clean`` (nobody
     aborted them and no failed write could reach them), ``aborted`` (by the decode) or
     ``at_risk`` (a write the prefill's engine was told to fail may be theirs);
     ``aborted_rooms`` the room ids the decode aborted; ``deferred``: the roles run with
     deferred KV release, so ABORT_ACKs are judged; ``after_restart`` the clean lifecycles
     opened after the prefill was restarted on new ports; ``killed``: the lifecycles in flight at
-    the prefill's kill that must fail (R-HB-1), and those that must only end, on the decode.
+    the prefill's kill that must fail (R-HB-1), and those that must only end, on the decode;
+    ``orphaned``: the lifecycles in flight at the decode's kill with a chunk written after it,
+    which must read Failed on the prefill, and the others, which must only end there (R-PEER-1);
+    ``decode_killed``: no pools are left to verify at the end, so bytes-exact is not judged (the
+    lifecycles that concluded before the kill were verified at their Success poll: bytes-at-success).
     The aborted and at-risk rooms' checks come before the clean ones', so a stuck abort is not
     reported as a clean room's."""
     must_fail, must_end = killed
+    orphans_fail, orphans_end = orphaned
     out = [
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
         c.Check("aborted-rooms-conclude", "R-ABORT-1", all_reached(aborted, DONE)),
         c.Check("failed-write-rooms-conclude", "R-TIMEOUT-2", all_reached(at_risk, DONE)),
         c.Check("rooms-fail-after-kill", "R-HB-1", failed_after_kill(must_fail)),
         c.Check("rooms-end-after-kill", "R-HB-1", all_reached(must_end, DONE, roles=("decode",))),
+        c.Check("sender-rooms-fail-after-decode-kill", "R-PEER-1",
+                all_reached(orphans_fail, (KVPoll.Failed,), roles=("prefill",))),
+        c.Check("sender-rooms-end-after-decode-kill", "R-PEER-1", all_reached(orphans_end, DONE, roles=("prefill",))),
         c.Check("rooms-after-restart-succeed", "R-RESTART-1", all_reached(after_restart, (KVPoll.Success,))),
         c.Check("clean-rooms-succeed", "R-XFER-1", all_reached(clean, (KVPoll.Success,))),
         c.Check("bytes-at-success", "R-XFER-2", bytes_at_success()),
-        c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
+        *([] if decode_killed else [c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact())]),
     ]
     if deferred:
         out.append(c.Check("abort-ack-once", "R-ABORT-2", acks_once(aborted_rooms)))

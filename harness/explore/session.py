@@ -209,7 +209,7 @@ class Explorer:
         the file: its scenario id is the path); the judged cell.  ``lane``: on that long-lived
         pair (:meth:`_pair`, in ``workdir``'s sibling ``pair``), which a cell other than PASS or
         WARN ends (a failure never leaves state behind for the next program); None: forked fresh.
-        ValueError when ``path`` is not a program (harness.explore.program.program_from_json)."""
+        ValueError when ``path`` is not a program (harness.explore.program_file.program_from_json)."""
         scenario = scenario_of(program or load_program(path), str(path.resolve()))
         if impl not in self._impls:
             raise ValueError(f"{impl}: not among the implementations this explorer started (Explorer.start)")

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from harness.judge.verdict import Level
-from harness.spec.history import Event, Op, completions
+from harness.spec.history import Event, Op, completions, killed_roles
 from harness.spec.protocol import KVPoll, kvpoll_name
 from harness.spec.requirements import requirement
 
@@ -179,7 +179,7 @@ def pools_exact(decode: str = "decode", which: int = -1) -> Checker:
 
 def steps_completed() -> Checker:
     """No step raised or timed out; the end-of-cell observation of a role the nemesis killed
-    is no step (its absence is the scenario's doing, :func:`killed_roles`)."""
+    is no step (its absence is the scenario's doing, harness.spec.history.killed_roles)."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         killed = killed_roles(events)
@@ -191,13 +191,6 @@ def steps_completed() -> Checker:
             first["seq"]
 
     return fn
-
-
-def killed_roles(events: list[dict]) -> set[str]:
-    """Roles the nemesis killed, each TP rank of a killed role too (their absence at the end
-    is the scenario's doing)."""
-    return {name for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.KILL
-            for name in (e["role"], *((e.get("args") or {}).get("ranks") or []))}
 
 
 def observations(events: list[dict]) -> tuple[dict[str, dict], list[str]]:

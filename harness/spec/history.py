@@ -196,15 +196,25 @@ def fact(events: list[dict], role: str, key: str) -> Any:
     return None
 
 
+def killed_roles(events: list[dict]) -> set[str]:
+    """Roles the nemesis killed, each TP rank of a killed role too (their absence at the end
+    is the scenario's doing)."""
+    return {name for e in events if e["type"] == Event.NEMESIS and e["op"] == Op.KILL
+            for name in (e["role"], *((e.get("args") or {}).get("ranks") or []))}
+
+
 def rooms_cleared_everywhere(events: list[dict]) -> set[int]:
     """Rooms whose last event on every role that ever named them (a call, a nemesis
     event with the room in its args) is a successful ``clear`` there: the rooms that
-    R-RESIDUE-1's "after clear() on both sides" applies to.  A room polled, aborted or
-    re-opened after its clear on some role is left out (its lifecycle did not end)."""
+    R-RESIDUE-1's "after clear() on both sides" applies to.  A role the nemesis killed
+    (:func:`killed_roles`) holds nothing to clear, so only the living sides count.  A room
+    polled, aborted or re-opened after its clear on some role is left out (its lifecycle
+    did not end)."""
+    killed = killed_roles(events)
     last: dict[int, dict[str, dict]] = {}
     for e in events:
         room = (e.get("args") or {}).get("room")
-        if e["type"] == Event.INVOKE or not isinstance(room, int) or e.get("role") is None:
+        if e["type"] == Event.INVOKE or not isinstance(room, int) or e.get("role") in (None, *killed):
             continue
         last.setdefault(room, {})[e["role"]] = e
     return {room for room, by_role in last.items()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from harness.drive.cell import CellDriver
 
 POLL_INTERVAL_S = 0.05  # between reads of a role's point hits (seconds)
+KILL_WAIT_S = 5.0  # how long a kill waits for the killed processes to be gone (seconds)
 
 
 def _signal(d: "CellDriver", role: str, signum: int, what: Op) -> None:
@@ -32,7 +33,14 @@ def _signal(d: "CellDriver", role: str, signum: int, what: Op) -> None:
 
 
 def kill_role(d: "CellDriver", step: s.KillRole) -> None:
+    """SIGKILL every process of ``step.role``, then wait (at most KILL_WAIT_S) until they are
+    gone: a dying process keeps its sockets open while the kernel tears down its memory, so a
+    step right after the kill would otherwise race that teardown (a write accepted by a socket
+    nobody reads) and a cell's outcome would depend on the machine's load."""
     _signal(d, step.role, signal.SIGKILL, Op.KILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while any(d.handles[rank].alive() for rank in d.ranks(step.role)) and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL_S / 5)
 
 
 def freeze_role(d: "CellDriver", step: s.FreezeRole) -> None:
