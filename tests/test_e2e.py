@@ -65,7 +65,7 @@ def test_reference_passes_the_seed_scenarios(scenario, tmp_path, fork_server):
 FIELD_SCENARIOS = ["bootstrap-timeout", "waiting-timeout", "abort-unguarded", "abort-mid-transfer",
                    "abort-ack-after-drain", "clear-then-abort", "prefill-restart-new-ports", "room-reuse",
                    "failure-fan-out", "multi-chunk-long-prompt", "transfer-never-completes", "slow-aux",
-                   "no-residue", "late-old-abort", "late-old-status"]
+                   "no-residue", "late-old-abort", "late-old-status", "dead-decode"]
 
 
 @pytest.mark.parametrize("scenario", FIELD_SCENARIOS)
@@ -120,3 +120,17 @@ def test_a_multi_stage_prefill_transfers_for_real_one_role_per_stage(tmp_path, f
     starts = [e for e in events if e["op"] == "start_prefill" and e["type"] == "ok" and "-pp" in e["role"]]
     assert {tuple(e["value"]["pp"]) for e in starts} >= {(2, 0), (2, 1)}
     assert cell.verdict == "FAIL" and not _leftovers(tmp_path)
+
+
+def test_dead_decode_nixl_fails_the_dead_decodes_rooms_in_time_then_keeps_them_after_clear(tmp_path, fork_server):
+    """R-PEER-1 on a real backend: the prefill fails both rooms of the killed decode (its writes
+    meet a dead peer) and serves the other decode; then, once cleared, keeps the failed rooms in
+    _deferred_ack_poisoned_rooms (docs/sglang-bugs.md B8): the residue is judged on the surviving
+    prefill only because a killed role needs no clear."""
+    cell = run_one("nixl", "dead-decode", tmp_path, seed=0, fork_server=fork_server)
+    judged = {check["name"]: check for check in cell.checks}
+    peer = [check for check in cell.checks if check["requirement"] == "R-PEER-1"]
+    assert len(peer) == 6 and all(check["ok"] for check in peer), peer
+    assert cell.verdict == "FAIL" and judged["no-residue-after-clear"]["ok"] is False, cell.reason
+    assert "_deferred_ack_poisoned_rooms" in judged["no-residue-after-clear"]["detail"]
+    assert not _leftovers(tmp_path)
