@@ -3,7 +3,7 @@ each catches its planted state and passes the correct one; and the program model
 rooms a failed write may reach."""
 
 from harness.explore import program_checks as pc
-from harness.explore.program import AT_RISK_BOUND_S, ProgramMachine
+from harness.explore.program import AT_RISK_BOUND_S, PREFILLS, ProgramMachine
 from harness.spec.history import History
 from harness.spec.protocol import KVPoll
 from harness.spec.steps import AwaitStatus, Clear, EngineFaults, KillRole, SendChunk, VerifyPools
@@ -69,9 +69,9 @@ class _Draws:
         return self.answers[label]
 
 
-def _open(m: ProgramMachine, room: int) -> None:
+def _open(m: ProgramMachine, room: int, prefill: str = "prefill") -> None:
     m.open_room(_Draws(**{"pages": 2, "room": room, "source pages": [0, 1], "chunk cuts": set(), "aux source": 0,
-                          "reuse a cleared room id": False}))
+                          "reuse a cleared room id": False, "prefill": prefill}))
 
 
 def test_a_fail_plan_puts_every_unconcluded_room_and_the_next_ones_at_risk():
@@ -81,9 +81,9 @@ def test_a_fail_plan_puts_every_unconcluded_room_and_the_next_ones_at_risk():
     m.send_chunk(_Draws(room=m.rooms[0]))
     m.conclude(_Draws(room=m.rooms[0]))
     _open(m, 2**40 + 1)  # open when the plan is set: at risk
-    m.engine_faults(_Draws(**{"engine fault": "fail", "nth": 2}))
+    m.engine_faults(_Draws(**{"engine fault": "fail", "nth": 2, "prefill": "prefill"}))
     _open(m, 2**40 + 2)  # opened while it holds: at risk
-    m.engine_faults(_Draws(**{"engine fault": "heal"}))
+    m.engine_faults(_Draws(**{"engine fault": "heal", "prefill": "prefill"}))
     _open(m, 2**40 + 3)  # after the heal: clean
     program = m.program()
     assert [x[2] for x in program.lifecycles] == [False, True, True, False]
@@ -106,7 +106,7 @@ def test_rooms_opened_after_the_prefills_restart_stand_for_r_restart_1():
     m.send_chunk(_Draws(room=m.rooms[0]))
     m.conclude(_Draws(room=m.rooms[0]))
     m.clear(_Draws(room=m.rooms[0]))
-    m.restart_prefill()
+    m.restart_prefill(_Draws(prefill="prefill"))
     _open(m, 2**40 + 1)
     checks = {c.name: c for c in m.program().checks()}
     h = History()
@@ -157,3 +157,39 @@ def test_a_decode_kill_fails_the_rooms_written_after_it_and_judges_the_prefill_a
                    value={"reached": True, "status": KVPoll.Success, "status_name": "Success"})
     ok, detail, *_ = checks["sender-rooms-fail-after-decode-kill"].fn(planted.events)
     assert ok is False and "prefill room 1099511627776 (lifecycle L0) read Success, not Failed" in detail
+
+
+def test_a_prefill_killed_beside_another_fails_its_rooms_and_spares_the_others():
+    m = ProgramMachine()
+    m.prefills = PREFILLS
+    _open(m, 2**40, "prefill-b")  # one chunk sent to the prefill that dies: must fail on the decode
+    _open(m, 2**40 + 1, "prefill")  # in flight on the other prefill: spared, must succeed (R-HB-1)
+    m.rooms[0].chunks = [(0,), (1,)]
+    m.init_sender(_Draws(room=m.rooms[0]))
+    m.send_chunk(_Draws(room=m.rooms[0]))
+    m.may_kill = "prefill-b"
+    m.kill()
+    assert m._alive_prefills() == ["prefill"] and [r.room for r in m._serving()] == [2**40 + 1]
+    _open(m, 2**40 + 2, "prefill")  # the other prefill goes on serving: a room opened after the kill
+    program = m.program()
+    assert [x[3] for x in program.lifecycles] == ["fail", "spared", ""]
+    after = program.steps[program.steps.index(KillRole("prefill-b")) + 1:]
+    assert not any("prefill-b" in (getattr(s, "role", None), getattr(s, "prefill", None)) for s in after), after
+    assert SendChunk(2**40 + 1, (0, 1), prefill="prefill") in after and Clear(2**40 + 2, "prefill") in after
+    checks = {c.name: c for c in program.checks()}
+    assert checks["other-prefill-rooms-succeed"].requirement == "R-HB-1"
+    planted = History()  # the heartbeat failed the other prefill's room too
+    _lifecycle(planted, "L1", 2**40 + 1, KVPoll.Failed, None)
+    ok, detail, *_ = checks["other-prefill-rooms-succeed"].fn(planted.events)
+    assert ok is False and "lifecycle L1" in detail
+    right = History()
+    _lifecycle(right, "L1", 2**40 + 1, KVPoll.Success, True)
+    assert checks["other-prefill-rooms-succeed"].fn(right.events)[0] is True
+    kill = History()  # rooms-fail-after-kill looks for the kill of prefill-b, not of "prefill"
+    kill.record("nemesis", "kill", "prefill-b", None, args={"signal": "SIGKILL"})
+    kill.record("ok", "await_status", "decode", 1, args={"room": 2**40, "label": "L0"},
+                value={"reached": True, "status": KVPoll.Failed, "status_name": "Failed", "trail": ["Failed"],
+                       "failure_reason": "prefill 127.0.0.1:5 is dead", "seen_wall": 2.0})
+    ok, detail, *_ = checks["rooms-fail-after-kill"].fn(kill.events)
+    assert ok is False and "prefill-b never had kill" not in detail and "prefill-b (" in detail, detail  # its address
+    assert "prefill never had kill" in pc.failed_after_kill(("L0",))(kill.events)[1]  # the default names "prefill"

@@ -69,8 +69,9 @@ AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a r
 KILL_BOUND_S = 4.0 + KILL_SLACK_S + 1.0
 #: a lifecycle's mark when a role was killed while it was in flight: "fail" / "end" at the
 #: prefill's kill (judged on the decode, R-HB-1), "sender-fail" / "sender-end" at the decode's
-#: (judged on the prefill, R-PEER-1), "" for the rest
-AFTER_KILL = ("", "fail", "end", "sender-fail", "sender-end")
+#: (judged on the prefill, R-PEER-1), "spared" for a room of the other prefill at a prefill's
+#: kill (it must succeed, R-HB-1), "" for the rest
+AFTER_KILL = ("", "fail", "end", "sender-fail", "sender-end", "spared")
 ANY_STATUS = tuple(KVPoll)  # a poll that takes whatever it reads
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
 ROOM_MIN = 2**40  # the smallest room id a program uses (they are drawn up to 2^62)
@@ -79,10 +80,13 @@ MAX_SHIFTS = (2**62 - 1) // ROOM_STRIDE  # shifted rooms stay below 2^63
 WAITING_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
                ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
 DEFERRED_ENV = (*WAITING_ENV, ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"))
-#: the roles a program may start: plain or with deferred KV release (the profile); the bare
-#: one is what programs written before the waiting timeout was set hold
+PREFILLS = ("prefill", "prefill-b")  # the prefills of a program with two (one decode sends to both)
+#: the roles a program may start: plain or with deferred KV release (the profile), one prefill or
+#: two; the bare one is what programs written before the waiting timeout was set hold
 PROFILES = {"plain": StartRoles(layout=LAYOUT, env=WAITING_ENV),
             "deferred-release": StartRoles(layout=LAYOUT, env=DEFERRED_ENV),
+            "two-prefills": StartRoles(prefills=PREFILLS, layout=LAYOUT, env=WAITING_ENV),
+            "two-prefills-deferred-release": StartRoles(prefills=PREFILLS, layout=LAYOUT, env=DEFERRED_ENV),
             "bare": StartRoles(layout=LAYOUT)}
 
 
@@ -96,6 +100,7 @@ class _Room:
     aux_src: int
     aux_dst: int
     chunks: list[tuple[int, ...]]
+    prefill: str = "prefill"  # the prefill that serves it
     inited: bool = False
     sent: int = 0  # chunks sent
     concluded: bool = False  # both sides awaited to a terminal status
@@ -124,23 +129,33 @@ class Program:
     def checks(self) -> list[c.Check]:
         """The spec's expectations for this program (harness.explore.program_checks)."""
         def kind(x: tuple) -> str:
-            if len(x) > 3 and x[3]:
-                return f"killed-{x[3]}"
-            return "aborted" if x[1] else "at-risk" if len(x) > 2 and x[2] else "clean"
+            mark = x[3] if len(x) > 3 else ""
+            if mark and mark != "spared":
+                return f"killed-{mark}"
+            # a spared room the decode aborted, or a failed write may reach, after the kill is judged as such
+            return ("aborted" if x[1] else "at-risk" if len(x) > 2 and x[2] else
+                    "killed-spared" if mark == "spared" else "clean")
 
         labels = {k: tuple(x[0] for x in self.lifecycles if kind(x) == k)
                   for k in ("clean", "aborted", "at-risk", *(f"killed-{m}" for m in AFTER_KILL[1:]))}
+        kill = next((s for s in self.steps if isinstance(s, KillRole)), None)
         aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
         # a clean lifecycle opened after the prefill's restart stands for R-RESTART-1 (lifecycle i is the i-th OpenRoom)
         opened = [i for i, s in enumerate(self.steps) if isinstance(s, OpenRoom)]
         restart = next((i for i, s in enumerate(self.steps) if isinstance(s, RestartRole)), len(self.steps))
         later = {f"L{n}" for n, i in enumerate(opened) if i > restart}
         return lifecycle_checks(tuple(x for x in labels["clean"] if x not in later), labels["aborted"],
-                                labels["at-risk"], aborted_rooms, deferred=self.steps[0] == PROFILES["deferred-release"],
+                                labels["at-risk"], aborted_rooms, deferred=DEFERRED_ENV[-1] in self.steps[0].env,
                                 after_restart=tuple(x for x in labels["clean"] if x in later),
                                 killed=(labels["killed-fail"], labels["killed-end"]),
                                 orphaned=(labels["killed-sender-fail"], labels["killed-sender-end"]),
-                                decode_killed=any(isinstance(s, KillRole) and s.role == "decode" for s in self.steps))
+                                decode_killed=kill is not None and kill.role == "decode",
+                                spared=labels["killed-spared"], dead_prefill=kill.role if kill else "prefill")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """How big the program is, for keeping the smallest of a shrink: its steps, then its prefills."""
+        return len(self.steps), len(self.steps[0].prefills)
 
     def shifted(self, k: int) -> "Program":
         """The same program with every room id moved up by ``k`` strides of :data:`ROOM_STRIDE`:
@@ -177,19 +192,27 @@ class ProgramMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.steps: list[Step] = [PROFILES["plain"]]
+        self.prefills: tuple[str, ...] = PREFILLS[:1]  # drawn with the first room: one or two
         self.rooms: list[_Room] = []
         self.free_pages = list(range(LAYOUT.num_pages))
         self.free_aux = list(range(LAYOUT.aux_slots))
-        self.failing = False  # the prefill's engine is set to fail a write
+        self.failing: set[str] = set()  # the prefills whose engine is set to fail a write
         self.slow = False  # a delay plan was set: a room's writes may queue behind every other room's
         self.plans = 0  # engine fault plans set
         self.injections = 0  # malformed messages pushed
-        self.killed = ""  # the role killed ("prefill" or "decode"): only waits follow, then the survivor's end
+        self.killed = ""  # the role killed: its rooms' ends are the survivor's alone
         self.may_kill = ""  # the role this program may kill, drawn with the first room ("": none)
 
     # ---- the model ----------------------------------------------------------------
     def _live(self) -> list[_Room]:
         return [r for r in self.rooms if not r.cleared]
+
+    def _serving(self) -> list[_Room]:
+        """The live rooms whose prefill and decode are both alive: the ones schedulers still drive."""
+        return [r for r in self._live() if self.killed not in (r.prefill, "decode")]
+
+    def _alive_prefills(self) -> list[str]:
+        return [] if self.killed == "decode" else [p for p in self.prefills if p != self.killed]
 
     def _reusable(self) -> list[int]:
         live = {r.room for r in self._live()}
@@ -198,19 +221,26 @@ class ProgramMachine(RuleBasedStateMachine):
     # ---- rules: what a pair of schedulers may do next -------------------------------
     @initialize(data=st.data())
     def first_room(self, data) -> None:
-        """The profile (deferred KV release or not; a shrink falls back to plain), then a room."""
-        if data.draw(st.booleans(), label="deferred KV release"):
-            self.steps[0] = PROFILES["deferred-release"]
+        """The profile (deferred KV release or not, one prefill or two; a shrink falls back to
+        plain, one), then a room."""
+        deferred = data.draw(st.booleans(), label="deferred KV release")
+        # one program in four sends to two prefills (R-HB-1's other prefill, the decode's connections to each)
+        if data.draw(st.integers(0, 3), label="two prefills (3)") == 3:
+            self.prefills = PREFILLS
+        two = "two-prefills" if len(self.prefills) > 1 else ""
+        self.steps[0] = PROFILES["-".join(filter(None, (two, "deferred-release" if deferred else ""))) or "plain"]
         # one program in four may kill a role: a kill ends that side of the program and its
         # long-lived pair, so more would crowd out everything else (a shrink drops the 3)
         if self.faults and data.draw(st.integers(0, 3), label="may kill (3)") == 3:
-            self.may_kill = data.draw(st.sampled_from(("prefill", "decode")), label="which role")
+            self.may_kill = data.draw(st.sampled_from((*self.prefills, "decode")), label="which role")
         self.open_room(data)
 
-    @precondition(lambda self: not self.killed and len(self.rooms) < MAX_LIFECYCLES)
+    @precondition(lambda self: self._alive_prefills() and len(self.rooms) < MAX_LIFECYCLES)
     @rule(data=st.data())
     def open_room(self, data) -> None:
-        """The decode opens a receiver and registers its pages; the prefill's sender waits."""
+        """The decode opens a receiver and registers its pages with one prefill; that prefill's
+        sender waits."""
+        prefill = data.draw(st.sampled_from(self._alive_prefills()), label="prefill")
         n = data.draw(st.integers(1, MAX_ROOM_PAGES), label="pages")
         reuse = self._reusable()
         if reuse and data.draw(st.booleans(), label="reuse a cleared room id"):
@@ -229,53 +259,51 @@ class ProgramMachine(RuleBasedStateMachine):
         bounds = [0, *cuts, n]
         chunks = [src[a:b] for a, b in zip(bounds, bounds[1:])]
         aux_src = data.draw(st.integers(0, LAYOUT.aux_slots - 1), label="aux source")
-        self.rooms.append(_Room(room, src, dst, aux_src, aux_dst, chunks, at_risk=self.failing))
-        self.steps += [OpenRoom(room), RequestKV(room, dst, aux_dst),
-                       AwaitStatus(room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed))]
+        self.rooms.append(_Room(room, src, dst, aux_src, aux_dst, chunks, prefill, at_risk=prefill in self.failing))
+        self.steps += [OpenRoom(room, prefill=prefill), RequestKV(room, dst, aux_dst),
+                       AwaitStatus(room, prefill, (KVPoll.WaitingForInput, KVPoll.Failed))]
 
-    @precondition(lambda self: not self.killed and any(not r.inited and not r.concluded for r in self._live()))
+    @precondition(lambda self: any(not r.inited and not r.concluded for r in self._serving()))
     @rule(data=st.data())
     def init_sender(self, data) -> None:
         """The prefill's scheduler starts the request: the sender learns its page count."""
-        r = data.draw(st.sampled_from([r for r in self._live() if not r.inited and not r.concluded]), label="room")
+        r = data.draw(st.sampled_from([r for r in self._serving() if not r.inited and not r.concluded]), label="room")
         r.inited = True
-        self.steps.append(InitSender(r.room, len(r.src), r.aux_src))
+        self.steps.append(InitSender(r.room, len(r.src), r.aux_src, prefill=r.prefill))
 
-    @precondition(lambda self: not self.killed and
-                  any(r.inited and not r.all_sent and not r.concluded for r in self._live()))
+    @precondition(lambda self: any(r.inited and not r.all_sent and not r.concluded for r in self._serving()))
     @rule(data=st.data())
     def send_chunk(self, data) -> None:
         """The prefill sends the room's next chunk (the last one with its aux data), also
         after the decode aborted it, as long as the prefill has not seen it conclude."""
-        r = data.draw(st.sampled_from([r for r in self._live() if r.inited and not r.all_sent and not r.concluded]),
+        r = data.draw(st.sampled_from([r for r in self._serving() if r.inited and not r.all_sent and not r.concluded]),
                       label="room")
-        self.steps.append(SendChunk(r.room, r.chunks[r.sent]))
+        self.steps.append(SendChunk(r.room, r.chunks[r.sent], prefill=r.prefill))
         r.sent += 1
 
-    @precondition(lambda self: not self.killed and any(not r.aborted and not r.concluded for r in self._live()))
+    @precondition(lambda self: any(not r.aborted and not r.concluded for r in self._serving()))
     @rule(data=st.data())
     def abort_on_decode(self, data) -> None:
         """The decode's scheduler aborts the request (its client went away)."""
-        r = data.draw(st.sampled_from([r for r in self._live() if not r.aborted and not r.concluded]), label="room")
+        r = data.draw(st.sampled_from([r for r in self._serving() if not r.aborted and not r.concluded]), label="room")
         r.aborted = True
         self.steps.append(Abort(r.room, "decode"))
 
-    @precondition(lambda self: not self.killed and
-                  any((r.all_sent or r.aborted) and not r.concluded for r in self._live()))
+    @precondition(lambda self: any((r.all_sent or r.aborted) and not r.concluded for r in self._serving()))
     @rule(data=st.data())
     def conclude(self, data) -> None:
         """Both schedulers poll the room until it concludes (Success or Failed)."""
-        r = data.draw(st.sampled_from([r for r in self._live() if (r.all_sent or r.aborted) and not r.concluded]),
+        r = data.draw(st.sampled_from([r for r in self._serving() if (r.all_sent or r.aborted) and not r.concluded]),
                       label="room")
         self._await(r)
 
-    @precondition(lambda self: not self.killed and any(r.concluded for r in self._live()))
+    @precondition(lambda self: any(r.concluded for r in self._serving()))
     @rule(data=st.data())
     def clear(self, data) -> None:
         """Both schedulers release the concluded request."""
-        r = data.draw(st.sampled_from([r for r in self._live() if r.concluded]), label="room")
+        r = data.draw(st.sampled_from([r for r in self._serving() if r.concluded]), label="room")
         r.cleared = True
-        self.steps += [Clear(r.room, "prefill"), Clear(r.room, "decode")]
+        self.steps += [Clear(r.room, r.prefill), Clear(r.room, "decode")]
 
     @precondition(lambda self: self.killed or not isinstance(self.steps[-1], Sleep))  # the one rule after a kill
     @rule(which=st.integers(0, 9))
@@ -289,78 +317,87 @@ class ProgramMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.faults and not self.killed and self.restarts and self.rooms and not self._live() and
                   not any(isinstance(s, RestartRole) for s in self.steps))
-    @rule()
-    def restart_prefill(self) -> None:
-        """Every room cleared, the prefill is replaced behind the same bootstrap address on
+    @rule(data=st.data())
+    def restart_prefill(self, data) -> None:
+        """Every room cleared, a prefill is replaced behind the same bootstrap address on
         new ports (a deploy, a crash and restart): the rooms after it must succeed (R-RESTART-1)."""
-        self.steps.append(RestartRole("prefill"))
+        self.steps.append(RestartRole(data.draw(st.sampled_from(self.prefills), label="prefill")))
 
     @precondition(lambda self: self.faults and not self.killed and self.plans < MAX_ENGINE_PLANS)
     @rule(data=st.data())
     def engine_faults(self, data) -> None:
-        """The prefill's transfer engine changes: each write waits, the aux data comes late,
-        the n-th write from now fails, no write from now completes (a room with writes to
-        come may be hit: it must then conclude, within the waiting timeout plus 5 s,
+        """A prefill's transfer engine changes: each write waits, the aux data comes late,
+        the n-th write from now fails, no write from now completes (a room of that prefill with
+        writes to come may be hit: it must then conclude, within the waiting timeout plus 5 s,
         R-TIMEOUT-3, not succeed), or the engine heals."""
+        prefill = data.draw(st.sampled_from(self.prefills), label="prefill")
         kind = data.draw(st.sampled_from(("delay", "aux-delay", "fail", "never", "heal")), label="engine fault")
-        plan = (EngineFaults("prefill", delay_s=data.draw(st.sampled_from(ENGINE_DELAYS_S), label="delay"))
-                if kind == "delay" else EngineFaults("prefill", aux_delay_s=AUX_DELAY_S) if kind == "aux-delay"
-                else EngineFaults("prefill", fail_nth=data.draw(st.sampled_from(FAIL_NTH), label="nth"))
-                if kind == "fail" else EngineFaults("prefill", never_complete=True) if kind == "never"
-                else EngineFaults("prefill"))
+        plan = (EngineFaults(prefill, delay_s=data.draw(st.sampled_from(ENGINE_DELAYS_S), label="delay"))
+                if kind == "delay" else EngineFaults(prefill, aux_delay_s=AUX_DELAY_S) if kind == "aux-delay"
+                else EngineFaults(prefill, fail_nth=data.draw(st.sampled_from(FAIL_NTH), label="nth"))
+                if kind == "fail" else EngineFaults(prefill, never_complete=True) if kind == "never"
+                else EngineFaults(prefill))
         self.plans += 1
-        self.failing = kind in ("fail", "never")  # a room with writes to come may end Failed (R-TIMEOUT-3)
-        self.slow = self.slow or kind == "delay"
-        if self.failing:
+        if kind in ("fail", "never"):  # a room with writes to come may end Failed (R-TIMEOUT-3)
+            self.failing.add(prefill)
             for r in self._live():
-                r.at_risk = r.at_risk or not r.concluded
+                r.at_risk = r.at_risk or (not r.concluded and r.prefill == prefill)
+        else:
+            self.failing.discard(prefill)
+        self.slow = self.slow or kind == "delay"
         self.steps.append(plan)
 
     @precondition(lambda self: self.faults and not self.killed)
-    @rule(role=st.sampled_from(("prefill", "decode")), seconds=st.sampled_from(FREEZES_S))
-    def freeze(self, role: str, seconds: float) -> None:
+    @rule(data=st.data(), seconds=st.sampled_from(FREEZES_S))
+    def freeze(self, data, seconds: float) -> None:
         """A role stops for a moment (a GC pause, a descheduled VM), well inside the
         heartbeat window: nothing may fail because of it."""
+        role = data.draw(st.sampled_from((*self.prefills, "decode")), label="role")
         self.steps += [FreezeRole(role), Sleep(seconds), ThawRole(role)]
 
     @precondition(lambda self: self.faults and not self.killed and self.injections < MAX_INJECTIONS)
-    @rule(role=st.sampled_from(("prefill", "decode")), message=MALFORMED)
-    def inject_malformed(self, role: str, message: tuple) -> None:
+    @rule(data=st.data(), message=MALFORMED)
+    def inject_malformed(self, data, message: tuple) -> None:
         """A peer (a scanner, a client of another version) pushes a message the role's control
         loop cannot parse: the loop drops it and goes on, and no room changes (R-LIVE-1), so
         every room still ends as it would have."""
+        role = data.draw(st.sampled_from((*self.prefills, "decode")), label="role")
         self.injections += 1
         self.steps.append(InjectFrames(role, (tuple(bytes(f) for f in message),)))
 
     @precondition(lambda self: bool(self._live()))
-    @rule(data=st.data(), role=st.sampled_from(("decode", "prefill")))
-    def poll(self, data, role: str) -> None:
+    @rule(data=st.data(), side=st.sampled_from(("decode", "prefill")))
+    def poll(self, data, side: str) -> None:
         """A scheduler reads a room's status once, as its event loop does every iteration, whatever
         it is: a Success or Failed read earlier must still be read now, until the clear (R-TERM-1,
         judged over every read by the generic post-condition every-trail-terminal)."""
         r = data.draw(st.sampled_from(self._live()), label="room")
-        survivor = {"prefill": "decode", "decode": "prefill"}.get(self.killed, role)
-        self.steps.append(AwaitStatus(r.room, survivor, ANY_STATUS, timeout_s=0.0, must_come=False))
+        roles = [role for role in ("decode", r.prefill) if role != self.killed]
+        role = roles[0] if len(roles) == 1 else {"decode": "decode", "prefill": r.prefill}[side]
+        self.steps.append(AwaitStatus(r.room, role, ANY_STATUS, timeout_s=0.0, must_come=False))
 
     @precondition(lambda self: self.may_kill and not self.killed and
                   any(not r.concluded for r in self._live()) and not any(isinstance(s, RestartRole) for s in self.steps))
     @rule()
     def kill(self) -> None:
         """The role drawn with the first room dies with rooms in flight (SIGKILL: an OOM kill, a
-        lost node).  The prefill: the decode's heartbeat must fail each room still waiting on it
-        within the heartbeat window plus 5 s, with a reason naming the prefill (R-HB-1); a room
-        whose chunks were all sent, that the decode aborted or that a failed write may reach only
-        has to end.  The decode: the prefill's scheduler, which knows nothing of it, sends every
-        chunk still to send; a room with a chunk written after the death must read Failed on the
-        prefill, the others only end there (R-PEER-1)."""
+        lost node).  A prefill: the decode's heartbeat must fail each of its rooms still waiting
+        on it within the heartbeat window plus 5 s, with a reason naming that prefill (R-HB-1); a
+        room whose chunks were all sent, that the decode aborted or that a failed write may reach
+        only has to end; a room of the other prefill is untouched and must succeed (R-HB-1), and
+        that prefill goes on serving.  The decode: the prefill's scheduler, which knows nothing of
+        it, sends every chunk still to send; a room with a chunk written after the death must read
+        Failed on the prefill, the others only end there (R-PEER-1)."""
         self.killed = self.may_kill
         for r in self._live():
             if r.concluded:
                 continue
-            if self.killed == "prefill":
+            if self.killed == r.prefill:
                 r.after_kill = "end" if r.all_sent or r.aborted or r.at_risk else "fail"
-            else:
+            elif self.killed == "decode":
                 r.after_kill = "sender-end" if r.all_sent or r.aborted else "sender-fail"
+            elif not (r.aborted or r.at_risk):
+                r.after_kill = "spared"
         self.steps.append(KillRole(self.killed))
 
     # ---- the program ----------------------------------------------------------------
@@ -370,12 +407,12 @@ class ProgramMachine(RuleBasedStateMachine):
         r.concluded = True
         label = f"L{self.rooms.index(r)}"
         if self.killed == "decode":  # its writes to a dead peer fail or never complete (R-TIMEOUT-3's bound)
-            self.steps.append(AwaitStatus(r.room, "prefill", DONE, label=label, timeout_s=AT_RISK_BOUND_S))
+            self.steps.append(AwaitStatus(r.room, r.prefill, DONE, label=label, timeout_s=AT_RISK_BOUND_S))
             return
         # a serial transfer worker runs every room's delayed writes in turn: 8 rooms of 4 pages
         # at 0.2 s a write outlast the 6 s bound, so delayed programs get the long one (still bounded)
         bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk or self.slow else {}
-        if r.after_kill and not bound:
+        if r.after_kill in ("fail", "end") and not bound:
             bound = {"timeout_s": KILL_BOUND_S}
         self.steps.append(AwaitStatus(r.room, "decode", DONE, label=label, **bound))
         if not r.aborted:
@@ -383,36 +420,36 @@ class ProgramMachine(RuleBasedStateMachine):
             self.steps.append(VerifyPools(tuple(zip(r.src, r.dst)), ((r.aux_src, r.aux_dst),),
                                           unchecked_kv=tuple(p for o in others for p in o.dst),
                                           unchecked_aux=tuple(o.aux_dst for o in others), settle_s=0.0, label=label))
-        if not self.killed:
-            self.steps.append(AwaitStatus(r.room, "prefill", DONE, label=label, **bound))
+        if r.prefill != self.killed:
+            self.steps.append(AwaitStatus(r.room, r.prefill, DONE, label=label, **bound))
 
     def program(self) -> Program:
         """The steps so far, then what every scheduler does before it goes idle: each room
-        that is not aborted gets its remaining chunks, each room is polled to its end, the
-        decode's pools are checked, every room is cleared."""
-        for r in ([] if self.killed == "prefill" else self._live()):
-            if not r.aborted and not r.all_sent:
+        that is not aborted gets its remaining chunks (from a prefill still alive), each room is
+        polled to its end, the decode's pools are checked, every room is cleared."""
+        for r in self._live():
+            if not r.aborted and not r.all_sent and r.prefill != self.killed:
                 if not r.inited:
                     r.inited = True
-                    self.steps.append(InitSender(r.room, len(r.src), r.aux_src))
-                self.steps += [SendChunk(r.room, chunk) for chunk in r.chunks[r.sent:]]
+                    self.steps.append(InitSender(r.room, len(r.src), r.aux_src, prefill=r.prefill))
+                self.steps += [SendChunk(r.room, chunk, prefill=r.prefill) for chunk in r.chunks[r.sent:]]
                 r.sent = len(r.chunks)
         for r in self._live():
             if not r.concluded:
                 self._await(r)
-        judged = [r for r in self.rooms if not r.aborted and not r.at_risk and not r.after_kill]
-        rest = [r for r in self.rooms if r.aborted or r.at_risk or r.after_kill]
+        exempt = ("fail", "end", "sender-fail", "sender-end")
+        judged = [r for r in self.rooms if not r.aborted and not r.at_risk and r.after_kill not in exempt]
+        rest = [r for r in self.rooms if r not in judged]
         if self.killed != "decode":
             self.steps.append(VerifyPools(tuple(m for r in judged for m in zip(r.src, r.dst)),
                                           tuple((r.aux_src, r.aux_dst) for r in judged),
                                           unchecked_kv=tuple(p for r in rest for p in r.dst),
                                           unchecked_aux=tuple(r.aux_dst for r in rest)))
-        alive = [role for role in ("prefill", "decode") if role != self.killed]
         for r in self._live():
             r.cleared = True
-            self.steps += [Clear(r.room, role) for role in alive]
+            self.steps += [Clear(r.room, role) for role in (r.prefill, "decode") if role != self.killed]
         return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk, r.after_kill)
                                                 for i, r in enumerate(self.rooms)))
 
 
-__all__ = ["AFTER_KILL", "LAYOUT", "PROFILES", "Program", "ProgramMachine", "PROGRAM_TIMEOUT_S"]
+__all__ = ["AFTER_KILL", "LAYOUT", "PREFILLS", "PROFILES", "Program", "ProgramMachine", "PROGRAM_TIMEOUT_S"]

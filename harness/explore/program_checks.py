@@ -22,7 +22,8 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
                      after_restart: tuple[str, ...] = (),
                      killed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
                      orphaned: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
-                     decode_killed: bool = False) -> list[c.Check]:
+                     decode_killed: bool = False, spared: tuple[str, ...] = (),
+                     dead_prefill: str = "prefill") -> list[c.Check]:
     """The checks of a program whose lifecycles (labels ``L<i>``) are ``clean`` (nobody
     aborted them and no failed write could reach them), ``aborted`` (by the decode) or
     ``at_risk`` (a write the prefill's engine was told to fail may be theirs);
@@ -32,7 +33,9 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
     the prefill's kill that must fail (R-HB-1), and those that must only end, on the decode;
     ``orphaned``: the lifecycles in flight at the decode's kill with a chunk written after it,
     which must read Failed on the prefill, and the others, which must only end there (R-PEER-1);
-    ``decode_killed``: no pools are left to verify at the end, so bytes-exact is not judged (the
+    ``spared``: the lifecycles of the other prefill in flight at a prefill's kill, which must
+    succeed on both sides (R-HB-1: rooms bound to other prefills are untouched); ``dead_prefill``:
+    the prefill killed; ``decode_killed``: no pools are left to verify at the end, so bytes-exact is not judged (the
     lifecycles that concluded before the kill were verified at their Success poll: bytes-at-success).
     The aborted and at-risk rooms' checks come before the clean ones', so a stuck abort is not
     reported as a clean room's."""
@@ -42,8 +45,9 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
         c.Check("aborted-rooms-conclude", "R-ABORT-1", all_reached(aborted, DONE)),
         c.Check("failed-write-rooms-conclude", "R-TIMEOUT-2", all_reached(at_risk, DONE)),
-        c.Check("rooms-fail-after-kill", "R-HB-1", failed_after_kill(must_fail)),
+        c.Check("rooms-fail-after-kill", "R-HB-1", failed_after_kill(must_fail, dead_prefill)),
         c.Check("rooms-end-after-kill", "R-HB-1", all_reached(must_end, DONE, roles=("decode",))),
+        c.Check("other-prefill-rooms-succeed", "R-HB-1", all_reached(spared, (KVPoll.Success,))),
         c.Check("sender-rooms-fail-after-decode-kill", "R-PEER-1",
                 all_reached(orphans_fail, (KVPoll.Failed,), roles=("prefill",))),
         c.Check("sender-rooms-end-after-decode-kill", "R-PEER-1", all_reached(orphans_end, DONE, roles=("prefill",))),
@@ -58,9 +62,12 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
                   c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads())]
 
 
-def _conclusion(events: list[dict], label: str, role: str) -> dict | None:
-    """The last conclusion poll of lifecycle ``label`` on ``role`` (AwaitStatus carrying it)."""
-    polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role) if (e.get("args") or {}).get("label") == label]
+def _conclusion(events: list[dict], label: str, side: str) -> dict | None:
+    """The last conclusion poll of lifecycle ``label`` on ``side`` (AwaitStatus carrying it):
+    "decode", or "prefill" for whichever prefill served it (a program may have two, "prefill" and
+    "prefill-b": harness.explore.program.PREFILLS)."""
+    polls = [e for e in completions(events, op=Op.AWAIT_STATUS) if (e.get("args") or {}).get("label") == label
+             and (e.get("role") == side if side == "decode" else (e.get("role") or "").startswith(side))]
     return polls[-1] if polls else None
 
 
@@ -87,21 +94,21 @@ def all_reached(labels: tuple[str, ...], statuses: tuple[int, ...],
     return fn
 
 
-def failed_after_kill(labels: tuple[str, ...]) -> c.Checker:
-    """Each lifecycle in ``labels`` (in flight at the prefill's kill, its chunks not all sent)
-    read Failed on the decode within the heartbeat window plus KILL_SLACK_S of the kill, with a
-    reason naming the prefill's bootstrap address (R-HB-1; harness.judge.fault_checks, as
+def failed_after_kill(labels: tuple[str, ...], dead: str = "prefill") -> c.Checker:
+    """Each lifecycle in ``labels`` (in flight at the kill of prefill ``dead``, its chunks not all
+    sent) read Failed on the decode within the heartbeat window plus KILL_SLACK_S of the kill, with
+    a reason naming that prefill's bootstrap address (R-HB-1; harness.judge.fault_checks, as
     dead-prefill judges it)."""
     def fn(events: list[dict]):
         for label in labels:
             poll = _conclusion(events, label, "decode")
             if poll is None:
                 return False, f"decode never polled lifecycle {label} to its end"
-            ok, detail, *where = fault_checks.failed_after_kill(poll["args"]["room"], "decode", "prefill",
+            ok, detail, *where = fault_checks.failed_after_kill(poll["args"]["room"], "decode", dead,
                                                                KILL_SLACK_S)(events)
             if not ok:
                 return False, f"lifecycle {label}: {detail}", *where
-        return True, f"{len(labels)} lifecycle(s) in flight at the prefill's kill Failed in time, naming it"
+        return True, f"{len(labels)} lifecycle(s) in flight at {dead}'s kill Failed in time, naming it"
 
     return fn
 

@@ -53,11 +53,13 @@ def _after_kill(value) -> str:
 
 def _check_bounds(program: Program) -> None:
     """ValueError unless ``program`` is one ProgramMachine could have written: a profile's
-    StartRoles first and only there; every wait bounded; engine faults only on the
-    prefill, bounded, of the kinds a program sets; at most one kill, of the prefill or the
-    decode, never of a frozen role; every frozen role thawed."""
+    StartRoles first and only there; every wait bounded; every role named one it started;
+    engine faults and restarts only of a prefill, bounded, of the kinds a program sets; at most
+    one kill, never while a role is frozen; every frozen role thawed."""
     if not program.steps or program.steps[0] not in PROFILES.values():
         raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
+    prefills = program.steps[0].prefills
+    roles = (*prefills, *program.steps[0].decodes)
     frozen: set[str] = set()
     kills = 0
     if sum(isinstance(step, InjectFrames) for step in program.steps) > MAX_INJECTIONS:
@@ -68,22 +70,22 @@ def _check_bounds(program: Program) -> None:
         wait = step.seconds if isinstance(step, Sleep) else getattr(step, "timeout_s", 0.0)
         if isinstance(step, EngineFaults):
             wait = max(step.delay_s, step.aux_delay_s)
-            if step.role != "prefill" or step.fail_group is not None or not 0 < (step.fail_nth or 1) <= 100:
+            if step.role not in prefills or step.fail_group is not None or not 0 < (step.fail_nth or 1) <= 100:
                 raise ValueError("not a pdconform program: an engine fault a program never sets")
         if not 0 <= wait <= MAX_WAIT_S:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
         if isinstance(step, InjectFrames) and (
-                step.role not in ("prefill", "decode") or len(step.frames) != 1
+                step.role not in roles or len(step.frames) != 1
                 or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES
                 or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):
             raise ValueError("not a pdconform program: an injected message a program never sends")
-        if isinstance(step, KillRole) and (step.role not in ("prefill", "decode") or frozen or kills):
+        if isinstance(step, KillRole) and (step.role not in roles or frozen or kills):
             raise ValueError("not a pdconform program: a kill a program never makes")
         kills += isinstance(step, KillRole)
-        if isinstance(step, RestartRole) and (step.role != "prefill" or step.env is not None or frozen):
+        if isinstance(step, RestartRole) and (step.role not in prefills or step.env is not None or frozen):
             raise ValueError("not a pdconform program: a restart a program never makes")
         if isinstance(step, (FreezeRole, ThawRole)):
-            if step.role not in ("prefill", "decode") or (step.role in frozen) != isinstance(step, ThawRole):
+            if step.role not in roles or (step.role in frozen) != isinstance(step, ThawRole):
                 raise ValueError("not a pdconform program: a freeze and a thaw out of pairs")
             frozen ^= {step.role}
     if frozen:

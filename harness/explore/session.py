@@ -16,11 +16,10 @@ within its own bound).
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +32,7 @@ from harness.drive.pair import RolePair
 from harness.drive.runner import run_cell_isolated
 from harness.drive.scheduler import close_fork_servers, fork_group, start_fork_servers
 from harness.explore.found import found_files, impl_of, load_program, scenario_of, write_found
+from harness.explore.outcome import Failure, ImplReport, signature_key, signature_of
 from harness.explore.program import MAX_SHIFTS, Program, ProgramMachine
 from harness.judge.judge import judge
 from harness.judge.results import CellResult
@@ -46,81 +46,6 @@ SHRINK_S = 30.0  # seconds one failure's shrinking may take, at most
 PROGRAM_RULES = 8  # rules hypothesis applies per program (the epilogue adds the steps that conclude it)
 LANES = 8  # programs run at once per implementation (each lane its own pairs): they mostly wait
 EXAMPLES_PER_ROUND = 25  # programs per hypothesis round; each round starts from its own seed
-
-
-@dataclass
-class Failure:
-    """One distinct failure: its ``signature``, how many programs showed it, the smallest
-    program, its found file, the seconds from the start of exploring to the first one, and
-    its shrinking: seconds from the first failing program to the smallest one written out,
-    and the cells run meanwhile (at most :data:`SHRINK_RUNS`, about ``Explorer.shrink_s``, :data:`SHRINK_S` unless changed)."""
-
-    signature: dict
-    count: int
-    program: Program
-    path: Path | None = None
-    first_after_s: float = 0.0
-    shrink_s: float = 0.0
-    shrink_runs: int = 0
-    flaky: bool = False
-    known: bool = False  # a corpus program still showing it: not looked for, not written again
-    first_steps: int = 0  # the steps of the first program that showed it (``program`` is the smallest)
-
-
-@dataclass
-class ImplReport:
-    """What explore did on one implementation: corpus replays (found file -> PASS or the
-    signature it still fails with), programs and steps run, seconds, distinct failures, and the
-    failures a long-lived pair showed that a fresh cell did not (``pair_only``)."""
-
-    impl: str
-    corpus: dict[str, str] = field(default_factory=dict)
-    programs: int = 0
-    steps: int = 0
-    seconds: float = 0.0
-    failures: dict[str, Failure] = field(default_factory=dict)
-    #: programs that failed on a long-lived pair but not in a fresh cell: (signature key, program)
-    pair_only: list[tuple[str, Program]] = field(default_factory=list)
-    #: failures the reference showed too on the same program: (signature key, the reference's, program)
-    disputed: list[tuple[str, str, Program]] = field(default_factory=list)
-
-    corpus_s: float = 0.0  # of ``seconds``: replaying the corpus
-    shrinking_s: float = 0.0  # of ``seconds``: the cells that confirmed and shrank failures
-    shrink_programs: int = 0  # of ``programs``: those cells
-
-    @property
-    def rate_per_min(self) -> float:
-        return 60.0 * self.programs / self.seconds if self.seconds else 0.0
-
-    @property
-    def exploring_rate_per_min(self) -> float:
-        """Generated programs a minute while exploring: without the corpus replay and the cells
-        that confirmed or shrank a failure (bench's rate goal; a sample that finds a bug early
-        would otherwise measure its shrinking)."""
-        seconds = self.seconds - self.corpus_s - self.shrinking_s
-        return 60.0 * (self.programs - self.shrink_programs) / seconds if seconds > 0 else 0.0
-
-
-def signature_of(cell: CellResult, impl: str) -> dict | None:
-    """The failure a judged cell shows (None: PASS, WARN or UNSUPPORTED): the requirement and
-    name of the check that made it fail (the first failed MUST check; for ERROR the first
-    check that could not tell; else none: the verdict), the implementation, and the first
-    line of the reason when the cell ended in an exception."""
-    if cell.verdict in ("PASS", "WARN", "UNSUPPORTED"):
-        return None
-    failing = next((ch for ch in cell.checks if ch["ok"] is False and ch["level"] == "MUST"), None) \
-        if cell.verdict == "FAIL" else next((ch for ch in cell.checks if ch["ok"] is None and not ch["unsupported"]),
-                                            None)
-    # an exception's first line, without numbers (step numbers, room ids, seconds): the same
-    # crash in a shorter program must keep its signature while it shrinks
-    first = ((cell.reason or "").splitlines() or [""])[0] if cell.verdict == "ERROR" else ""
-    frame = re.sub(r"\d+(\.\d+)?", "N", first)[:120]
-    return {"requirement": failing["requirement"] if failing else "", "check": failing["name"] if failing else
-            str(cell.verdict), "impl": impl, "frame": frame}
-
-
-def _key(signature: dict) -> str:
-    return "|".join(signature[k] for k in ("requirement", "check", "impl", "frame"))
 
 
 class Explorer:
@@ -236,9 +161,9 @@ class Explorer:
                 continue
             sig = signature_of(cell, impl)
             if sig is not None:
-                report.failures.setdefault(_key(sig), Failure(sig, 0, load_program(path), path.resolve(), known=True))
-                self.known.setdefault(impl, {})[_key(sig)] = report.failures[_key(sig)]
-            report.corpus[path.name] = str(cell.verdict) if sig is None else _key(sig)
+                report.failures.setdefault(signature_key(sig), Failure(sig, 0, load_program(path), path.resolve(), known=True))
+                self.known.setdefault(impl, {})[signature_key(sig)] = report.failures[signature_key(sig)]
+            report.corpus[path.name] = str(cell.verdict) if sig is None else signature_key(sig)
 
     def explore(self, impl: str, budget_s: float, topology: str = "p1-d1", max_failures: int | None = None,
                 corpus: bool = True) -> ImplReport:
@@ -328,7 +253,7 @@ class Explorer:
         text, shrinking = program.to_json(), state["sig"] is not None
         if sig is None:
             return None
-        known = report.failures.get(_key(sig))
+        known = report.failures.get(signature_key(sig))
         if not shrinking and known is not None:
             known.count += 1  # an old failure again: counted, not shrunk again
             seen[text] = None
@@ -341,18 +266,19 @@ class Explorer:
             return None
         if not shrinking:
             state["sig"], state["found_at"], state["best"] = sig, time.monotonic(), program
-            report.failures[_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start,
-                                                   first_steps=len(program.steps))
+            report.failures[signature_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start,
+                                                   first_steps=len(program.steps),
+                                                   first_prefills=len(program.steps[0].prefills))
             return sig
-        if _key(sig) != _key(state["sig"]):
+        if signature_key(sig) != signature_key(state["sig"]):
             seen[text] = None  # while shrinking, another failure: not the one being shrunk
             return None
         again = self._run_counted(program, impl, report, start, "shrink")
         state["shrinks"] += 1
-        if again is None or _key(again) != _key(sig):
+        if again is None or signature_key(again) != signature_key(sig):
             seen[text] = None  # it does not fail every time: not a program to keep
             return None
-        if len(program.steps) <= len(state["best"].steps):
+        if program.size <= state["best"].size:
             state["best"] = program
         return sig
 
@@ -361,13 +287,13 @@ class Explorer:
         in a fresh cell; when it does not, what reuse gave up showed (a state an earlier program
         left, or a race): counted in ``report.pair_only`` with its program, not shrunk."""
         again = self._run_counted(program, impl, report, start, "confirm", alone=True)
-        if again is not None and _key(again) == _key(sig):
+        if again is not None and signature_key(again) == signature_key(sig):
             return True
-        report.pair_only.append((_key(sig), program))
+        report.pair_only.append((signature_key(sig), program))
         kept = self.out_dir / impl / f"pair-only-{len(report.pair_only)}.json"
         kept.write_text(program.to_json())
-        self.note(f"{impl}: a program failed on a long-lived pair ({_key(sig)}) but not in a fresh cell "
-                  f"({_key(again) if again else 'PASS'}): not shrunk, counted as pair-only ({kept})")
+        self.note(f"{impl}: a program failed on a long-lived pair ({signature_key(sig)}) but not in a fresh cell "
+                  f"({signature_key(again) if again else 'PASS'}): not shrunk, counted as pair-only ({kept})")
         return False
 
     def _reference_fails_too(self, program: Program, impl: str, report: ImplReport, sig: dict) -> bool:
@@ -380,10 +306,10 @@ class Explorer:
                                             alone=True), "reference")
         if ref is None:
             return False
-        report.disputed.append((_key(sig), _key(ref), program))
+        report.disputed.append((signature_key(sig), signature_key(ref), program))
         kept = self.out_dir / impl / f"disputed-{len(report.disputed)}.json"
         kept.write_text(program.to_json())
-        self.note(f"{impl}: a program failed ({_key(sig)}), and the reference fails it too ({_key(ref)}): "
+        self.note(f"{impl}: a program failed ({signature_key(sig)}), and the reference fails it too ({signature_key(ref)}): "
                   f"pdconform's problem, not {impl}'s; not counted as a finding ({kept})")
         return True
 
@@ -402,7 +328,7 @@ class Explorer:
                 except Exception as exc:  # pdconform's own error: hypothesis would shrink it and, as the
                     raise _InternalError(exc) from exc  # replay differs, call it flaky and drop it
                 if sig is not None:
-                    raise AssertionError(_key(sig))
+                    raise AssertionError(signature_key(sig))
 
         return Run
 
@@ -429,7 +355,7 @@ class Explorer:
             try:
                 sig = results[program.to_json()] = self._run_counted(program, impl, report, start, f"lane-{lane}",
                                                                      lane=lane)
-                if sig is not None and _key(sig) not in report.failures:
+                if sig is not None and signature_key(sig) not in report.failures:
                     new_failure.set()
             finally:
                 lanes.put(lane)
@@ -474,10 +400,10 @@ class Explorer:
         except _InternalError as exc:
             raise exc.__cause__ from None
         for sig in (ahead or {}).values():  # run ahead, not replayed: this round's first failure ended it
-            if sig is not None and _key(sig) in report.failures:
-                report.failures[_key(sig)].count += 1
+            if sig is not None and signature_key(sig) in report.failures:
+                report.failures[signature_key(sig)].count += 1
         if state["sig"] is not None:
-            failure = report.failures[_key(state["sig"])]
+            failure = report.failures[signature_key(state["sig"])]
             failure.program, failure.flaky = state["best"], flaky
             failure.shrink_s, failure.shrink_runs = time.monotonic() - state["found_at"], state["shrinks"]
             try:

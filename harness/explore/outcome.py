@@ -1,0 +1,89 @@
+"""What one ``pdconform explore`` run found (harness.explore.session): per implementation an
+:class:`ImplReport` of programs, rates and distinct :class:`Failure`s, each known by its
+signature (:func:`signature_of`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.explore.program import Program
+from harness.judge.results import CellResult
+
+
+@dataclass
+class Failure:
+    """One distinct failure: its ``signature``, how many programs showed it, the smallest
+    program, its found file, the seconds from the start of exploring to the first one, and
+    its shrinking: seconds from the first failing program to the smallest one written out,
+    and the cells run meanwhile (at most :data:`SHRINK_RUNS`, about ``Explorer.shrink_s``, :data:`SHRINK_S` unless changed)."""
+
+    signature: dict
+    count: int
+    program: Program
+    path: Path | None = None
+    first_after_s: float = 0.0
+    shrink_s: float = 0.0
+    shrink_runs: int = 0
+    flaky: bool = False
+    known: bool = False  # a corpus program still showing it: not looked for, not written again
+    first_steps: int = 0  # the steps of the first program that showed it (``program`` is the smallest)
+    first_prefills: int = 1  # the prefills that program started
+
+
+@dataclass
+class ImplReport:
+    """What explore did on one implementation: corpus replays (found file -> PASS or the
+    signature it still fails with), programs and steps run, seconds, distinct failures, and the
+    failures a long-lived pair showed that a fresh cell did not (``pair_only``)."""
+
+    impl: str
+    corpus: dict[str, str] = field(default_factory=dict)
+    programs: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    failures: dict[str, Failure] = field(default_factory=dict)
+    #: programs that failed on a long-lived pair but not in a fresh cell: (signature key, program)
+    pair_only: list[tuple[str, Program]] = field(default_factory=list)
+    #: failures the reference showed too on the same program: (signature key, the reference's, program)
+    disputed: list[tuple[str, str, Program]] = field(default_factory=list)
+
+    corpus_s: float = 0.0  # of ``seconds``: replaying the corpus
+    shrinking_s: float = 0.0  # of ``seconds``: the cells that confirmed and shrank failures
+    shrink_programs: int = 0  # of ``programs``: those cells
+
+    @property
+    def rate_per_min(self) -> float:
+        return 60.0 * self.programs / self.seconds if self.seconds else 0.0
+
+    @property
+    def exploring_rate_per_min(self) -> float:
+        """Generated programs a minute while exploring: without the corpus replay and the cells
+        that confirmed or shrank a failure (bench's rate goal; a sample that finds a bug early
+        would otherwise measure its shrinking)."""
+        seconds = self.seconds - self.corpus_s - self.shrinking_s
+        return 60.0 * (self.programs - self.shrink_programs) / seconds if seconds > 0 else 0.0
+
+
+def signature_of(cell: CellResult, impl: str) -> dict | None:
+    """The failure a judged cell shows (None: PASS, WARN or UNSUPPORTED): the requirement and
+    name of the check that made it fail (the first failed MUST check; for ERROR the first
+    check that could not tell; else none: the verdict), the implementation, and the first
+    line of the reason when the cell ended in an exception."""
+    if cell.verdict in ("PASS", "WARN", "UNSUPPORTED"):
+        return None
+    failing = next((ch for ch in cell.checks if ch["ok"] is False and ch["level"] == "MUST"), None) \
+        if cell.verdict == "FAIL" else next((ch for ch in cell.checks if ch["ok"] is None and not ch["unsupported"]),
+                                            None)
+    # an exception's first line, without numbers (step numbers, room ids, seconds): the same
+    # crash in a shorter program must keep its signature while it shrinks
+    first = ((cell.reason or "").splitlines() or [""])[0] if cell.verdict == "ERROR" else ""
+    frame = re.sub(r"\d+(\.\d+)?", "N", first)[:120]
+    return {"requirement": failing["requirement"] if failing else "", "check": failing["name"] if failing else
+            str(cell.verdict), "impl": impl, "frame": frame}
+
+
+def signature_key(signature: dict) -> str:
+    """A signature as one string: the key distinct failures are counted under."""
+    return "|".join(signature[k] for k in ("requirement", "check", "impl", "frame"))
