@@ -5,7 +5,9 @@ written (Transferring), one with nothing written yet (WaitingForInput), and one
 room of decode B.  A's process is killed (SIGKILL).  The prefill's scheduler knows
 nothing of it and sends every chunk still to send: the writes go to a dead peer.
 Both of A's rooms must read Failed on the prefill, with a reason, within the waiting
-timeout plus 5 s of their first chunk, never Success (R-PEER-1, R-REASON-1); B's
+timeout plus 5 s of their last chunk (written after the death), never Success (R-PEER-1,
+R-REASON-1); they are polled before B's rooms, so the first Failed read is not late for
+waiting on B; B's
 room, whose chunks come right after A's, completes, and a new room to B succeeds (R-PEER-1: the prefill's loops and
 transfer worker survive the dead peer); once every room is cleared, no state of them is left
 (R-RESIDUE-1, the generic post-condition).  sglang's prefill has no heartbeat to its
@@ -53,9 +55,10 @@ def steps(seed: int):
         KillRole(A),
         *[SendChunk(a_transferring.room, chunk) for chunk in a_transferring.chunks[1:]],
         *send_all(a_waiting),
-        *send_all(b_held), *await_done(b_held, OTHER_ROOM_S),  # behind A's writes to the dead peer
+        *send_all(b_held),  # behind A's writes to the dead peer
         AwaitStatus(a_transferring.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=bound),
         AwaitStatus(a_waiting.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=bound),
+        *await_done(b_held, OTHER_ROOM_S),
         *open_and_request(b_new), *send_all(b_new), *await_done(b_new, OTHER_ROOM_S),
         verify([b_held, b_new], decode=B),
         *[Clear(p.room, "prefill") for p in (a_waiting, a_transferring)],  # their decode is gone
@@ -68,9 +71,9 @@ def checks(seed: int):
     window = (0, TIMEOUT_S + SLACK_S)
     return [
         c.Check("transferring-room-failed", "R-PEER-1",
-                c.failed_within(a_transferring.room, "prefill", "send_chunk", "prefill", *window)),
+                c.failed_within(a_transferring.room, "prefill", "send_chunk", "prefill", *window, from_last=True)),
         c.Check("waiting-room-failed", "R-PEER-1",
-                c.failed_within(a_waiting.room, "prefill", "send_chunk", "prefill", *window)),
+                c.failed_within(a_waiting.room, "prefill", "send_chunk", "prefill", *window, from_last=True)),
         *room_succeeds(b_held, "R-PEER-1", "other-decode-room"),
         *room_succeeds(b_new, "R-PEER-1", "new-room-to-live-decode"),
         c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact(decode=B)),

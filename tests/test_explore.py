@@ -86,6 +86,13 @@ def test_a_program_file_that_is_not_one_is_refused():
            {**good, "steps": [{**start, "env": [["LD_PRELOAD", "/tmp/x.so"]]}, *good["steps"][1:]]},  # roles' env
            {**good, "steps": [start, {"step": "KillRole", "role": "decode.tp1"}]},  # a kill programs never make
            {**good, "steps": [start, *[{"step": "KillRole", "role": "prefill"}] * 2]},  # a second kill
+           {**good, "steps": [start, {"step": "KillRole", "role": "prefill"},  # a restart after a kill
+                              {"step": "RestartRole", "role": "prefill"}]},
+           {**good, "steps": [start, {"step": "KillRole", "role": "decode"},  # a step naming the dead role
+                              {"step": "Clear", "room": 2**40, "role": "decode"}]},
+           {**good, "steps": [start, {"step": "Clear", "room": 2**40, "role": "prefill-b"}]},  # a role not started
+           {**good, "steps": [start, {"step": "SendChunk", "room": 2**40, "pages": [1], "prefill": "decode"}]},
+           {**good, "steps": [start, {"step": "VerifyPools", "kv_moves": [], "aux_moves": [], "settle_s": 1e9}]},
            {**good, "steps": [start, {"step": "Sleep", "seconds": 1e9}]},  # an unbounded wait
            {**good, "steps": [start, {"step": "EngineFaults", "role": "decode", "never_complete": True}]},  # decode's
            {**good, "steps": [start, {"step": "EngineFaults", "role": "prefill", "fail_group": 1}]},

@@ -31,6 +31,20 @@ def test_failed_within_judges_the_window_and_the_reason():
     assert not ok and "names none of abort" in detail
 
 
+def test_failed_within_from_the_last_chunk_measures_from_the_last_one():
+    """dead-decode's rooms: a chunk before the decode's death, one after; the bound counts from the
+    last (R-PEER-1), so 5 s between them do not count against the room."""
+    h = History()
+    _event(h, "ok", "send_chunk", "prefill", 10.0, args={"room": 5})
+    _event(h, "ok", "send_chunk", "prefill", 15.0, args={"room": 5})
+    _event(h, "ok", "await_status", "prefill", 16.0, args={"room": 5},
+           value={"status": KVPoll.Failed, "failure_reason": "peer unreachable"})
+    ok, detail, *_ = c.failed_within(5, "prefill", "send_chunk", "prefill", 0, 2, from_last=True)(h.events)
+    assert ok and "Failed 1.0 s after send_chunk" in detail
+    ok, detail, *_ = c.failed_within(5, "prefill", "send_chunk", "prefill", 0, 2)(h.events)  # from the first
+    assert not ok and "Failed only 6.0 s after send_chunk" in detail
+
+
 def test_failed_within_counts_too_early_from_the_start_of_the_call():
     """The implementation's timer may start inside open_sender: a Failed seen 2.999 s
     after the call returned but 3.002 s after it began is not early for a 3 s timeout."""

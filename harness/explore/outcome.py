@@ -17,7 +17,8 @@ class Failure:
     """One distinct failure: its ``signature``, how many programs showed it, the smallest
     program, its found file, the seconds from the start of exploring to the first one, and
     its shrinking: seconds from the first failing program to the smallest one written out,
-    and the cells run meanwhile (at most :data:`SHRINK_RUNS`, about ``Explorer.shrink_s``, :data:`SHRINK_S` unless changed)."""
+    and the cells run meanwhile (at most harness.explore.session.SHRINK_RUNS, for about
+    ``Explorer.shrink_s``: SHRINK_S unless changed)."""
 
     signature: dict
     count: int

@@ -132,7 +132,7 @@ class Program:
             mark = x[3] if len(x) > 3 else ""
             if mark and mark != "spared":
                 return f"killed-{mark}"
-            # a spared room the decode aborted, or a failed write may reach, after the kill is judged as such
+            # a spared room the decode aborted after the kill is judged as aborted
             return ("aborted" if x[1] else "at-risk" if len(x) > 2 and x[2] else
                     "killed-spared" if mark == "spared" else "clean")
 
@@ -140,10 +140,12 @@ class Program:
                   for k in ("clean", "aborted", "at-risk", *(f"killed-{m}" for m in AFTER_KILL[1:]))}
         kill = next((s for s in self.steps if isinstance(s, KillRole)), None)
         aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
-        # a clean lifecycle opened after the prefill's restart stands for R-RESTART-1 (lifecycle i is the i-th OpenRoom)
-        opened = [i for i, s in enumerate(self.steps) if isinstance(s, OpenRoom)]
-        restart = next((i for i, s in enumerate(self.steps) if isinstance(s, RestartRole)), len(self.steps))
-        later = {f"L{n}" for n, i in enumerate(opened) if i > restart}
+        # a clean lifecycle opened on a prefill after its restart stands for R-RESTART-1 (lifecycle i is the
+        # i-th OpenRoom); one opened on the other prefill is an ordinary clean room
+        opened = [(i, s.prefill) for i, s in enumerate(self.steps) if isinstance(s, OpenRoom)]
+        restart = next(((i, s.role) for i, s in enumerate(self.steps) if isinstance(s, RestartRole)),
+                       (len(self.steps), ""))
+        later = {f"L{n}" for n, (i, prefill) in enumerate(opened) if i > restart[0] and prefill == restart[1]}
         return lifecycle_checks(tuple(x for x in labels["clean"] if x not in later), labels["aborted"],
                                 labels["at-risk"], aborted_rooms, deferred=DEFERRED_ENV[-1] in self.steps[0].env,
                                 after_restart=tuple(x for x in labels["clean"] if x in later),
@@ -305,13 +307,13 @@ class ProgramMachine(RuleBasedStateMachine):
         r.cleared = True
         self.steps += [Clear(r.room, r.prefill), Clear(r.room, "decode")]
 
-    @precondition(lambda self: self.killed or not isinstance(self.steps[-1], Sleep))  # the one rule after a kill
+    @precondition(lambda self: self.killed or not isinstance(self.steps[-1], Sleep))  # after a kill, always
     @rule(which=st.integers(0, 9))
     def wait(self, which: int) -> None:
         """Time passes: control messages are handled, heartbeats run; one wait in ten
         outlasts the bootstrap timeout, which may fail only a room still Bootstrapping
         (R-TIMEOUT-1), and every program room has registered by then."""
-        if isinstance(self.steps[-1], Sleep):  # after a kill: one wait is enough
+        if isinstance(self.steps[-1], Sleep):  # after a kill (where it may be the only rule): one wait is enough
             return
         self.steps.append(Sleep(LONG_WAIT_S if which == 9 and self.faults else SLEEPS_S[which % len(SLEEPS_S)]))
 
@@ -377,17 +379,20 @@ class ProgramMachine(RuleBasedStateMachine):
         self.steps.append(AwaitStatus(r.room, role, ANY_STATUS, timeout_s=0.0, must_come=False))
 
     @precondition(lambda self: self.may_kill and not self.killed and
-                  any(not r.concluded for r in self._live()) and not any(isinstance(s, RestartRole) for s in self.steps))
+                  any(not r.concluded and self.may_kill in (r.prefill, "decode") for r in self._live()) and
+                  not any(isinstance(s, RestartRole) for s in self.steps))
     @rule()
     def kill(self) -> None:
         """The role drawn with the first room dies with rooms in flight (SIGKILL: an OOM kill, a
         lost node).  A prefill: the decode's heartbeat must fail each of its rooms still waiting
         on it within the heartbeat window plus 5 s, with a reason naming that prefill (R-HB-1); a
         room whose chunks were all sent, that the decode aborted or that a failed write may reach
-        only has to end; a room of the other prefill is untouched and must succeed (R-HB-1), and
-        that prefill goes on serving.  The decode: the prefill's scheduler, which knows nothing of
-        it, sends every chunk still to send; a room with a chunk written after the death must read
-        Failed on the prefill, the others only end there (R-PEER-1)."""
+        only has to end; the decode polls them at once (a later poll would measure the steps in
+        between, not the heartbeat).  A room of the other prefill in flight is untouched and must
+        succeed (R-HB-1) unless aborted or in a failed write's reach; that prefill goes on serving.
+        The decode: the prefill's scheduler, which knows nothing of it, sends every chunk still to
+        send; a room with a chunk written after the death must read Failed on the prefill, the
+        others only end there (R-PEER-1)."""
         self.killed = self.may_kill
         for r in self._live():
             if r.concluded:
@@ -399,6 +404,9 @@ class ProgramMachine(RuleBasedStateMachine):
             elif not (r.aborted or r.at_risk):
                 r.after_kill = "spared"
         self.steps.append(KillRole(self.killed))
+        for r in self._live():
+            if r.prefill == self.killed and not r.concluded:
+                self._await(r)
 
     # ---- the program ----------------------------------------------------------------
     def _await(self, r: _Room) -> None:

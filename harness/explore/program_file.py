@@ -53,21 +53,27 @@ def _after_kill(value) -> str:
 
 def _check_bounds(program: Program) -> None:
     """ValueError unless ``program`` is one ProgramMachine could have written: a profile's
-    StartRoles first and only there; every wait bounded; every role named one it started;
-    engine faults and restarts only of a prefill, bounded, of the kinds a program sets; at most
-    one kill, never while a role is frozen; every frozen role thawed."""
+    StartRoles first and only there; every wait bounded; every role a step names one it started
+    and, after a kill, not the dead one; engine faults and restarts only of a prefill, bounded, of
+    the kinds a program sets; one kill or one restart at most, never while a role is frozen;
+    every frozen role thawed."""
     if not program.steps or program.steps[0] not in PROFILES.values():
         raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
     prefills = program.steps[0].prefills
     roles = (*prefills, *program.steps[0].decodes)
     frozen: set[str] = set()
-    kills = 0
+    kills, dead = 0, ""
     if sum(isinstance(step, InjectFrames) for step in program.steps) > MAX_INJECTIONS:
         raise ValueError(f"not a pdconform program: more than {MAX_INJECTIONS} injected messages")
     for step in program.steps[1:]:
         if isinstance(step, StartRoles):
             raise ValueError("not a pdconform program: roles started twice")
+        named = {field: getattr(step, field) for field in ("role", "prefill", "decode") if hasattr(step, field)}
+        kinds = {"role": roles, "prefill": prefills, "decode": program.steps[0].decodes}
+        if any(name not in kinds[field] or name == dead for field, name in named.items()):
+            raise ValueError("not a pdconform program: a step names a role the program did not start, or a dead one")
         wait = step.seconds if isinstance(step, Sleep) else getattr(step, "timeout_s", 0.0)
+        wait = step.settle_s if isinstance(step, VerifyPools) else wait
         if isinstance(step, EngineFaults):
             wait = max(step.delay_s, step.aux_delay_s)
             if step.role not in prefills or step.fail_group is not None or not 0 < (step.fail_nth or 1) <= 100:
@@ -81,8 +87,9 @@ def _check_bounds(program: Program) -> None:
             raise ValueError("not a pdconform program: an injected message a program never sends")
         if isinstance(step, KillRole) and (step.role not in roles or frozen or kills):
             raise ValueError("not a pdconform program: a kill a program never makes")
-        kills += isinstance(step, KillRole)
-        if isinstance(step, RestartRole) and (step.role not in prefills or step.env is not None or frozen):
+        kills += isinstance(step, (KillRole, RestartRole))  # a program kills or restarts a role once, never both
+        dead = step.role if isinstance(step, KillRole) else dead
+        if isinstance(step, RestartRole) and (step.role not in prefills or step.env is not None or frozen or kills > 1):
             raise ValueError("not a pdconform program: a restart a program never makes")
         if isinstance(step, (FreezeRole, ThawRole)):
             if step.role not in roles or (step.role in frozen) != isinstance(step, ThawRole):

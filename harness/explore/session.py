@@ -161,7 +161,8 @@ class Explorer:
                 continue
             sig = signature_of(cell, impl)
             if sig is not None:
-                report.failures.setdefault(signature_key(sig), Failure(sig, 0, load_program(path), path.resolve(), known=True))
+                report.failures.setdefault(signature_key(sig),
+                                           Failure(sig, 0, load_program(path), path.resolve(), known=True))
                 self.known.setdefault(impl, {})[signature_key(sig)] = report.failures[signature_key(sig)]
             report.corpus[path.name] = str(cell.verdict) if sig is None else signature_key(sig)
 
@@ -309,7 +310,8 @@ class Explorer:
         report.disputed.append((signature_key(sig), signature_key(ref), program))
         kept = self.out_dir / impl / f"disputed-{len(report.disputed)}.json"
         kept.write_text(program.to_json())
-        self.note(f"{impl}: a program failed ({signature_key(sig)}), and the reference fails it too ({signature_key(ref)}): "
+        self.note(f"{impl}: a program failed ({signature_key(sig)}), "
+                  f"and the reference fails it too ({signature_key(ref)}): "
                   f"pdconform's problem, not {impl}'s; not counted as a finding ({kept})")
         return True
 

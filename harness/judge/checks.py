@@ -335,9 +335,10 @@ def first_event(events: list[dict], op: str, role: str, room: int | None = None,
 
 
 def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: float, high_s: float,
-                  reason_words: tuple[str, ...] = (), need_reason: bool = True) -> Checker:
+                  reason_words: tuple[str, ...] = (), need_reason: bool = True, from_last: bool = False) -> Checker:
     """``room`` on ``role`` was first seen Failed between ``low_s`` and ``high_s``
-    seconds after ``since_role``'s first ``since_op`` for the room (e.g. ``open_sender``),
+    seconds after ``since_role``'s first ``since_op`` for the room (e.g. ``open_sender``; its
+    last one with ``from_last``, e.g. the room's last ``send_chunk``),
     with a failure reason (containing one of ``reason_words``, when given) unless
     ``need_reason`` is False.  The implementation's clock may start anywhere inside
     that call, so "too early" counts from the call's start (its ``invoke`` event) and
@@ -345,6 +346,9 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         start = first_event(events, since_op, since_role, room)
+        while from_last and start is not None and (later := first_event(events, since_op, since_role, room,
+                                                                   start["seq"])) is not None:
+            start = later
         if start is None:
             return False, f"{since_role} never completed {since_op} for room {room}"
         called = next((e for e in reversed(events[:events.index(start)]) if e["type"] == Event.INVOKE

@@ -36,11 +36,14 @@ def kill_role(d: "CellDriver", step: s.KillRole) -> None:
     """SIGKILL every process of ``step.role``, then wait (at most KILL_WAIT_S) until they are
     gone: a dying process keeps its sockets open while the kernel tears down its memory, so a
     step right after the kill would otherwise race that teardown (a write accepted by a socket
-    nobody reads) and a cell's outcome would depend on the machine's load."""
+    nobody reads) and a cell's outcome would depend on the machine's load.  Processes still
+    there after the wait are noted in the history (an info event), not waited for longer."""
     _signal(d, step.role, signal.SIGKILL, Op.KILL)
     deadline = time.monotonic() + KILL_WAIT_S
-    while any(d.handles[rank].alive() for rank in d.ranks(step.role)) and time.monotonic() < deadline:
+    while (alive := [rank for rank in d.ranks(step.role) if d.handles[rank].alive()]) and time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL_S / 5)
+    if alive:  # the next steps may race its teardown after all: say so in the history
+        d.record(Event.INFO, Op.KILL, step.role, args={"still_alive_after_s": KILL_WAIT_S, "ranks": alive})
 
 
 def freeze_role(d: "CellDriver", step: s.FreezeRole) -> None:
