@@ -76,7 +76,7 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
 
 
 def test_a_program_file_that_is_not_one_is_refused():
-    good = json.loads(_programs(3)[-1].to_json())
+    good = json.loads(next(p for p in _programs(20) if p.steps[0].prefills == ("prefill",)).to_json())
     start = good["steps"][0]
     big = base64.b64encode(b"x" * 5000).decode()
     inject = {"step": "InjectFrames", "role": "prefill", "frames": [["eA==", "MQ=="]]}
