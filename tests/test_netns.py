@@ -40,7 +40,9 @@ def test_hosts_reach_each_other_on_their_own_addresses_and_everything_goes_at_cl
     assert not net.leftovers() and sleeper.wait(timeout=10) == -signal.SIGKILL
 
 
-CREATE_AND_WAIT = ("import sys, time; from harness.hosts.netns import HostNet\n"
+# SIGUSR1 dumps the creator's stacks (faulthandler): what it was doing when it did not exit in time
+CREATE_AND_WAIT = ("import faulthandler, signal, sys, time; from harness.hosts.netns import HostNet\n"
+                   "faulthandler.register(signal.SIGUSR1)\n"
                    "with HostNet(2) as net:\n    print(' '.join(net.hosts), flush=True)\n    time.sleep(300)\n")
 
 
@@ -49,7 +51,8 @@ def _owner(hosts: list[str]) -> str:
 
 
 def _creator() -> tuple[subprocess.Popen, list[str]]:
-    child = subprocess.Popen([sys.executable, "-c", CREATE_AND_WAIT], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CREATE_AND_WAIT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     hosts = child.stdout.readline().split()
     assert len(hosts) == 2 and set(hosts) <= set(netns.namespaces())
     return child, hosts
@@ -58,7 +61,13 @@ def _creator() -> tuple[subprocess.Popen, list[str]]:
 def test_an_interrupted_creator_removes_its_hosts():
     child, hosts = _creator()
     child.send_signal(signal.SIGINT)
-    child.wait(timeout=30)
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # seen once under a loaded suite: say where it was stuck
+        child.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        child.kill()
+        pytest.fail(f"the creator did not exit within 30 s of SIGINT; its stacks:\n{child.communicate(timeout=10)[1]}")
     assert not set(hosts) & set(netns.namespaces())
     assert not [name for name in netns.links() if _owner(hosts) in name]
 
