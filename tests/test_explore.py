@@ -140,10 +140,12 @@ def _explore_reference_and_mutant(tmp_path, found):
         assert bug.failures, "90 s of programs never wrote an aux slot"
         (failure,) = bug.failures.values()
         assert failure.signature["requirement"] == "R-LAYOUT-1" and failure.signature["check"] == "bytes-exact"
-        # shrunk: hypothesis's smallest program so far within the bound, shorter than the first
         assert failure.path and failure.path.parent == found
-        smallest = (len(failure.program.steps), len(failure.program.steps[0].prefills))
-        assert smallest < (failure.first_steps, failure.first_prefills), (smallest, failure.first_steps)
+        # The smallest failing program seen, never bigger than the first: hypothesis shrinks the failing
+        # example of its own round, which with lanes running ahead may be bigger than the first a lane
+        # found (seen: 91 steps against 14), so within the bound it does not always get below the first.
+        first, smallest = failure.first, failure.program
+        assert smallest.size <= first.size and failure.shrink_runs >= 2, (smallest.size, first.size, failure.shrink_runs)
         # bench's explore_shrink_s times this: bounded by shrink_s, plus the cells then running
         assert 0 < failure.shrink_s < explorer.shrink_s + 60 and failure.shrink_runs >= 1
         scenario = load_file(failure.path)

@@ -29,8 +29,7 @@ class Failure:
     shrink_runs: int = 0
     flaky: bool = False
     known: bool = False  # a corpus program still showing it: not looked for, not written again
-    first_steps: int = 0  # the steps of the first program that showed it (``program`` is the smallest)
-    first_prefills: int = 1  # the prefills that program started
+    first: Program | None = None  # the first program that showed it (``program`` is the smallest)
 
 
 @dataclass
