@@ -60,7 +60,8 @@ def _check_bounds(program: Program) -> None:
     if not program.steps or program.steps[0] not in PROFILES.values():
         raise ValueError("not a pdconform program: it must start with the program roles, unchanged")
     prefills = program.steps[0].prefills
-    roles = (*prefills, *program.steps[0].decodes)
+    # the roles each kind of field may name: the ones the profile starts
+    kinds = {"role": (*prefills, *program.steps[0].decodes), "prefill": prefills, "decode": program.steps[0].decodes}
     frozen: set[str] = set()
     kills, dead = 0, ""
     if sum(isinstance(step, InjectFrames) for step in program.steps) > MAX_INJECTIONS:
@@ -69,7 +70,6 @@ def _check_bounds(program: Program) -> None:
         if isinstance(step, StartRoles):
             raise ValueError("not a pdconform program: roles started twice")
         named = {field: getattr(step, field) for field in ("role", "prefill", "decode") if hasattr(step, field)}
-        kinds = {"role": roles, "prefill": prefills, "decode": program.steps[0].decodes}
         if any(name not in kinds[field] or name == dead for field, name in named.items()):
             raise ValueError("not a pdconform program: a step names a role the program did not start, or a dead one")
         wait = step.seconds if isinstance(step, Sleep) else getattr(step, "timeout_s", 0.0)
@@ -81,18 +81,17 @@ def _check_bounds(program: Program) -> None:
         if not 0 <= wait <= MAX_WAIT_S:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
         if isinstance(step, InjectFrames) and (
-                step.role not in roles or len(step.frames) != 1
-                or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES
+                len(step.frames) != 1 or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES
                 or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):
             raise ValueError("not a pdconform program: an injected message a program never sends")
-        if isinstance(step, KillRole) and (step.role not in roles or frozen or kills):
+        if isinstance(step, KillRole) and (frozen or kills):
             raise ValueError("not a pdconform program: a kill a program never makes")
         kills += isinstance(step, (KillRole, RestartRole))  # a program kills or restarts a role once, never both
         dead = step.role if isinstance(step, KillRole) else dead
         if isinstance(step, RestartRole) and (step.role not in prefills or step.env is not None or frozen or kills > 1):
             raise ValueError("not a pdconform program: a restart a program never makes")
         if isinstance(step, (FreezeRole, ThawRole)):
-            if step.role not in roles or (step.role in frozen) != isinstance(step, ThawRole):
+            if (step.role in frozen) != isinstance(step, ThawRole):
                 raise ValueError("not a pdconform program: a freeze and a thaw out of pairs")
             frozen ^= {step.role}
     if frozen:

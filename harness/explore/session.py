@@ -268,7 +268,7 @@ class Explorer:
         if not shrinking:
             state["sig"], state["found_at"], state["best"] = sig, time.monotonic(), program
             report.failures[signature_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start,
-                                                   first=program)
+                                                          first=program)
             return sig
         if signature_key(sig) != signature_key(state["sig"]):
             seen[text] = None  # while shrinking, another failure: not the one being shrunk
