@@ -83,21 +83,52 @@ def test_a_second_run_into_the_same_folder_is_refused(tmp_path):
     assert pdconform(*NOOP, "--out", str(tmp_path / "out")).returncode == 0  # free again
 
 
-def test_only_marked_run_folders_are_pruned(tmp_path):
+def _run_folders(out: Path, n: int) -> list[Path]:
+    """``n`` run folders as RunFolder makes them (its marker, a results file, a cell's history)."""
+    from harness.report.outdir import RunFolder
+
+    made = []
+    for i in range(n):
+        folder = RunFolder(out)
+        with folder as path:
+            (path / "results.json").write_text("{}")
+            (path / "cells" / "a--b").mkdir(parents=True)
+            (path / "cells" / "a--b" / "history.jsonl").write_text("")
+            (path / "cells" / "a--b" / "prefill-r1.log").write_text("")
+            made.append(path.rename(path.with_name(f"2026120{i:02d}-000000")))  # each its own time
+    return made
+
+
+def test_only_run_folders_made_here_are_pruned_and_only_their_own_files(tmp_path):
+    """Pruning removes pdconform's files by name, then the folder; a folder with a user's file
+    in it, a user's `cp -a` copy of a run (it carries the marker), a folder without a marker and
+    a link are left as they are, and the folders left for a foreign file are named."""
     runs = tmp_path / "runs"
-    runs.mkdir()
-    for i in range(KEEP_RUNS + 3):
-        (runs / f"2026120{i:02d}").mkdir()
-        (runs / f"2026120{i:02d}" / ".pdconform-run").write_text("{}")
+    made = _run_folders(tmp_path, KEEP_RUNS + 3)
+    (made[1] / "cells" / "a--b" / "notes.txt").write_text("mine")  # the user's file, deep inside
+    subprocess.run(["cp", "-a", str(made[0]), str(runs / "000-my-copy")], check=True)
     (runs / "000-not-ours").mkdir()
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / ".pdconform-run").write_text("{}")
     (runs / "000-link").symlink_to(victim)
-    removed = prune(tmp_path, KEEP_RUNS)
-    assert [p.name for p in removed] == ["202612000", "202612001", "202612002"]
-    assert (runs / "000-not-ours").is_dir() and victim.is_dir() and (runs / "000-link").is_symlink()
-    assert len([p for p in runs.iterdir() if (p / ".pdconform-run").is_file() and not p.is_symlink()]) == KEEP_RUNS
+    pruned = prune(tmp_path, KEEP_RUNS)
+    assert [p.name for p in pruned.removed] == [made[0].name, made[2].name]
+    assert list(pruned.left) == [made[1]] and pruned.left[made[1]] == ["cells/a--b/notes.txt"]
+    assert (made[1] / "cells" / "a--b" / "notes.txt").read_text() == "mine"
+    assert (made[1] / "results.json").is_file()  # left whole, not emptied around the user's file
+    assert (runs / "000-my-copy" / "results.json").is_file() and (runs / "000-not-ours").is_dir()
+    assert victim.is_dir() and (victim / ".pdconform-run").is_file() and (runs / "000-link").is_symlink()
+
+
+def test_a_run_names_the_folders_pruning_left(tmp_path):
+    out = tmp_path / "out"
+    made = _run_folders(out, KEEP_RUNS)
+    (made[0] / "mine.txt").write_text("mine")
+    ran = pdconform(*NOOP, "--out", str(out))
+    assert ran.returncode == 0, ran.stderr
+    assert f"{made[0]}: not pruned, it holds files pdconform did not write (mine.txt)" in ran.stderr
+    assert (made[0] / "mine.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import zmq
 
+from harness import nofollow
 from harness.drive.contain import NETNS_ENV, NETNS_PID_ENV
 from harness.drive.errors import RoleError, RoleTimeout
 from harness.drive.forkserver_client import FORK_SERVER_ENV
@@ -129,7 +130,7 @@ class RemoteRoleHandle(RoleHandle):
             text = self.client.call("log", name=self.key)
         except RoleError as exc:
             text = f"[pdconform] the log of {self.spec.name} could not be fetched: {exc}\n"
-        self.log_path.write_text(text)
+        nofollow.write_atomic(self.log_path, text.encode("utf-8", "replace"))
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -146,7 +147,7 @@ class RemoteLauncher(Launcher):
     def __init__(self, endpoint: str, workdir: str | os.PathLike, host: str = "agent"):
         self.client = AgentClient(endpoint, host)
         self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        os.close(nofollow.open_dir(self.workdir, create=True))  # no link followed on the way
 
     def start(self, spec: RoleSpec) -> RemoteRoleHandle:
         inherited = {k: v for k, v in os.environ.items() if role_env_allowed(k)}

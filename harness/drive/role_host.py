@@ -108,10 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     socket = ctx.socket(zmq.REP)
     socket.setsockopt(zmq.LINGER, 0)
     port = socket.bind_to_random_port(f"tcp://{args.host}")
-    tmp = args.ready_file + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(f"tcp://{args.host}:{port}\n{os.getpid()}\n")
-    os.replace(tmp, args.ready_file)
+    from harness.nofollow import write_atomic
+
+    write_atomic(args.ready_file, f"tcp://{args.host}:{port}\n{os.getpid()}\n".encode())  # no link followed
     try:
         serve(adapter, socket)
     finally:

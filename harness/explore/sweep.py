@@ -16,6 +16,8 @@ import json
 import time
 from pathlib import Path
 
+from harness.judge.results import write_atomic
+
 #: mutants whose bug lives only in a deployment shape: explored on that shape
 SHAPE = {"dp-engine-zero": "p1dp2-d1", "head-slice-at-zero": "p2-d1", "stage-start-ignored": "p1pp2-d1",
          "failure-to-one-destination": "p1-d2", "reason-dropped-for-one-rank": "p1-d2"}
@@ -47,8 +49,8 @@ def sweep(budget_s: float, out: Path, only: list[str] | None = None) -> list[dic
                          "steps_shrunk": len(failure.program.steps) if failure else None,
                          "shrink_s": round(failure.shrink_s, 1) if failure else None})
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(rows, indent=1))
-    (out / "sweep.md").write_text(markdown(rows, budget_s))
+    write_atomic(out / "sweep.json", json.dumps(rows, indent=1).encode())
+    write_atomic(out / "sweep.md", markdown(rows, budget_s).encode())
     return rows
 
 

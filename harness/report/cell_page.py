@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from pathlib import Path
 from urllib.parse import quote
 from typing import Mapping
 
-from harness import ROOT
+from harness import ROOT, nofollow
 from harness.judge.divergence import describe_parts
 from harness.judge.divergence import normalize
 from harness.judge.results import CellResult, RunResult, cell_dir, write_atomic
@@ -322,7 +323,7 @@ def write_cell_pages(run: RunResult, out_dir: str | Path, histories: Mapping[tup
         folder = cell_dir(out_dir, cell.scenario, cell.impl)
         if folder.is_symlink():
             continue
-        folder.mkdir(parents=True, exist_ok=True)
+        os.close(nofollow.open_dir(folder, create=True))  # no link followed on the way (harness.nofollow)
         files = sorted(p.name for p in folder.iterdir() if not p.is_symlink() and p.is_file()
                        and not p.name.startswith(".") and p.name != CELL_PAGE and p.suffix in (".log", ".jsonl", ".json"))
         logs, skipped = _read_logs(folder)
