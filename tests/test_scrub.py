@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,66 @@ def test_bad_input_is_refused_with_exit_2_and_nothing_is_touched(stored_run, tmp
         assert done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert [p.name for p in taken.iterdir()] == ["mine.txt"] and not (tmp_path / "x").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+
+
+#: what a trace may hold that a backtracking pattern is slow on: a 2 MB frame of digits
+#: (mori logs the oversized frame), hex with colons, colons, dotted digits, a path in the
+#: wrong case, names that touch their boundary
+ADVERSARIAL = (b"9", b"9:a", b":", b"1.", b"fd00::1234:5:", b"/HOME/ALICE", b"malice-", b"99.1.2.3.", b"Ab:")
+
+
+def _adversarial_run(root: Path, per_kind: int) -> Path:
+    from harness.report.outdir import MARKER
+
+    run = root / "run"
+    (run / "cells" / "x--y").mkdir(parents=True)
+    (run / MARKER).write_text("")
+    (run / "results.json").write_text(json.dumps({"hosts": [{"name": "gpu-node-17"}]}))
+    body = [b"peer 10.20.30.40 at [fd00::1234:5]:7000, /home/alice/x, GPU-NODE-17"]
+    body += [kind * (per_kind // len(kind)) for kind in ADVERSARIAL]
+    (run / "cells" / "x--y" / "history.jsonl").write_bytes(b"\n".join(body) + b"\n")
+    return run
+
+
+def test_scrub_time_grows_linearly_on_adversarial_input(tmp_path):
+    """4 times the input takes about 4 times as long (a quadratic pattern: 16 times, and
+    hours on a 2 MB frame); the best of two tries, so a busy machine does not decide."""
+
+    from harness.report.scrub import scrub
+
+    seconds = {}
+    for size in (1 << 19, 1 << 21):  # per kind: 4.5 MB and 18 MB in all
+        run = _adversarial_run(tmp_path / str(size), size)
+        tries = []
+        for attempt in range(2):
+            start = time.perf_counter()
+            scrub(run, tmp_path / str(size) / f"out{attempt}")
+            tries.append(time.perf_counter() - start)
+        seconds[size] = min(tries)
+        copy = (tmp_path / str(size) / "out0" / "cells" / "x--y" / "history.jsonl").read_bytes()
+        assert len(copy) > len(ADVERSARIAL) * size * 0.9  # the noise itself comes through
+        for original in (b"10.20.30.40", b"[fd00::1234:5]", b"/home/alice", b"GPU-NODE-17"):
+            assert original not in copy, original
+    assert seconds[1 << 21] < 60, seconds  # whatever the machine's load
+    assert seconds[1 << 21] / seconds[1 << 19] < 8, seconds
+
+
+def test_replacement_keeps_its_boundaries_and_case_rules():
+    from harness.report.scrub import Identifiers, replacer
+
+    ids = Identifiers(hosts={"gpu-node-17"}, addresses={"10.20.30.40", "fd00::abcd:6"}, users={"alice"},
+                      paths={"/home/alice"})
+    table = {"gpu-node-17": "h", "10.20.30.40": "10.0.0.9", "fd00::abcd:6": "fd00::9", "alice": "bob",
+             "/home/alice": "/home/bob"}
+    rewrite = replacer(table, ids)
+    cases = {
+        b"malice alice_x alice-x": b"malice bob_x alice-x",  # a name stands alone ("-" joins it to a word)
+        b"GPU-NODE-17.example gpu-node-170": b"h.example gpu-node-170",  # any case; not inside a longer name
+        b"peer-10.20.30.40 110.20.30.40 10.20.30.40.5 10.20.30.401": b"peer-10.0.0.9 110.20.30.40 "
+                                                                       b"10.20.30.40.5 10.20.30.401",
+        b"addr:FD00::ABCD:6: fd00::abcd:6:1 [fd00::abcd:6]:80": b"addr:fd00::9: fd00::abcd:6:1 [fd00::9]:80",
+        b"/home/alice/x /home/alicex /HOME/ALICE %2Fhome%2Falice \\/home\\/alice":
+            b"/home/bob/x /home/alicex /HOME/bob %2Fhome%2Fbob \\/home\\/bob",  # a path keeps its case
+    }
+    for text, expected in cases.items():
+        assert rewrite(text) == expected, text

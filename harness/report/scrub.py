@@ -17,6 +17,10 @@ tree the same verdicts.
 A host or user name shorter than :data:`MIN_NAME` characters, or one of the tree's own
 words (``root``, a role or check name), is left as it is and listed, since replacing it
 everywhere would rewrite the trace's own text; name it with ``--also`` to force it.
+
+Time is linear in the tree's size whatever its files hold (a 2 MB frame of digits a role
+logged, runs of colons or dotted digits): every pattern does bounded work per position or
+scans a run once, and no candidate longer than an address can be is parsed.
 """
 
 from __future__ import annotations
@@ -33,19 +37,36 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import nofollow
+
 MIN_NAME = 3  # a host or user name shorter than this is too common a string to replace blindly
 #: names that are not identifying, or are words of the trace itself
 COMMON_NAMES = {"root", "nobody", "localhost", "user", "admin", "prefill", "decode", "reference", "mooncake", "nixl",
                 "mori", "runner", "ubuntu", "debian"}
 # the same boundaries find an address and replace it: digits and dots end an IPv4 address
 # (a letter, "-" or "_" may touch it: peer-10.0.0.1, node_10.0.0.1); IPv6 candidates are runs
-# of hex digits, colons and dots, trimmed of a stray colon at either end (addr:fd00::1: refused)
-_V4_BEFORE, _V4_AFTER = rb"(?<![\d.])", rb"(?!\d|\.\d)"
-_V6_BEFORE, _V6_AFTER = rb"(?<![0-9A-Fa-f.])(?<![0-9A-Fa-f:]:)", rb"(?![0-9A-Fa-f.]|:[0-9A-Fa-f:])"
-_IPV4 = re.compile(_V4_BEFORE + rb"(?:\d{1,3}\.){3}\d{1,3}" + _V4_AFTER)
-_V6_RUN = re.compile(rb"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
-_NAME_BEFORE, _NAME_AFTER = rb"(?<![A-Za-z0-9-])", rb"(?![A-Za-z0-9-])"  # host and user names
+# of hex digits, colons and dots, trimmed of a stray colon at either end (addr:fd00::1: refused).
+# A boundary before is what may not come just before (fixed-width texts, so the replacer can
+# also check it as a lookbehind placed after the identifier, see replacer)
+_V4_NOT_BEFORE, _V4_AFTER = (rb"[\d.]",), rb"(?!\d|\.\d)"
+_V6_NOT_BEFORE, _V6_AFTER = (rb"[0-9A-Fa-f.]", rb"[0-9A-Fa-f:]:"), rb"(?![0-9A-Fa-f.]|:[0-9A-Fa-f:])"
+_NAME_NOT_BEFORE, _NAME_AFTER = (rb"[A-Za-z0-9-]",), rb"(?![A-Za-z0-9-])"  # host and user names
 _PATH_AFTER = rb"(?![\w-])"
+
+
+def _not_before(texts: tuple[bytes, ...], literal: bytes = b"") -> bytes:
+    """Lookbehinds: none of ``texts`` just before the current position less ``literal``
+    (a regex, fixed width) - placed after ``literal``, the boundary before it."""
+    return b"".join(b"(?<!" + text + literal + b")" for text in texts)
+
+
+# every candidate pattern does bounded work per start position or scans a run once (no
+# nested or overlapping unbounded repeats): scrub is linear in its input, whatever it holds
+_IPV4 = re.compile(_not_before(_V4_NOT_BEFORE) + rb"(?:\d{1,3}\.){3}\d{1,3}" + _V4_AFTER)
+# a whole run with two colons or more, started only at the run's first character (the
+# lookbehind), so a long run of hex digits is scanned once, not once per position in it
+_V6_RUN = re.compile(rb"(?<![0-9A-Fa-f:.])[0-9A-Fa-f.]*:[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*")
+MAX_V6_TEXT = 45  # the longest IPv6 address text (ffff:...:ffff:255.255.255.255); longer runs are none
 _HOME = re.compile(rb"/(?:home|Users)/([A-Za-z0-9._-]+)")
 
 
@@ -128,6 +149,8 @@ def _v6_in(run: str) -> str | None:
     if run.startswith(":") and not run.startswith("::"):  # "addr:fd00::1": the colon is the text's
         candidates += [run[1:], trimmed[1:]]
     for candidate in candidates:
+        if len(candidate) > MAX_V6_TEXT:  # no address: not worth parsing (a frame of hex digits)
+            continue
         try:
             ipaddress.IPv6Address(candidate)
         except ValueError:
@@ -224,40 +247,73 @@ def mapping(identifiers: Identifiers, seed: int) -> dict[str, str]:
     return out
 
 
-def _forms(table: dict[str, str], identifiers: Identifiers) -> list[tuple[bytes, bytes, bytes, bytes, bool]]:
-    """(original, pseudonym, boundary before, boundary after, case-insensitive) for every
-    form an identifier takes in a trace: a path also URL-encoded and JSON-escaped."""
+_Form = tuple[bytes, bytes, tuple[bytes, ...], bytes, bool]
+
+
+def _forms(table: dict[str, str], identifiers: Identifiers) -> list[_Form]:
+    """(original, pseudonym, boundary before (:func:`_not_before`), boundary after,
+    case-insensitive) for every form an identifier takes in a trace: a path also URL-encoded
+    and JSON-escaped."""
     forms = []
     for original, pseudonym in table.items():
         o, p = original.encode(), pseudonym.encode()
         if original in identifiers.paths:
             for slash in (b"/", b"%2F", b"%2f", b"\\/"):
-                forms.append((o.replace(b"/", slash), p.replace(b"/", slash), b"", _PATH_AFTER, False))
+                forms.append((o.replace(b"/", slash), p.replace(b"/", slash), (), _PATH_AFTER, False))
         elif original in identifiers.addresses:
             v6 = ":" in original
-            forms.append((o, p, _V6_BEFORE if v6 else _V4_BEFORE, _V6_AFTER if v6 else _V4_AFTER, v6))
+            forms.append((o, p, _V6_NOT_BEFORE if v6 else _V4_NOT_BEFORE, _V6_AFTER if v6 else _V4_AFTER, v6))
         else:
-            forms.append((o, p, _NAME_BEFORE, _NAME_AFTER, True))
+            forms.append((o, p, _NAME_NOT_BEFORE, _NAME_AFTER, True))
     return forms
 
 
 def replacer(table: dict[str, str], identifiers: Identifiers | None = None):
     """bytes -> bytes replacing every identifier of ``table`` in every form it takes (longest
     first; names and addresses only where they stand alone, so ``alice`` is not replaced
-    inside ``malice``; host names and IPv6 addresses whatever their case)."""
+    inside ``malice``; host names and IPv6 addresses whatever their case).  Linear in the
+    input's length (times the table's size at worst), whatever the input holds."""
     if not table:
         return lambda data: data
     ids = identifiers or Identifiers(hosts=set(table))
     forms = sorted(_forms(table, ids), key=lambda f: len(f[0]), reverse=True)
-    pattern = re.compile(b"|".join(before + (b"(?i:" + re.escape(o) + b")" if fold else re.escape(o)) + after
-                                   for o, _, before, after, fold in forms))
-    lookup = {o.lower() if fold else o: p for o, p, _, _, fold in forms}  # a case-folded form under its lower case
+    # Each form's own pattern decides, tried in this order at a position: the leftmost
+    # position where one matches, the first that does (what one alternation of them all
+    # would match).  An alternation of patterns that each open with a lookbehind gives the
+    # regex engine no first character to skip ahead to, so it tries every form at every
+    # byte; instead a prefilter finds the candidate positions: every form lowercased and
+    # matched in the lowercased input (the same length, and every boundary class is closed
+    # under case), its boundary before checked by a lookbehind after it, so each alternative
+    # opens with a plain character the engine scans for.  It matches wherever a form does
+    # (and where only a form's case differs: the form's own pattern then says no).
+    exact: dict[int, list[tuple[re.Pattern, bytes]]] = {}
+    alternatives: dict[bytes, None] = {}
+    for o, p, before, after, fold in forms:
+        literal = re.escape(o)
+        own = re.compile(_not_before(before) + (b"(?i:" + literal + b")" if fold else literal) + after)
+        exact.setdefault(o[:1].lower()[0], []).append((own, p))
+        lowered = re.escape(o.lower())
+        alternatives[lowered + _not_before(before, lowered) + after] = None
+    prefilter = re.compile(b"|".join(alternatives))
 
-    def sub(match: re.Match) -> bytes:
-        text = match.group(0)
-        return lookup[text] if text in lookup else lookup[text.lower()]
+    def rewrite(data: bytes) -> bytes:
+        lowered = data.lower()
+        out, done, at = [], 0, 0
+        while match := prefilter.search(lowered, at):
+            start = match.start()
+            for own, pseudonym in exact[lowered[start]]:
+                if hit := own.match(data, start):  # its lookbehinds see the text before start
+                    out += [data[done:start], pseudonym]
+                    done = at = hit.end()
+                    break
+            else:  # only a case-sensitive form's case differs here: go on from the next byte
+                at = start + 1
+        if not out:
+            return data
+        out.append(data[done:])
+        return b"".join(out)
 
-    return lambda data: pattern.sub(sub, data)
+    return rewrite
 
 
 @dataclass
@@ -286,8 +342,15 @@ def scrub(run_dir: Path, out: Path, seed: int = 0, also: tuple[str, ...] = ()) -
     results_file = run_dir / "results.json"
     if not results_file.is_file():
         raise ScrubError(f"{run_dir}: not a run folder (no results.json)")
-    if out.exists():
+    if out.exists() or out.is_symlink():  # a dangling link too: nothing is written through one
         raise ScrubError(f"{out}: exists; scrub writes a new folder and never overwrites one")
+    from harness import ROOT
+
+    where = Path(os.path.abspath(out.parent)).resolve() / out.name  # the folder as it will be, its name not followed
+    if where.is_relative_to(run_dir.resolve()):
+        raise ScrubError(f"{out}: inside the run being scrubbed; give a folder outside it")
+    if where.is_relative_to(ROOT) and not where.is_relative_to(ROOT / "reports"):  # as run's --out (outdir.check_out)
+        raise ScrubError(f"{out}: inside the pdconform checkout; use a folder under {ROOT / 'reports'} or outside it")
     try:
         results = json.loads(results_file.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
@@ -295,7 +358,7 @@ def scrub(run_dir: Path, out: Path, seed: int = 0, also: tuple[str, ...] = ()) -
     identifiers = find_identifiers(run_dir, results if isinstance(results, dict) else {}, also)
     table = mapping(identifiers, seed)
     rewrite = replacer(table, identifiers)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    os.close(nofollow.open_dir(out.parent, create=True))  # no link followed on the way (harness.nofollow)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         files = _files(run_dir)

@@ -13,17 +13,30 @@ its own channel.  ``fail`` means the call raised or timed out (Jepsen's indeterm
 completion), never a crash of the run.  Events are appended to a JSON-lines file as
 they happen, so a killed cell still leaves its history behind; the runner appends the
 cell's :attr:`Op.CELL_EXIT` (how the process ended) after it is gone.
+
+A long string (more than :data:`REF_MIN_CHARS` characters, say a 2 MB frame a role logged
+and every later observation reports again) that an earlier event of the file already
+holds is written once: a later event holds a short placeholder in its place and lists,
+under the top-level key :data:`REFS_KEY`, ``[path, seq, source path]`` for each (a path is
+the list of keys and list indices from the event down to the string; ``seq`` the event
+that holds it inline).  Top-level keys are the harness's own (:meth:`History.record`'s
+fields), never text of the code under test, so no value a role reports can pose as a
+reference.  :func:`load` (and :class:`Resolver`, for a reader that follows the file line
+by line) puts the strings back, so every reader sees the events as they were recorded.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import threading
 import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
 
+from harness import nofollow
 from harness.spec.inputs import InputError, read_input
 
 
@@ -93,28 +106,130 @@ class Op(StrEnum):
 START_OPS = (Op.START_PREFILL, Op.START_DECODE)
 
 
+#: a string longer than this (characters) that an earlier event already holds is written as a reference
+REF_MIN_CHARS = 4096
+#: the top-level key of a written event that lists its references: ``[[path, seq, source path], ...]``
+REFS_KEY = "$refs"
+
+
 class History:
-    """Append-only event list, mirrored to ``path`` (JSON lines) when given."""
+    """Append-only event list, mirrored to ``path`` (JSON lines) when given; in the file a
+    long string an earlier event holds is a reference to it (see the module docstring),
+    in :attr:`events` it is the string itself."""
 
     def __init__(self, path: str | Path | None = None):
         self.events: list[dict[str, Any]] = []
         self._t0 = time.monotonic()
-        self._file = open(path, "a", encoding="utf-8") if path else None
+        # no link followed anywhere in the path (harness.nofollow): the cell's folder may be in a shared OUT
+        self._file = io.TextIOWrapper(nofollow.open_write(path, append=True), encoding="utf-8") if path else None
+        self._first: dict[str, tuple[int, list]] = {}  # a long string -> (seq, path) of its first holder
+        self._lock = threading.Lock()  # a reference is written after the line it points at
 
     def record(self, type_: Event, op: Op, role: str | None = None, step: int | None = None, **fields: Any) -> dict:
         """Append one event (see the module docstring) and return it."""
-        event = {"seq": len(self.events), "t": round(time.monotonic() - self._t0, 4), "wall": round(time.time(), 4),
-                 "step": step, "op": op, "role": role, "type": type_, **fields}
-        self.events.append(event)
-        if self._file:
-            self._file.write(json.dumps(event, default=repr) + "\n")
-            self._file.flush()
+        with self._lock:
+            event = {"seq": len(self.events), "t": round(time.monotonic() - self._t0, 4),
+                     "wall": round(time.time(), 4), "step": step, "op": op, "role": role, "type": type_, **fields}
+            self.events.append(event)
+            if self._file:
+                self._file.write(self._line(event) + "\n")
+                self._file.flush()
         return event
+
+    def _line(self, event: dict) -> str:
+        """The JSON line of ``event``, each long string an earlier event (or an earlier place of
+        this one) holds replaced by a reference."""
+        line = json.dumps(event, default=repr)
+        if len(line) <= REF_MIN_CHARS:  # no string in it is long: the common case, left as it is
+            return line
+        written = json.loads(line)  # as a reader will see it: bytes and objects already repr'd
+        refs = []
+        for container, key, path in _long_strings(written):
+            text = container[key]
+            if text in self._first:
+                seq, source = self._first[text]
+                container[key] = f"<the text at {_dotted(source)} of event {seq}: see {REFS_KEY}>"
+                refs.append([path, seq, source])
+            else:
+                self._first[text] = (event["seq"], path)
+        if not refs:
+            return line
+        written[REFS_KEY] = refs
+        return json.dumps(written)
 
     def close(self) -> None:
         if self._file:
             self._file.close()
             self._file = None
+
+
+def _long_strings(tree: Any) -> Iterator[tuple[Any, Any, list]]:
+    """``(container, key, path)`` of every string longer than :data:`REF_MIN_CHARS` in the
+    JSON value ``tree`` (dicts and lists), in document order; a path is built only for
+    those (a deep value costs no path per node).  Iterative: any depth json accepted."""
+    stack: list[tuple[Any, Any, Any, Any]] = [(tree, None, None, None)]  # node, its container, key, link
+    while stack:
+        node, container, key, link = stack.pop()
+        if isinstance(node, str):
+            if len(node) > REF_MIN_CHARS:
+                path = []
+                while link is not None:  # link: (parent's link, key), up to the root
+                    link, step = link
+                    path.append(step)
+                yield container, key, path[::-1]
+        elif isinstance(node, (dict, list)):
+            items = list(node.items() if isinstance(node, dict) else enumerate(node))
+            stack.extend((child, node, k, (link, k)) for k, child in reversed(items))
+
+
+def _dotted(path: list) -> str:
+    return ".".join(str(step) for step in path)
+
+
+class Resolver:
+    """Parses a history's lines in file order and puts back the strings its events refer
+    to (the module docstring): ``Resolver()(line)`` is ``json.loads(line)`` (str or bytes;
+    json.JSONDecodeError as it raises) with :data:`REFS_KEY` resolved and removed.  A
+    reference that does not resolve (an edited file) keeps its placeholder text.  Keeps the
+    events of the lines long enough to hold a referred string, its sources."""
+
+    def __init__(self) -> None:
+        self._sources: dict[int, dict] = {}  # seq -> the last such event (a file appended to twice repeats seqs)
+
+    def __call__(self, line: str | bytes) -> Any:
+        event = json.loads(line)
+        if not isinstance(event, dict):
+            return event
+        refs = event.pop(REFS_KEY, None)
+        if len(line) > REF_MIN_CHARS and isinstance(event.get("seq"), int):
+            self._sources[event["seq"]] = event  # before resolving: a reference may point into this event
+        if isinstance(refs, list):
+            for ref in refs:
+                self._resolve(event, ref)
+        return event
+
+    def _resolve(self, event: dict, ref: Any) -> None:
+        if not (isinstance(ref, list) and len(ref) == 3 and isinstance(ref[1], int)):
+            return
+        path, seq, source = ref
+        text = _at(self._sources.get(seq), source)
+        # only a string (the placeholder) is replaced, at a place the event has
+        if isinstance(text, str) and isinstance(path, list) and path and isinstance(_at(event, path), str):
+            _at(event, path[:-1])[path[-1]] = text
+
+
+def _at(node: Any, path: Any) -> Any:
+    """The value at ``path`` (keys and indices) under ``node``; None where there is none."""
+    if not isinstance(path, list):
+        return None
+    for step in path:
+        if isinstance(node, dict) and isinstance(step, str):
+            node = node.get(step)
+        elif isinstance(node, list) and isinstance(step, int) and not isinstance(step, bool) and 0 <= step < len(node):
+            node = node[step]
+        else:
+            return None
+    return node
 
 
 def append_event(path: str | Path, type_: Event, op: Op, **fields: Any) -> dict:
@@ -132,7 +247,7 @@ def append_event(path: str | Path, type_: Event, op: Op, **fields: Any) -> dict:
                 line = b"\n" + line
     except OSError:  # an empty or missing file
         pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = nofollow.open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         os.write(fd, line)
     finally:
@@ -141,16 +256,18 @@ def append_event(path: str | Path, type_: Event, op: Op, **fields: Any) -> dict:
 
 
 def load(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines history; a torn line (killed writer) is skipped; [] when it is missing,
-    not a regular file or too large (harness.spec.inputs)."""
+    """Read a JSON-lines history, references resolved (:class:`Resolver`: the events as they
+    were recorded); a torn line (killed writer) is skipped; [] when it is missing, not a
+    regular file or too large (harness.spec.inputs)."""
     events = []
     try:
         lines = read_input(path, "history").decode("utf-8", errors="replace").splitlines()
     except InputError:  # missing, not a regular file, too large: no history
         return events
+    parse = Resolver()
     for line in lines:
         try:
-            event = json.loads(line)
+            event = parse(line)
         except json.JSONDecodeError:
             continue
         if _well_formed(event):
