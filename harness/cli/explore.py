@@ -4,7 +4,9 @@ Progress goes to stderr (programs, steps, distinct failures, rate); at the end a
 implementation, each distinct failure with its count and found file, and a replay of every
 found program through ``run`` (the same result tree and reports, the reference beside it),
 which shows each replays with its failure.  Exit 0 when nothing failed, 1 when a failure
-was found (or a corpus program still fails), 2 on bad usage.
+was found (or a corpus program still fails), 2 on bad usage, 130 when interrupted (SIGINT,
+SIGTERM or SIGHUP: every cell, role and fork server ended and their temporary folders
+removed within about two seconds; the found programs written so far stay).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -20,24 +25,28 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from harness.cli import DEFAULT_OUT, _registry, _target, _usage_error, app, console, err, this_program
+from harness.cli import DEFAULT_OUT, MAX_SEED, _out_dir, _registry, _target, _usage_error, app, console, err, this_program
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
+MAX_BUDGET_S = 86400.0  # a day per implementation: a longer exploration is several runs
 
 
 def parse_budget(text: str) -> float:
-    """Seconds of a budget like ``90``, ``90s``, ``10m`` or ``1h``; ValueError otherwise (or not > 0)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"--budget {text!r}: a positive number of seconds, or with s, m or h (10m)")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    """Seconds of a budget like ``90``, ``90s``, ``10m`` or ``1h``; ValueError otherwise (not
+    > 0, or more than :data:`MAX_BUDGET_S`: a day)."""
+    match = re.fullmatch(r"\s*(\d{1,9}(?:\.\d{1,6})?)\s*([smh]?)\s*", text or "")
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else 0.0
+    if not 0 < seconds <= MAX_BUDGET_S:
+        raise ValueError(f"--budget {str(text)[:30]!r}: a positive number of seconds up to a day ({MAX_BUDGET_S:g}), "
+                         "or with s, m or h (10m)")
+    return seconds
 
 
 @app.command()
 def explore(
     impl: List[str] = typer.Option(..., "--impl", help="Implementation to explore (repeatable)."),
     budget: str = typer.Option("10m", "--budget", help="Time per implementation: 90s, 10m, 1h."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first hypothesis round (each round adds one)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the first hypothesis round (each round adds one)."),
     topology: str = typer.Option("p1-d1", "--topology", help="The deployment shape programs run on "
                                  "(see `pdconform list --topologies`)."),
     found: Optional[Path] = typer.Option(None, "--found", help="Folder for found programs (default scenarios/found/); "
@@ -51,6 +60,37 @@ def explore(
     """Generated lifecycle programs (rooms, chunks, aborts, clears, reused room ids) against
     the real roles of each implementation, judged by the spec; failing ones shrunk and
     written out as scenarios that `repro` replays."""
+    stopping = threading.Event()  # the explorer's: set by the first signal, so its lanes start nothing more
+    _stop_on_signals(stopping)
+    try:
+        _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src, sglang_version, stopping)
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]: the program cells, their roles and the fork servers were stopped; "
+                  "found programs written so far are kept")
+        # Everything explore started has ended (Explorer.stop, or the replay's run_matrix); the
+        # interpreter's own teardown would still take seconds under load (torch, imported for the byte
+        # checks, takes over one at load 4 on 2 cores), and an interrupted command must exit within 2 s.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+
+
+def _stop_on_signals(stopping: threading.Event) -> None:
+    """SIGINT, SIGTERM and SIGHUP (SIGINT too: a job started with & ignores it) set ``stopping``
+    and raise KeyboardInterrupt in the main thread, the first one only: a later one must not cut
+    the teardown the first started short (it is bounded: harness.explore.session.Explorer.stop)."""
+    def interrupted(signum, frame):
+        first = not stopping.is_set()
+        stopping.set()
+        if first:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
+
+
+def _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src, sglang_version, stopping) -> None:
+    """The explore command once its signals are handled (its options, as :func:`explore` takes them)."""
     from harness.explore.found import FOUND_DIR, FOUND_ENV
     from harness.spec.topology import TOPOLOGIES
 
@@ -74,8 +114,10 @@ def explore(
     if problem:
         raise _usage_error(f"--found {found_dir}: {problem}")
     os.environ[FOUND_ENV] = os.pathsep.join(filter(None, [os.environ.get(FOUND_ENV), str(found_dir)]))
+    out = _out_dir(out)  # resolved, never the checkout (harness.report.outdir.check_out)
     folder = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    reports = _explore_all(list(dict.fromkeys(impl)), budget_s, seed, topology, target, folder, found_dir, lanes)
+    reports = _explore_all(list(dict.fromkeys(impl)), budget_s, seed, topology, target, folder, found_dir, lanes,
+                           stopping)
     failed = _print_reports(reports)
     replay = [f.path for r in reports for f in r.failures.values() if f.path and not f.known]
     if replay:
@@ -96,7 +138,7 @@ def _unwritable(folder: Path) -> str:
     return ""
 
 
-def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir, lanes=8):
+def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir, lanes=8, stopping=None):
     from harness.explore.session import Explorer
 
     reports, shown = [], [0.0]
@@ -110,7 +152,7 @@ def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir, lan
                   f"{len(r.failures)} distinct failure(s), {r.rate_per_min:.0f}/min   ", end="" if live else "\n")
 
     with Explorer(target, folder / "programs", found_dir, seed=seed, on_progress=progress,
-                  note=lambda text: err.print(escape(text))) as explorer:
+                  note=lambda text: err.print(escape(text)), stopping=stopping) as explorer:
         explorer.lanes = lanes
         explorer.start(impls)
         for name in impls:

@@ -35,6 +35,19 @@ DIR_PREFIX = "pdconform-forkserver-"  # the temporary folder of each fork server
 OWNER_FILE = "owner.pid"  # in that folder: the pid of the process that started the fork server
 
 
+SOCKET_PARENT_MAX = 60  # characters: the folder, our name (~31) and fork_server.sock within a unix socket's 107
+
+
+def socket_parent() -> str:
+    """Where pdconform makes the temporary folders that hold unix sockets (a fork server's, a
+    role pair's): the temporary folder (TMPDIR) when its path is short enough for a socket
+    path, else /tmp.  Always the same for a process, so its folders are found again."""
+    import tempfile
+
+    folder = tempfile.gettempdir()
+    return folder if len(folder) <= SOCKET_PARENT_MAX else "/tmp"
+
+
 def remove_stale_dirs() -> list[Path]:
     """Remove the temporary folders of fork servers whose starting process is gone (a run
     that was SIGKILLed could not remove its own); only folders with our name and owner file.
@@ -43,7 +56,7 @@ def remove_stale_dirs() -> list[Path]:
     import tempfile
 
     removed = []
-    for folder in Path(tempfile.gettempdir()).glob(DIR_PREFIX + "*"):
+    for folder in Path(socket_parent()).glob(DIR_PREFIX + "*"):
         try:
             owner = int((folder / OWNER_FILE).read_text())
         except (OSError, ValueError):
@@ -53,6 +66,22 @@ def remove_stale_dirs() -> list[Path]:
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
+
+
+def owned_dirs(prefix: str = DIR_PREFIX) -> set[Path]:
+    """The temporary folders named ``prefix``* whose owner file names this process (a fork
+    server's, or another folder pdconform writes one into: harness.drive.pair); an interrupted
+    caller removes those it made, whatever was interrupted before it could record them."""
+    import tempfile
+
+    mine = set()
+    for folder in Path(socket_parent()).glob(prefix + "*"):
+        try:
+            if not folder.is_symlink() and int((folder / OWNER_FILE).read_text()) == os.getpid():
+                mine.add(folder)
+        except (OSError, ValueError):
+            continue  # not ours, or still being made
+    return mine
 
 
 class ForkServerError(RuntimeError):
@@ -131,6 +160,8 @@ class ForkedProcess:
             left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0 and self.poll() is None:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            if self.returncode is not None:  # found exited by poll() at the deadline: no wait with no time left
+                break
             slice_s = min(left, WAIT_SLICE_S)
             try:
                 code = self.client.call({"op": "wait", "pid": self.pid, "timeout_s": slice_s},
@@ -221,29 +252,32 @@ class ForkServer:
         import threading
 
         remove_stale_dirs()
-        self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX)
-        Path(self._dir, OWNER_FILE).write_text(str(os.getpid()))
-        self.socket_path = os.path.join(self._dir, "fork_server.sock")
-        self._ready = Path(self._dir) / "ready.json"
-        self.log_path = Path(log_dir or self._dir) / log_name
-        self._log = open(self.log_path, "wb")
-        self._deadline = time.monotonic() + ready_timeout_s
-        self._timeout_s = ready_timeout_s
-        self._lock = threading.Lock()
-        self._error: ForkServerError | None = None
-        self.client: ForkServerClient | None = None
-        self.info: dict[str, Any] = {}
-        self.process = subprocess.Popen(
-            [python, "-m", "harness.drive.forkserver", "--socket", self.socket_path, "--ready-file", str(self._ready),
-             "--preload", ",".join(impls)],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0,
-            cwd=str(ROOT))
-        if wait:
-            try:
+        self.process: subprocess.Popen | None = None
+        self._log = None
+        self._closed = False  # set by close: a wait_ready in another thread gives up at once
+        self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=socket_parent())
+        try:  # whatever stops the start (also an interrupt), nothing may stay behind
+            Path(self._dir, OWNER_FILE).write_text(str(os.getpid()))
+            self.socket_path = os.path.join(self._dir, "fork_server.sock")
+            self._ready = Path(self._dir) / "ready.json"
+            self.log_path = Path(log_dir or self._dir) / log_name
+            self._log = open(self.log_path, "wb")
+            self._deadline = time.monotonic() + ready_timeout_s
+            self._timeout_s = ready_timeout_s
+            self._lock = threading.Lock()
+            self._error: ForkServerError | None = None
+            self.client: ForkServerClient | None = None
+            self.info: dict[str, Any] = {}
+            self.process = subprocess.Popen(
+                [python, "-m", "harness.drive.forkserver", "--socket", self.socket_path, "--ready-file",
+                 str(self._ready), "--preload", ",".join(impls)],
+                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env, process_group=0,
+                cwd=str(ROOT))
+            if wait:
                 self.wait_ready()
-            except BaseException:  # also an interrupt while it imports: nothing may stay behind
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     def ready_now(self) -> bool:
         """Whether the fork server has finished importing (never blocks)."""
@@ -260,6 +294,8 @@ class ForkServer:
             if self._error is not None:
                 raise self._error
             while not self._ready.exists():
+                if self._closed:  # an interrupt closed it while this thread waited
+                    raise ForkServerError(f"fork server closed while importing (log: {self.log_path})")
                 if self.process.poll() is not None:
                     self._error = ForkServerError(f"fork server exited with code {self.process.returncode} while "
                                               f"importing (log: {self.log_path})")
@@ -274,16 +310,21 @@ class ForkServer:
             return self.client
 
     def close(self) -> None:
-        """Stop the fork server (its group) and remove its socket."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
+        """Stop the fork server (its group; waits at most 10 s for it to exit) and remove its
+        socket's folder; a thread waiting in :meth:`wait_ready` gets ForkServerError at once.
+        Safe to call more than once, and on a start that failed half-way."""
+        first, self._closed = not self._closed, True
+        if self.process is not None and first:  # once: a reaped leader's group id may be another's by now
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._log is not None:
+            self._log.close()
         import shutil
 
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -309,15 +350,20 @@ class OwnForkServer:
         import threading
 
         self.base, self.impl, self._timeout_s = base, impl, ready_timeout_s
-        self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX)
-        Path(self._dir, OWNER_FILE).write_text(str(os.getpid()))
+        self.pid: int | None = None
+        self._closed = False  # set by close: a wait_ready in another thread gives up at once
+        self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=socket_parent())
+        try:
+            Path(self._dir, OWNER_FILE).write_text(str(os.getpid()))
+        except BaseException:  # also an interrupt: the folder is not left behind
+            self.close()
+            raise
         self.socket_path = os.path.join(self._dir, "fork_server.sock")
         self._ready = Path(self._dir) / "ready.json"
         self.log_path = Path(log_dir or self._dir) / (log_name or f"forkserver-{impl}.log")
         self._lock = threading.Lock()
         self._error: ForkServerError | None = None
         self.client: ForkServerClient | None = None
-        self.pid: int | None = None
         self.info: dict[str, Any] = {}
 
     def ready_now(self) -> bool:
@@ -347,6 +393,8 @@ class OwnForkServer:
                                   "ready_file": str(self._ready), "log": str(self.log_path)})["pid"]
         deadline = time.monotonic() + self._timeout_s
         while not self._ready.exists():
+            if self._closed:  # an interrupt closed it while this thread waited
+                raise ForkServerError(f"the {self.impl} fork server was closed while loading its engine")
             if base.call({"op": "status", "pid": self.pid})["returncode"] is not None:
                 raise ForkServerError(f"the {self.impl} fork server exited while loading its engine (log: {self.log_path})")
             if time.monotonic() > deadline:
@@ -358,8 +406,10 @@ class OwnForkServer:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop it (its cells notice it gone and end), wait up to ``timeout_s`` seconds until it
-        has (base, its parent, reaps it), and remove its socket."""
-        if self.pid is not None:
+        has (base, its parent, reaps it), and remove its socket's folder; a thread waiting in
+        :meth:`wait_ready` gets ForkServerError within a poll.  Safe to call more than once."""
+        first, self._closed = not self._closed, True
+        if self.pid is not None and first:  # once: a reaped pid may be another process's by now
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:

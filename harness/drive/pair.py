@@ -28,14 +28,17 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from harness import nofollow
 from harness.drive.errors import CellAborted, ended_early
-from harness.drive.runner import forget_process, log_tail, start_cell_process, track_process
+from harness.drive.forkserver_client import OWNER_FILE, ForkServerError, socket_parent
+from harness.drive.runner import forget_process, kill_group, log_tail, start_cell_process, track_process
 from harness.spec import steps as s
 from harness.spec.history import Event, History, Op, append_event, last_observations
 
@@ -47,6 +50,8 @@ TRUSTED_STEPS = (s.OpenRoom, s.RequestKV, s.AwaitStatus, s.InitSender, s.SendChu
 SOCKET_NAME = "pair.sock"
 REQUEST_WAIT_S = 0.5  # how often a pair waiting for its next program checks its parent (seconds)
 STOP_WAIT_S = 5.0  # a pair asked to stop: how long it may take before its process group is killed (seconds)
+REPLY_POLL_S = 0.1  # how often a program's run checks the pair's process and whether it was killed (seconds)
+DIR_PREFIX = "pdconform-pair-"  # the temporary folder of each pair (its socket, an owner file as a fork server's)
 
 
 def kept(steps: list[s.Step], outcome: dict, observations: dict[str, dict], alive: bool) -> str:
@@ -183,46 +188,81 @@ def serve_pair(impl: str, workdir: Path, base_port: int, network: str, socket_pa
 class RolePair:
     """The parent's side of one pair: starts its cell process (forked from ``fork_server`` when
     given, else a fresh interpreter), sends it programs, bounds each by its deadline, and ends
-    it (its whole process group) when it stops serving, misses a deadline or is closed."""
+    it (its whole process group) when it stops serving, misses a deadline or is closed.
 
-    def __init__(self, impl: str, workdir: Path, target, fork_server=None):
+    One thread uses a pair (:meth:`run`, :meth:`close`); any thread may :meth:`kill` it.
+    ``stopping``: an event set when the caller is being interrupted; a pair asked to start
+    after it is set starts no process and raises KeyboardInterrupt.  Whatever ``__init__``
+    raises (also an interrupt), it leaves no process and no folder behind."""
+
+    def __init__(self, impl: str, workdir: Path, target, fork_server=None, stopping: threading.Event | None = None):
         from harness.drive.ports import free_port_block
         from harness.target.role_context import BIND_ENV
 
         self.impl, self.workdir = impl, workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        # a short path of pdconform's own (a unix socket's path is at most 107 bytes), removed by close
-        self.socket_dir = tempfile.mkdtemp(prefix="pdconform-pair-")
-        socket_path = os.path.join(self.socket_dir, SOCKET_NAME)
-        args = ["--impl", impl, "--pair", socket_path, "--workdir", str(workdir),
-                "--base-port", str(free_port_block(host=target.env.get(BIND_ENV)))]
-        with open(workdir / "cell.log", "ab") as log:
-            self.process = start_cell_process(args, workdir, log, target, fork_server)
-        track_process(self.process)  # an interrupted run kills its group too
+        self.process = None
+        self.open, self.busy, self.killed = True, False, False
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.REQ)
-        self.sock.connect(f"ipc://{socket_path}")
-        self.open = True
+        self.socket_dir = ""
+        try:
+            # a short path of pdconform's own (a unix socket's path is at most 107 bytes), removed by close; its
+            # owner file lets an interrupted explorer find the folders it made (forkserver_client.owned_dirs)
+            self.socket_dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=socket_parent())
+            Path(self.socket_dir, OWNER_FILE).write_text(str(os.getpid()))
+            workdir.mkdir(parents=True, exist_ok=True)
+            socket_path = os.path.join(self.socket_dir, SOCKET_NAME)
+            args = ["--impl", impl, "--pair", socket_path, "--workdir", str(workdir),
+                    "--base-port", str(free_port_block(host=target.env.get(BIND_ENV)))]
+            if fork_server is not None:
+                try:  # waited for here, so that one closed by an interrupt is seen before anything starts
+                    fork_server.wait_ready()
+                except ForkServerError:
+                    pass  # start_cell_process says so in the log and starts a fresh interpreter
+            if stopping is not None and stopping.is_set():
+                raise KeyboardInterrupt("stopping: no pair starts")
+            with nofollow.open_write(workdir / "cell.log", append=True) as log:
+                self.process = start_cell_process(args, workdir, log, target, fork_server)
+            track_process(self.process)  # an interrupted run kills its group too
+            self.sock.connect(f"ipc://{socket_path}")
+        except BaseException:
+            self.kill()
+            self.close(grace_s=0)
+            raise
 
     def run(self, scenario_id: str, workdir: Path, deadline_s: float) -> dict:
         """Run one program (scenario id or path) in ``workdir`` within ``deadline_s`` seconds and
         append its :attr:`Op.CELL_EXIT` (as harness.drive.runner does); the pair's reply, or
-        ``{"kept": False, "why": ...}`` when it missed the deadline or its process ended (then
-        it is closed)."""
+        ``{"kept": False, "why": ...}`` when it missed the deadline, its process ended or it was
+        killed (:meth:`kill`: then this returns within :data:`REPLY_POLL_S` seconds); in those
+        cases it is closed."""
+        self.busy = True
+        try:
+            return self._run(scenario_id, workdir, deadline_s)
+        finally:
+            self.busy = False
+
+    def _run(self, scenario_id: str, workdir: Path, deadline_s: float) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)  # an earlier program's cell in the same folder
         workdir.mkdir(parents=True)
-        (workdir / "history.jsonl").touch()  # CELL_EXIT has a file to go into, whatever the pair does
+        nofollow.open_write(workdir / "history.jsonl", append=True).close()  # CELL_EXIT has a file to go into
         start = time.monotonic()
         reply: dict | None = None
         self.sock.send_json({"scenario": scenario_id, "workdir": str(workdir)})
-        while time.monotonic() - start < deadline_s and self.process.poll() is None:
-            if self.sock.poll(100):
+        while time.monotonic() - start < deadline_s and not self.killed and self.process.poll() is None:
+            if self.sock.poll(int(REPLY_POLL_S * 1000)):
                 reply = self.sock.recv_json()
                 break
-        how = "exited" if reply is not None else "deadline" if self.process.poll() is None else "pair-exited"
+        if reply is not None:
+            how = "exited"
+        elif self.killed:
+            how = "interrupted"  # the judge's word for a cell an interrupted run killed
+        else:
+            how = "deadline" if self.process.poll() is None else "pair-exited"
         if reply is None:
-            reply = {"kept": False, "why": "the program passed its deadline" if how == "deadline" else
-                     f"the pair's process ended ({self.process.poll()})"}
+            reply = {"kept": False, "why": {"deadline": "the program passed its deadline",
+                                            "interrupted": "the pair was killed (an interrupt)"}.get(
+                how, f"the pair's process ended ({self.process.poll()})")}
         exit_ = {"impl": self.impl, "scenario": scenario_id, "seed": 0, "how": how, "returncode": self.process.poll(),
                  "deadline_s": deadline_s, "duration_s": round(time.monotonic() - start, 3), "cpu_s": None,
                  "log_tail": "", "pair": True}
@@ -232,28 +272,44 @@ class RolePair:
         append_event(workdir / "history.jsonl", Event.INFO, Op.CELL_EXIT, value=exit_)
         return reply
 
-    def close(self) -> None:
-        """Stop the pair (asked once, then its process group killed) and remove its socket's folder."""
+    def kill(self) -> None:
+        """SIGKILL the pair's process group now, waiting for nothing (any thread may call it,
+        any number of times: an interrupt).  A :meth:`run` in progress returns within
+        :data:`REPLY_POLL_S` seconds and closes the pair; else the thread using it closes it."""
+        self.killed = True
+        if self.process is not None:
+            kill_group(self.process.pid)
+            forget_process(self.process)
+
+    def close(self, grace_s: float = STOP_WAIT_S) -> None:
+        """Stop the pair (asked once and given up to ``grace_s`` seconds twice: to answer, then to
+        exit; 0 or a killed pair: not asked), kill its process group and remove its socket's
+        folder.  Only the thread that uses the pair may call it; a second call does nothing."""
         if not self.open:
             return
         self.open = False
         try:
-            if self.process.poll() is None:
+            if grace_s > 0 and not self.killed and self.process is not None and self.process.poll() is None:
                 self.sock.send_json({"stop": True}, flags=zmq.NOBLOCK)
-                if self.sock.poll(int(STOP_WAIT_S * 1000)):
-                    self.sock.recv_json()
-                    self.process.wait(timeout=STOP_WAIT_S)
+                end = time.monotonic() + grace_s
+                while not self.killed and time.monotonic() < end:  # a kill meanwhile ends the wait
+                    if self.sock.poll(int(REPLY_POLL_S * 1000)):
+                        self.sock.recv_json()
+                        self.process.wait(timeout=grace_s)
+                        break
         except (zmq.ZMQError, subprocess.TimeoutExpired):
             pass
         finally:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            forget_process(self.process)
+            if self.process is not None and not self.killed:  # kill() did it: its group id may be reused by now
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                forget_process(self.process)
             self.sock.close(linger=0)
             self.ctx.term()
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            if self.socket_dir:
+                shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-__all__ = ["PairServer", "RolePair", "serve_pair", "kept", "TRUSTED_STEPS"]
+__all__ = ["PairServer", "RolePair", "serve_pair", "kept", "TRUSTED_STEPS", "DIR_PREFIX"]

@@ -10,15 +10,16 @@ failing program is shrunk by hypothesis, rule by rule, keeping the failure's sig
 race is not kept), at most :data:`SHRINK_RUNS` more cells; the smallest is written
 out, and later programs failing the same way are only counted.  Every wait is bounded: a
 program cell by its deadline, the whole run by ``budget_s`` (a shrink in progress finishes
-within its own bound).
+within its own bound).  An interrupt (KeyboardInterrupt in the main thread, or
+:attr:`Explorer.stopping` set by a signal handler) ends everything at once:
+:meth:`Explorer.stop`.
 """
 
 from __future__ import annotations
 
-import queue
+import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -29,13 +30,14 @@ from hypothesis.stateful import get_state_machine_test
 
 from harness.drive.forkserver_client import ForkServerError
 from harness.drive.pair import RolePair
-from harness.drive.runner import run_cell_isolated
+from harness.drive.runner import kill_running_cells, run_cell_isolated
 from harness.drive.scheduler import close_fork_servers, fork_group, start_fork_servers
+from harness.explore.lanes import LANE_OVERRUN_S, STOP_JOIN_S, Lanes, end_leftovers, watch_leftovers
 from harness.explore.found import found_files, impl_of, load_program, scenario_of, write_found
 from harness.explore.outcome import Failure, ImplReport, signature_key, signature_of
 from harness.explore.program import MAX_SHIFTS, Program, ProgramMachine
 from harness.judge.judge import judge
-from harness.judge.results import CellResult
+from harness.judge.results import CellResult, write_atomic
 from harness.session import cell_target, default_settings
 from harness.spec import history as hist
 from harness.spec.topology import TOPOLOGIES
@@ -53,11 +55,17 @@ class Explorer:
     program cells (pdconform's own folder); ``found_dir`` receives found files;
     ``on_progress(report)`` is called after every program.  Program cells run as ``run``'s
     do: the default engine settings, and a private loopback-only network per cell where the
-    machine allows one (``network`` says which)."""
+    machine allows one (``network`` says which).
+
+    Interrupts: a signal handler sets :attr:`stopping` (the event ``stopping``, when given) and
+    raises KeyboardInterrupt in the main thread; lanes then start no program, and the main thread's KeyboardInterrupt reaches
+    :meth:`stop` (through :meth:`explore` or ``__exit__``), which ends every process and
+    removes every temporary folder the explorer started, within about :data:`STOP_JOIN_S`
+    seconds plus the kills.  Found programs already written stay."""
 
     def __init__(self, target: SglangTarget, out_dir: Path, found_dir: Path, seed: int = 0,
                  on_progress: Callable[[ImplReport], None] | None = None, note: Callable[[str], None] = print,
-                 long_lived: bool = True):
+                 long_lived: bool = True, stopping: threading.Event | None = None):
         self.network, self.target = cell_target(target, default_settings())
         self.out_dir, self.found_dir, self.seed = out_dir, found_dir, seed
         self.on_progress = on_progress or (lambda report: None)
@@ -74,20 +82,67 @@ class Explorer:
         self.shifts = 0  # programs run on pairs so far: each gets rooms of its own (Program.shifted)
         self.faults = True  # ProgramMachine.faults: False writes fault-free programs only (bench's rate goal)
         self.shrink_s = SHRINK_S  # seconds one failure's shrinking may take (tests shorten it)
+        self.stopping = stopping or threading.Event()  # set: interrupted, nothing starts any more (class docstring)
+        self._lanes = Lanes(0, self.stopping)  # the running round's (_run_ahead)
+        self._stopped = False  # stop() has run: a second call returns at once
+        self._before: tuple[set[int], set] | None = None  # children and owned temp folders before start()
 
     def __enter__(self) -> "Explorer":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close_pairs()
-        close_fork_servers(self.servers)
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.stop()
+            return
+        try:
+            self.close_pairs()
+            close_fork_servers(self.servers)
+        except KeyboardInterrupt:  # during the graceful close: the rest ends at once
+            self.stop()
+            raise
+        if self._before is not None:  # what a killed cell's roles left behind came back here (start)
+            for stray in end_leftovers(self._before, folders=False):
+                self.note(f"ended a process a program cell left behind: {stray}")
+
+    def stop(self) -> None:
+        """End at once what this explorer started (an interrupt; from the main thread; a second call
+        returns at once): set :attr:`stopping`, kill every pair and running cell, close the fork
+        servers, give the lanes :data:`STOP_JOIN_S` seconds to end, end any process left and remove
+        the temporary folders made since :meth:`start` (fork servers' and pairs').  Found programs
+        already written stay."""
+        with self._lock:  # a pair started after this is killed by the lane that started it (_pair)
+            self.stopping.set()
+            if self._stopped:
+                return
+            self._stopped = True
+            pairs = list(self.pairs.values())
+            self.pairs.clear()
+        for pair in pairs:
+            pair.kill()
+        kill_running_cells()  # program cells forked fresh (alone, corpus): the lanes' and the main thread's
+        close_fork_servers(self.servers)  # before the lanes' join: a lane waiting on a fork server ends at once
+        lanes_done = self._lanes.join(STOP_JOIN_S)
+        kill_running_cells()  # one a lane started while the first kills ran
+        for pair in pairs:
+            if lanes_done and not pair.busy:
+                pair.close(grace_s=0)
+            else:  # a lane still holds its socket (one thread per zmq socket): only its folder goes
+                shutil.rmtree(pair.socket_dir, ignore_errors=True)
+        if self._before is not None:
+            end_leftovers(self._before)
+
+    def _check_stopping(self) -> None:
+        """KeyboardInterrupt once the explorer is stopping: no thread starts or reports anything more."""
+        if self.stopping.is_set():
+            raise KeyboardInterrupt("pdconform explore is stopping")
 
     def run_program(self, program: Program, impl: str, name: str = "program", alone: bool = False,
                     lane: int = 0) -> CellResult:
         """Run ``program`` as one cell on ``impl`` (in ``out_dir/impl/name``); the judged cell.  On
         the implementation's long-lived role pair ``lane`` for the program's StartRoles, with its
         rooms shifted (Program.shifted), unless ``alone`` or the explorer runs none (then forked
-        fresh, as ``run`` and ``repro`` do)."""
+        fresh, as ``run`` and ``repro`` do).  KeyboardInterrupt once the explorer is stopping."""
+        self._check_stopping()
         folder = self.out_dir / impl / name
         folder.mkdir(parents=True, exist_ok=True)
         with self._lock:
@@ -97,25 +152,32 @@ class Explorer:
         if on_pair:
             program = program.shifted(shift)
         path = folder / "program.json"
-        path.write_text(program.to_json())
+        write_atomic(path, program.to_json().encode())
         return self.run_scenario_file(path, impl, folder / "cell", program, lane=lane if on_pair else None)
 
     def _pair(self, impl: str, scenario, lane: int, workdir: Path) -> RolePair:
         """``impl``'s open pair of ``lane`` for ``scenario``'s StartRoles, started (in ``workdir``)
-        when there is none."""
+        when there is none.  KeyboardInterrupt once the explorer is stopping."""
         key = (impl, repr(scenario.steps(0)[0]), lane)
         with self._lock:
             pair = self.pairs.get(key)
-        if pair is None or not pair.open:
-            pair = RolePair(impl, workdir, self.target, self.servers.get(fork_group(impl)))
-            with self._lock:
+        if pair is not None and pair.open:
+            return pair
+        pair = RolePair(impl, workdir, self.target, self.servers.get(fork_group(impl)), stopping=self.stopping)
+        with self._lock:  # stop() sets stopping and takes the pairs under this lock: each pair is ended once
+            if not self.stopping.is_set():
                 self.pairs[key] = pair
-        return pair
+                return pair
+        pair.kill()
+        pair.close(grace_s=0)
+        raise KeyboardInterrupt("pdconform explore is stopping")
 
     def start(self, impls: list[str]) -> None:
         """Start the fork servers of every implementation this explorer will run, at once (each
         once: a second call for the same group would leave the first server running)."""
         self._impls = set(impls) | {"reference"}  # a failure is diffed against it (_reference_fails_too)
+        if self._before is None:  # the orphans of killed cells' roles come back here, ended with the explorer
+            self._before = watch_leftovers()
         if not self.servers:
             self.servers = start_fork_servers(sorted(self._impls), self.target, self.out_dir, self.note)
 
@@ -144,6 +206,7 @@ class Explorer:
             return judge(scenario, 0, hist.load(workdir / "history.jsonl"), impl=impl, workdir=str(workdir))
         pair = self._pair(impl, scenario, lane, workdir.parent / "pair")
         pair.run(str(path.resolve()), workdir, scenario.timeout_s)
+        self._check_stopping()  # a pair killed by an interrupt: its cell is no program's verdict
         cell = judge(scenario, 0, hist.load(workdir / "history.jsonl"), impl=impl, workdir=str(workdir))
         if cell.verdict not in ("PASS", "WARN"):
             pair.close()
@@ -171,7 +234,8 @@ class Explorer:
         """The corpus (unless ``corpus`` is False: the failures an earlier replay of this explorer
         found are known all the same), then generated programs on ``impl`` on ``topology`` for
         ``budget_s`` seconds (or until ``max_failures`` distinct failures were found and
-        shrunk); the report.  The implementation's pairs are closed at the end."""
+        shrunk); the report.  The implementation's pairs are closed at the end; on an interrupt
+        (KeyboardInterrupt) everything is, at once (:meth:`stop`), and the interrupt propagates."""
         self.topology = topology
         report = ImplReport(impl)
         start = time.monotonic()
@@ -182,6 +246,9 @@ class Explorer:
             report.failures = {key: replace(f, count=0) for key, f in self.known.get(impl, {}).items()}
         try:
             self._explore(impl, report, start, budget_s, max_failures)
+        except KeyboardInterrupt:
+            self.stop()  # before close_pairs: an interrupted run asks no pair to stop gracefully
+            raise
         finally:
             self.close_pairs(impl)
         return report
@@ -201,6 +268,7 @@ class Explorer:
             return sum(not f.known for f in report.failures.values())
 
         while time.monotonic() < deadline and (max_failures is None or found() < max_failures):
+            self._check_stopping()
             self._round(impl, report, start, deadline, self.seed + round_)
             round_ += 1
         report.seconds = time.monotonic() - start
@@ -212,6 +280,7 @@ class Explorer:
         signature."""
         began = time.monotonic()
         cell = self.run_program(program, impl, name, alone=alone, lane=lane)
+        self._check_stopping()  # an interrupted run reports nothing after its "interrupted" line
         with self._lock:
             if name in ("shrink", "confirm"):
                 report.shrink_programs += 1
@@ -291,7 +360,7 @@ class Explorer:
             return True
         report.pair_only.append((signature_key(sig), program))
         kept = self.out_dir / impl / f"pair-only-{len(report.pair_only)}.json"
-        kept.write_text(program.to_json())
+        write_atomic(kept, program.to_json().encode())
         self.note(f"{impl}: a program failed on a long-lived pair ({signature_key(sig)}) but not in a fresh cell "
                   f"({signature_key(again) if again else 'PASS'}): not shrunk, counted as pair-only ({kept})")
         return False
@@ -308,7 +377,7 @@ class Explorer:
             return False
         report.disputed.append((signature_key(sig), signature_key(ref), program))
         kept = self.out_dir / impl / f"disputed-{len(report.disputed)}.json"
-        kept.write_text(program.to_json())
+        write_atomic(kept, program.to_json().encode())
         self.note(f"{impl}: a program failed ({signature_key(sig)}), "
                   f"and the reference fails it too ({signature_key(ref)}): "
                   f"pdconform's problem, not {impl}'s; not counted as a finding ({kept})")
@@ -345,24 +414,25 @@ class Explorer:
         the round then writes them again) and run them on :attr:`lanes` pairs at once, until the
         budget is spent or one of them failed in a new way (the round's later programs would only
         delay its shrinking); program text -> its failure's signature (None: it passed)."""
-        lanes, results, new_failure = queue.SimpleQueue(), {}, threading.Event()
-        for lane in range(self.lanes):
-            lanes.put(lane)
+        results: dict[str, dict | None] = {}
+        new_failure = threading.Event()  # the round's lanes end: its later programs would only delay the shrinking
 
-        def run(program: Program) -> None:
+        def run(program: Program, lane: int) -> bool:  # whether the lane goes on
             if time.monotonic() > deadline or new_failure.is_set():
-                return
-            lane = lanes.get()
-            try:
-                sig = results[program.to_json()] = self._run_counted(program, impl, report, start, f"lane-{lane}",
-                                                                     lane=lane)
-                if sig is not None and signature_key(sig) not in report.failures:
-                    new_failure.set()
-            finally:
-                lanes.put(lane)
+                return False
+            sig = results[program.to_json()] = self._run_counted(program, impl, report, start, f"lane-{lane}",
+                                                                 lane=lane)
+            if sig is not None and signature_key(sig) not in report.failures:
+                new_failure.set()
+            return True
 
-        with ThreadPoolExecutor(self.lanes, thread_name_prefix="pdconform-explore-lane") as pool:
-            list(pool.map(run, self.write_round(round_seed)))
+        self._lanes = Lanes(self.lanes, self.stopping)
+        try:
+            self._lanes.run(self.write_round(round_seed), run, max(deadline, time.monotonic()) + LANE_OVERRUN_S)
+        except BaseException:  # an interrupt, or a lane that failed or hung: pdconform's own error ends explore
+            self.stop()  # the lanes' pairs killed, their waits ended
+            raise
+        self._check_stopping()
         return results
 
     def write_round(self, round_seed: int) -> list[Program]:
@@ -400,6 +470,7 @@ class Explorer:
             pass
         except _InternalError as exc:
             raise exc.__cause__ from None
+        self._check_stopping()  # hypothesis may take an interrupt in its code for a failure (Flaky): not here
         for sig in (ahead or {}).values():  # run ahead, not replayed: this round's first failure ended it
             if sig is not None and signature_key(sig) in report.failures:
                 report.failures[signature_key(sig)].count += 1
