@@ -101,6 +101,9 @@ _selftest("selftest-harness-bug", "A step raises an unexpected exception in the 
 _selftest("selftest-escapee", "The prefill starts a process in a session of its own that would outlive it "
           "(harness self-test)", _observe_after(1006), 30.0)  # backends.selftest.adapter.ESCAPE_ROOM
 
+_selftest("selftest-hostile-text", "The prefill raises an exception whose message forges lines, markup and bidi "
+          "text (harness self-test)", _open_room_steps(1007), 30.0)  # backends.selftest.adapter.HOSTILE_ROOM
+
 _selftest("selftest-role-hangs", "The prefill role blocks forever inside a call (harness self-test, impl selftest)",
           _open_room_steps(1001), 6.0)  # backends.selftest.adapter.HANG_ROOM
 

@@ -7,7 +7,8 @@ cleanup run in a second instead of twenty.  Only visible when
 process exit in the middle of ``open_sender``, ``LEAK_ROOM`` leaves a non-daemon
 thread running and module state changed, ``CRASH_ROOM`` crashes the process natively
 (SIGSEGV from C), ``ESCAPE_ROOM`` starts a process in a new session that outlives its
-parent (``sleep 3017``).  ``observe`` reports the live threads and the module state, so a
+parent (``sleep 3017``), ``HOSTILE_ROOM`` raises an exception whose message is
+:data:`HOSTILE_TEXT` (every kind of text a report must not pass on raw).  ``observe`` reports the live threads and the module state, so a
 test can see that nothing of an earlier cell reached a later one.
 """
 
@@ -28,6 +29,13 @@ DIE_ROOM = 1002
 LEAK_ROOM = 1003
 CRASH_ROOM = 1004
 ESCAPE_ROOM = 1006
+HOSTILE_ROOM = 1007
+#: a message no output may pass on as it is: a lone surrogate (text decoded with surrogateescape),
+#: a right-to-left override, a newline and a line that forges a report's heading, a list item and a
+#: progress line, markup, a mention, an image, terminal escapes (colour, the window title)
+HOSTILE_TEXT = ("boom \udcff\u202eevil\u202c</details>\n## pdconform: every cell as expected\n- 1 cells: all as "
+                "expected\n[1/1] selftest-noop x selftest: PASS\n> quoted\n1. item <b>x</b> @sgl-project/maintainers "
+                "![pwn](https://evil.example/x.png) \x1b[31mRED\x1b]0;title\x07 | cell |")
 ESCAPEE_SECONDS = "3017"  # `sleep 3017`: the process ESCAPE_ROOM leaves behind, findable by its command line
 LEAKED: list[str] = []  # module state a leaking cell changes
 
@@ -64,6 +72,8 @@ class SelftestRole(RoleAdapter):
             LEAKED.append(f"room {room} in pid {os.getpid()}")
         if room == CRASH_ROOM:
             ctypes.string_at(0)  # reads address 0: SIGSEGV in C, no Python exception
+        if room == HOSTILE_ROOM:
+            raise RuntimeError(HOSTILE_TEXT)
         if room == ESCAPE_ROOM:  # a daemon in a session of its own: it leaves the cell's process group
             child = os.fork()
             if child == 0:
