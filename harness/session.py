@@ -4,7 +4,9 @@ execute the cells, judge them once, write the result tree.
 The path of one cell: :func:`run` (a fresh run folder under the --out folder,
 harness.report.outdir) -> :func:`run_into` -> harness.drive.scheduler.run_matrix
 (execution: each cell's process records ``history.jsonl``, the runner appends how it
-ended) -> :func:`judge_tree` (harness.judge.judge.judge_run: verdict, divergence,
+ended and the load it ran under; a cell worse than expected only on timing bounds while
+the machine starved it runs once more alone at the end, into ``alone/``,
+harness.judge.load) -> :func:`judge_tree` (harness.judge.judge.judge_run: verdict, divergence,
 expectation, from the histories alone) -> :func:`write_tree` (results.json, each
 ``cell.json`` and, unless asked not to, junit.xml, summary.md and index.html, all
 atomically); then ``OUT/latest`` moves to the new run.  ``pdconform judge RUN_DIR`` is
@@ -19,15 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from harness import nofollow, program
 from harness.drive.contain import NETNS_ENV, isolation_available
 from harness.drive.runner import CellRun
 from harness.drive.scheduler import Callbacks, Schedule, expected_durations, run_matrix
 from harness.implementations import engine_settings, settings_env
 from harness.judge.expectations import Expectations
-from harness.judge.judge import judge_run
-from harness.judge.results import RUNS, RunResult, cell_dir, dump_cell, dump_run, load_histories, load_run
+from harness.judge.judge import judge_cell, judge_run
+from harness.judge.load import cell_load, needs_alone, starved
+from harness.judge.results import (RUNS, RunResult, cell_dir, dump_cell, dump_run, load_alone_histories, load_histories,
+                                   load_run)
 from harness.report.files import write_reports
 from harness.report.outdir import OutDirError, RunFolder, run_folder_of, take_lock
+from harness.spec import history as hist
 from harness.spec.scenario import Scenario
 from harness.target.role_context import BIND_ENV, LOOPBACK
 from harness.target.sglang import SglangTarget
@@ -48,7 +54,9 @@ class RunConfig:
     links to docs/ are made absolute with; "" keeps them relative), ``baseline`` (a stored
     run each cell is marked new / fixed / same against, check by check), ``hosts`` (the
     agents of a run across hosts, by rank: ``endpoint``, ``address``, ``host``; () every role
-    local; ``bind`` is then the coordinator's address, harness.hosts.cluster)."""
+    local; ``bind`` is then the coordinator's address, harness.hosts.cluster), ``alone_reruns``
+    (run a cell that failed only on timing bounds while starved once more alone at the end:
+    harness.judge.load)."""
 
     impls: list[str]
     scenarios: list[Scenario]
@@ -69,6 +77,9 @@ class RunConfig:
     hosts_spec: str = ""  # run --hosts as given (netns:N or N): what a cell's reproduce command repeats
     hosts_listen: str = ""  # run --listen as given (with --hosts N): repeated too
     pool_device: str = "cpu"  # run --pool-device: where the roles' pools live (harness.role.pools)
+    # a cell worse than expected only on timing bounds while starved runs once more alone at the end
+    # (harness.judge.load.needs_alone); False where only the first verdicts count (bench, soak)
+    alone_reruns: bool = True
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
@@ -86,7 +97,9 @@ def run(config: RunConfig, callbacks: Callbacks | None = None) -> RunResult:
     run_folder = RunFolder(config.out_dir)
     with run_folder as folder:
         result = run_into(config, folder, callbacks)
-        run_folder.finish()
+        for note in run_folder.finish():  # run folders left unpruned, a trend page that is not ours
+            if callbacks is not None and callbacks.on_note is not None:
+                callbacks.on_note(note)
     return result
 
 
@@ -140,7 +153,7 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
     ``run-N``); its result tree."""
     settings = config.settings()
     network, target = cell_target(config.target, settings, config.bind, config.hosts, config.pool_device)
-    meta = RunResult(sglang=target.info, seed=config.seed, engine_settings=settings, full_waits=config.full_waits,
+    meta = RunResult(sglang=target.info, seed=config.seed, program=program(), engine_settings=settings, full_waits=config.full_waits,
                      started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), network=network,
                      docs_url=config.docs_url,
                      hosts=[{"rank": i, "name": h.get("host", ""), "address": h["address"]}
@@ -148,7 +161,8 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                      hosts_listen=config.hosts_listen, pool_device=config.pool_device)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
-    cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks)
+    again = _starved_cells(config, folder, callbacks) if config.alone_reruns else None
+    cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks, again=again)
     meta.duration_s = duration
     result, histories = judge_tree(meta, folder, cells_of(cells), {s.id: s for s in config.scenarios},
                                    config.expectations)
@@ -160,6 +174,29 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                            "marks": baseline_marks(baseline, result)}
     write_tree(result, folder, histories, reports=config.reports)
     return result
+
+
+def _starved_cells(config: RunConfig, folder: Path, callbacks: Callbacks | None):
+    """The ``again`` of harness.drive.scheduler.run_matrix: from the reported cells' histories,
+    the cells to run once more alone (harness.judge.load.needs_alone), said on ``on_note``."""
+    scenarios = {s.id: s for s in config.scenarios}
+
+    def again(cells: list[CellRun]) -> list[tuple[str, str]]:
+        picked = []
+        for cell in cells:
+            history = hist.load(cell.workdir / "history.jsonl") if (cell.workdir / "history.jsonl").is_file() else []
+            if not starved(cell_load(history)):  # the cheap test first: most cells are judged only once, later
+                continue
+            judged = judge_cell(scenarios[cell.scenario], config.seed, history, cell.impl, config.expectations)
+            if needs_alone(judged):
+                picked.append(judged)
+        if picked and callbacks and callbacks.on_note:
+            callbacks.on_note(f"{len(picked)} cell(s) worse than expected only on timing bounds while the machine "
+                              f"starved them run once more alone: " + "; ".join(
+                                  f"{c.scenario} x {c.impl} ({c.verdict}, {c.starved})" for c in picked))
+        return [(c.scenario, c.impl) for c in picked]
+
+    return again
 
 
 def read_expectations(path: str | Path) -> Expectations:
@@ -208,7 +245,8 @@ def judge_tree(meta: RunResult, out_dir: Path, cells: list[tuple[str, str]], sce
     """Judge every cell of a run from the histories under ``out_dir`` (read once, here);
     the result tree and the histories (the reports show them)."""
     histories = load_histories(out_dir, cells)
-    return judge_run(meta, out_dir, cells, scenarios, histories, expectations), histories
+    alone = load_alone_histories(out_dir, cells)
+    return judge_run(meta, out_dir, cells, scenarios, histories, expectations, alone=alone), histories
 
 
 def write_tree(result: RunResult, out_dir: Path, histories: dict[tuple[str, str], list[dict]],
@@ -236,7 +274,10 @@ def _stored_run(path: Path) -> tuple[Path, RunResult]:
     except OutDirError as exc:
         raise RejudgeError(str(exc)) from None
     try:
+        nofollow.refuse_link(folder / "results.json")  # a link planted there would be read, and written through
         return folder, load_run(folder / "results.json")
+    except nofollow.LinkRefused as exc:
+        raise RejudgeError(str(exc)) from None
     except InputError as exc:
         raise RejudgeError(f"{folder} holds no finished pdconform run: {exc}") from None
     except ValueError as exc:

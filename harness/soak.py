@@ -132,8 +132,8 @@ def soak(config, runs: int, folder: Path, on_run: Callable[[SoakRun], None] | No
         run_dir.mkdir()
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         begin = time.monotonic()
-        with _LoadSampler() as load:
-            result = run_into(config, run_dir)
+        with _LoadSampler() as load:  # no alone reruns: a soak counts the first verdicts under its own load
+            result = run_into(replace(config, alone_reruns=False), run_dir)
         samples = load.samples or [os.getloadavg()[0]]
         run = SoakRun(index=index, folder=run_dir.name, started_at=started,
                       duration_s=round(time.monotonic() - begin, 1),

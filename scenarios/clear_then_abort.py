@@ -102,7 +102,7 @@ def ack_soon(room: int, after_op: str, role: str, bound_s: float, decode: str = 
             return False, f"the ABORT_ACK for room {room} came {latency:.1f} s after the ABORT (allowed {bound_s:g} s)"
         return True, f"one ABORT_ACK for room {room}, {max(latency, 0.0):.2f} s after the ABORT returned"
 
-    return fn
+    return c.timing_bound(fn)
 
 
 def checks(seed: int):

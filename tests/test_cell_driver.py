@@ -203,4 +203,6 @@ def test_residue_of_a_cleared_room_is_judged_after_it_settles_and_not_forever():
     assert observations == 3 and ok is True
     observations, took, (ok, detail, _) = _settle(held_for=10**6)
     assert ok is False and "prefill room 5: transfer_infos[5]" in detail
-    assert RESIDUE_SETTLE_S <= took < RESIDUE_SETTLE_S + 1.0 and observations > 3
+    # bounded: what it catches is a wait that does not end, or goes round again (2x); a second of
+    # slack (the old bound) is what a loaded machine's scheduling takes from this one process
+    assert RESIDUE_SETTLE_S <= took < 2 * RESIDUE_SETTLE_S and observations > 3

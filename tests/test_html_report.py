@@ -554,3 +554,16 @@ def test_reports_in_headless_chromium(tmp_path):
     finally:
         driver.quit()
         shutil.rmtree(browser_tmp, ignore_errors=True)
+
+
+def test_trend_paints_a_known_bug_as_known_not_as_a_red_failure():
+    run, _ = fixture_run()
+    cell = run.cells[1]
+    cell.verdict, cell.expected, cell.expected_link = "FAIL", "FAIL", "docs/sglang-bugs.md#b13"
+    html = render_trend([("20261201-100000", run)])
+    row = html[html.rindex("<tr", 0, html.index(f'<th scope="row">{cell.scenario}</th><th>{cell.impl}</th>')):]
+    row = row[:row.index("</tr>")]
+    assert 'class="cell v-FAIL known"' in row and "known B13" in row
+    cell.expected = "PASS"  # the same FAIL, not expected: a verdict's colour, marked
+    html = render_trend([("20261201-100000", run)])
+    assert "v-FAIL unexpected" in html and "known B13" not in html

@@ -103,7 +103,8 @@ def bench_matrix(config: "RunConfig", repeat: int, on_progress: Callable[[str], 
             on_progress(f"matrix run {i + 1}/{repeat} ({cells} cells, {config.jobs} at a time)")
         folder = config.out_dir / f"run-{i + 1}"
         folder.mkdir()
-        run = session.run_into(replace(config, reports=False), folder)
+        # no alone reruns: the wall time measured is the matrix's own (harness.judge.load)
+        run = session.run_into(replace(config, reports=False, alone_reruns=False), folder)
         runs.append(run)
         wall.samples.append(run.duration_s)
         overhead.samples.extend(c.overhead_s for c in run.cells)

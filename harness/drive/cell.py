@@ -23,11 +23,13 @@ from typing import Any
 
 import zmq
 
+from harness import nofollow
 from harness.drive.contain import NETNS_ENV, NETNS_PID_ENV, become_subreaper, isolate_network, kill_descendants
 from harness.drive.errors import CellAborted, RoleError, ended_early
 from harness.drive.executors import execute
 from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
 from harness.drive.launcher import Launcher, RoleHandle
+from harness.drive.load import figures_now
 from harness.drive.remote import PlacedLauncher, launcher_for
 from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
@@ -356,11 +358,12 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
     """Run one cell in this process (roles in child processes), recording everything in
     ``workdir/history.jsonl``: :attr:`Op.CELL_START` first, :attr:`Op.CELL_END` last
     (``outcome`` completed | aborted | unsupported | crashed, with the ``reason`` of the last
-    three; crashed: an exception other than CellAborted, which propagates).
+    three; crashed: an exception other than CellAborted, which propagates; ``load``: this
+    process's and its roles' run-queue wait as they end, harness.drive.load.figures_now).
 
     ``full_waits``: every AwaitStatus waits its whole bound, even after a must-come
     status never came (default: later waits are cut, see harness.spec.steps.STALL_CUT_S)."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    os.close(nofollow.open_dir(workdir, create=True))  # no link followed on the way (harness.nofollow)
     history = History(workdir / "history.jsonl")
     history.record(Event.INFO, Op.CELL_START, None, None,
                    value={"impl": impl, "scenario": scenario.id, "seed": seed, "full_waits": full_waits,
@@ -379,6 +382,8 @@ def run_cell(impl: str, scenario: Scenario, seed: int, workdir: Path, base_port:
         outcome = ended_early(exc, driver.step_index)
         raise
     finally:
+        # this process's and its roles' run-queue wait, read while their threads are all still there
+        outcome["load"] = figures_now([os.getpid(), *(h.pid for h in driver.handles.values() if h.pid)])
         driver.stop_all()
         strays = kill_descendants(grace_s=0.2)  # orphans a role's process left behind (re-parented here)
         if strays:

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import ROOT
+from harness import ROOT, nofollow
 from harness.drive.contain import NETNS_PID_ENV
 from harness.drive.errors import RoleError, RoleTimeout
 from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkServerClient
@@ -58,6 +58,11 @@ class RoleHandle(ABC):
     @abstractmethod
     def alive(self) -> bool:
         """Whether the role's process is still running."""
+
+    @property
+    def pid(self) -> int | None:
+        """The role process's pid on this machine (None: it runs on another host)."""
+        return None
 
     @abstractmethod
     def signal(self, signum: int) -> None:
@@ -119,6 +124,10 @@ class LocalRoleHandle(RoleHandle):
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
     def exit_description(self) -> str:
         code = self.process.poll()
         if code is None:
@@ -168,7 +177,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, workdir: str | os.PathLike):
         self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        os.close(nofollow.open_dir(self.workdir, create=True))  # no link followed on the way
 
     def start(self, spec: RoleSpec) -> LocalRoleHandle:
         log_path = Path(spec.log_path) if spec.log_path else self.workdir / f"{spec.name}.log"
@@ -178,7 +187,7 @@ class LocalLauncher(Launcher):
                 "--ready-file", str(ready_file), "--parent-pid", str(os.getpid())]
         fork_server = os.environ.get(FORK_SERVER_ENV)
         if fork_server:
-            log_path.write_bytes(b"")
+            nofollow.open_write(log_path).close()  # made empty; the forked role appends to it
             netns = os.environ.get(NETNS_PID_ENV)  # the cell's private network, when it has one
             process = ForkServerClient(fork_server).fork("role", args, log_path, env=dict(spec.env), pgid=os.getpgid(0),
                                                          netns=int(netns) if netns else None)
@@ -187,7 +196,7 @@ class LocalLauncher(Launcher):
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "harness.drive.role_host", *args]
-        with open(log_path, "wb") as log:
+        with nofollow.open_write(log_path) as log:
             process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 cwd=str(ROOT),

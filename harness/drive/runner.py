@@ -5,8 +5,8 @@ cell runs in a process of its own (forked from a fork server, or a fresh ``pytho
 harness.drive.cell``) whose roles join its process group.  At the cell's deadline the
 runner kills the whole group; the next cell starts clean.  Either way, once the process
 is gone the runner appends one :attr:`Op.CELL_EXIT` event to the cell's history (how it
-ended, its wall and CPU seconds), so the judge (harness.judge.judge) reads everything
-from the history.  Nothing here decides a verdict.
+ended, its wall and CPU seconds, the load it ran under: harness.drive.load), so the judge
+(harness.judge.judge) reads everything from the history.  Nothing here decides a verdict.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness import ROOT
+from harness import ROOT, nofollow
+from harness.drive.load import GroupSampler
 from harness.drive.forkserver_client import FORK_SERVER_ENV, ForkedProcess, ForkServer, ForkServerError
 from harness.drive.ports import free_port_block
-from harness.spec.history import Event, Op, append_event
+from harness.spec.history import Event, Op, Resolver, append_event
 from harness.spec.scenario import Scenario
 from harness.drive.remote import HOSTS_ENV
 from harness.target.role_context import BIND_ENV
@@ -95,6 +96,7 @@ class _HistoryFollower:
 
     def __init__(self, path: Path, on_event: Callable[[dict], None]):
         self.path, self.on_event, self.offset = path, on_event, 0
+        self.parse = Resolver()  # a long string an earlier event holds is a reference in the file
 
     def poll(self) -> None:
         try:
@@ -107,7 +109,7 @@ class _HistoryFollower:
         self.offset += end
         for line in data[:end].splitlines():
             try:
-                self.on_event(json.loads(line))
+                self.on_event(self.parse(line))
             except json.JSONDecodeError:
                 continue
 
@@ -170,8 +172,9 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     times REMOTE_DEADLINE_FACTOR when its roles run on other hosts).
     Its history then ends with an :attr:`Op.CELL_EXIT` event: ``how`` (``exited`` or
     ``deadline``), ``returncode``, ``deadline_s``, ``duration_s`` (wall seconds from its
-    start), ``cpu_s`` (forked cells: CPU seconds of the cell and its roles, else None) and
-    the tail of its ``cell.log``.
+    start), ``cpu_s`` (forked cells: CPU seconds of the cell and its roles, else None),
+    ``load`` (the load average and each process's run-queue wait while it ran:
+    harness.drive.load.GroupSampler.record) and the tail of its ``cell.log``.
 
     ``target``: the sglang to run against (harness.target.sglang; default the installed one).
     ``on_event``: called with each history event (harness.spec.history) as the cell records it.
@@ -182,7 +185,8 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     target = target or installed_target()
     workdir = workdir.resolve()
     shutil.rmtree(workdir, ignore_errors=True)  # logs and history of an earlier run
-    workdir.mkdir(parents=True)
+    os.close(nofollow.open_dir(workdir.parent, create=True))  # no link followed on the way (harness.nofollow)
+    workdir.mkdir()
     deadline = timeout_s if timeout_s is not None else scenario.timeout_s
     if HOSTS_ENV in target.env:  # roles on other hosts start as fresh interpreters: each imports sglang there
         deadline *= REMOTE_DEADLINE_FACTOR
@@ -192,13 +196,15 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
         args.append("--full-waits")
     cmd = [target.python, "-m", "harness.drive.cell", *args]
     start = time.monotonic()
-    with open(workdir / "cell.log", "wb") as log:
+    with nofollow.open_write(workdir / "cell.log") as log:
         process = start_cell_process(args, workdir, log, target, fork_server)
         track_process(process)
+        sampler = GroupSampler(process.pid).start()  # the load the cell ran under (harness.judge.load judges it)
         follower = _HistoryFollower(workdir / "history.jsonl", on_event) if on_event else None
         try:
             finished = _wait(process, cmd, deadline, follower)
         finally:
+            load = sampler.stop()
             forget_process(process)  # the cell's roles are in its process group: none may outlive it
             try:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -208,7 +214,7 @@ def run_cell_isolated(impl: str, scenario: Scenario, seed: int, workdir: Path,
     cpu = process.group_cpu_s() if isinstance(process, ForkedProcess) else None
     exit_ = {"impl": impl, "scenario": scenario.id, "seed": seed, "how": "exited" if finished else "deadline",
              "returncode": process.returncode, "deadline_s": deadline, "duration_s": duration, "cpu_s": cpu,
-             "log_tail": log_tail(workdir)}
+             "load": load, "log_tail": log_tail(workdir)}
     event = append_event(workdir / "history.jsonl", Event.INFO, Op.CELL_EXIT, value=exit_)
     if on_event:
         on_event(event)

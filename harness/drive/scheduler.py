@@ -11,6 +11,7 @@ it judges nothing.
 from __future__ import annotations
 
 import threading
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -18,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from harness import nofollow
 from harness.drive.contain import become_subreaper, children, kill_descendants
 from harness.drive.forkserver_client import ForkServer, OwnForkServer, ForkServerError
 from harness.drive.ports import PortBlocks
 from harness.drive.runner import CellRun, kill_running_cells, run_cell_isolated
 from harness.implementations import implementation
-from harness.judge.results import cell_dir, reference_for_diff_dir
+from harness.judge.results import alone_dir, cell_dir, reference_for_diff_dir
 from harness.judge.verdict import Verdict
 from harness.spec.protocol import REFERENCE
 from harness.spec.scenario import Scenario
@@ -322,17 +324,31 @@ def _stop_workers(futures: list) -> None:
             return
 
 
+def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
+    """Run each ``(scenario, impl)`` of ``keys`` once more, one after the other (every other cell
+    has ended), into ``OUT/alone/SCENARIO--IMPL/``; not reported as cells of the run."""
+    by_id = {t.scenario.id: t.scenario for t in run.tasks}
+    for scenario_id, impl in keys:
+        run.work(_Task(by_id[scenario_id], impl, alone_dir(run.out_dir, scenario_id, impl), False))
+
+
 def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, schedule: Schedule,
-               callbacks: Callbacks | None = None, diff: bool = True) -> tuple[list[CellRun], float]:
+               callbacks: Callbacks | None = None, diff: bool = True,
+               again: Callable[[list[CellRun]], list[tuple[str, str]]] | None = None) -> tuple[list[CellRun], float]:
     """Run every (scenario, impl) cell into ``out_dir``; return the reported cells in
     (scenario, impl) order, whatever ``schedule.jobs`` is, and the run's wall seconds.
 
     With ``diff``, when the reference is not among ``impls``, its cells run anyway under
     ``OUT/reference-for-diff/`` (for the behaviour diff) and are not returned.  Fork servers
     that cannot start leave their cells to fresh interpreters (``on_note`` says why).  An
-    interrupt (KeyboardInterrupt) propagates after every running cell was killed."""
+    interrupt (KeyboardInterrupt) propagates after every running cell was killed.
+
+    ``again``: given the reported cells once every cell has run, the ``(scenario, impl)`` keys
+    to run once more, one at a time with nothing else running, into ``OUT/alone/`` (the caller
+    decides which: harness.judge.load.needs_alone; this module judges nothing); on the same
+    fork servers, so no import is paid twice."""
     started = time.monotonic()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    os.close(nofollow.open_dir(out_dir, create=True))  # no link followed on the way (harness.nofollow)
     tasks = tasks_for(impls, scenarios, out_dir, diff)
     run = _Run(tasks, schedule, out_dir, callbacks or Callbacks())
     ours_before = set(children())
@@ -344,6 +360,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
             results = [run.work(task) for task in tasks]
         else:
             results = run.run_parallel()
+        if again is not None:
+            run_alone(run, again([c for task, c in zip(tasks, results) if task.reported and c is not None]))
     finally:
         close_fork_servers(run.fork_servers)
         for stray in kill_descendants(keep=ours_before):

@@ -35,6 +35,9 @@ class CheckResult:
     # observation); None when it judged the history as a whole.  The cell page pins the check there
     # and the first divergence is looked for at its step (harness.judge.divergence).
     at: int | None = None
+    # the check holds an elapsed time to a bound (its checker is marked by :func:`timing_bound`): on a
+    # starved machine it can fail for want of a core, so harness.judge.load may run its cell again alone
+    timing: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,6 +47,23 @@ Checker = Callable[[list[dict]], "tuple[bool | None | str, str] | tuple[bool | N
 # history events -> (ok, detail) or (ok, detail, seq of the event it was decided on); ok None:
 # cannot tell; ok UNSUPPORTED: cannot be judged on this machine or implementation
 UNSUPPORTED = "unsupported"
+
+#: a bound scenarios pass for "no bound at all" (``failed_within(..., 0, NO_BOUND_S, words)`` checks the reason only)
+NO_BOUND_S = 1e9
+
+
+def timing_bound(fn: Checker, bounded: bool = True) -> Checker:
+    """Mark checker ``fn`` as holding an elapsed time (a latency, a deadline) to a bound, when
+    ``bounded``; ``fn``.  The mark is declared where a checker measures time, not listed by check
+    name, so every check built from that checker carries it (:attr:`CheckResult.timing`)."""
+    if bounded:
+        fn.timing_bound = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_timing_bound(fn: Checker) -> bool:
+    """Whether checker ``fn`` was marked by :func:`timing_bound`."""
+    return bool(getattr(fn, "timing_bound", False))
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,8 @@ class Check:
             return CheckResult(self.name, self.requirement, self.level, None, detail, unsupported=True, at=at)
         if at is None and ok is False:
             at = located(events, detail)
-        return CheckResult(self.name, self.requirement, self.level, None if ok is None else bool(ok), detail, at=at)
+        return CheckResult(self.name, self.requirement, self.level, None if ok is None else bool(ok), detail, at=at,
+                           timing=is_timing_bound(self.fn))
 
 
 def located(events: list[dict], detail: str) -> int | None:
@@ -373,7 +394,7 @@ def failed_within(room: int, role: str, since_op: str, since_role: str, low_s: f
             return False, f"{role} room {room}: " + "; ".join(problems), failed["seq"]
         return True, f"{role} room {room} Failed {latency:.1f} s after {since_op}: {reason!r}", failed["seq"]
 
-    return fn
+    return timing_bound(fn, bounded=low_s > 0 or high_s < NO_BOUND_S)
 
 
 def dropped_records(role: str, observation: dict) -> str:

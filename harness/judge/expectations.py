@@ -20,6 +20,9 @@ lists a cell twice.
 After a run, each cell is one of: as expected; a **regression** (its verdict is
 worse than expected, in the order PASS < WARN < UNSUPPORTED < FAIL < ERROR); or a
 **fix** (better than expected: the file must be updated).  Both make ``run`` exit 1.
+A cell worse than expected only on timing bounds while the machine starved it is run
+once more alone (harness.judge.load); when alone it is as expected it is **worse only
+under load**, counted apart and reported with both verdicts, and ``run`` exits 0 on it.
 """
 
 from __future__ import annotations
@@ -137,13 +140,21 @@ def load_expectations(path: str | Path, impls: Iterable[str], scenarios: Iterabl
 
 
 def is_regression(cell: CellResult) -> bool:
-    """The cell's verdict is worse than expected (harness.judge.verdict.Verdict order)."""
-    return Verdict(cell.verdict) > cell.expected
+    """The cell's verdict is worse than expected (harness.judge.verdict.Verdict order); for a
+    cell run again alone (harness.judge.load.needs_alone), its alone verdict is: one worse
+    only under load is not a regression (CellResult.under_load, reported apart)."""
+    return Verdict(cell.settled) > cell.expected
 
 
 def is_fix(cell: CellResult) -> bool:
-    """The cell's verdict is better than expected (the expectations file is out of date)."""
-    return Verdict(cell.verdict) < cell.expected
+    """The cell's verdict (alone, for a cell run again alone) is better than expected (the
+    expectations file is out of date)."""
+    return Verdict(cell.settled) < cell.expected
+
+
+def under_load(run: RunResult) -> list[CellResult]:
+    """The cells worse than expected only under load (CellResult.under_load)."""
+    return [c for c in run.cells if c.under_load]
 
 
 def regressions(run: RunResult) -> list[CellResult]:
@@ -166,11 +177,12 @@ def updated_text(text: str, run: RunResult) -> tuple[str, list[str]]:
     for block in blocks:
         fields = dict(re.findall(r'(?m)^(impl|scenario|verdict)\s*=\s*"([^"]*)"', block))
         cell = fixed.get((fields.get("impl"), fields.get("scenario")))
-        if cell is None or fields.get("verdict") == str(cell.verdict):  # not a fix, or already written
+        verdict = cell.settled if cell is not None else None  # a cell run again alone: its alone verdict
+        if cell is None or fields.get("verdict") == str(verdict):  # not a fix, or already written
             out.append(block)
-        elif cell.verdict == Verdict.PASS:
+        elif verdict == Verdict.PASS:
             changes.append(f"removed {cell.scenario} x {cell.impl}: PASS now (was expected {cell.expected})")
         else:
-            out.append(re.sub(r'(?m)^verdict\s*=\s*"[^"]*"', f'verdict = "{cell.verdict}"', block, count=1))
-            changes.append(f"{cell.scenario} x {cell.impl}: expected {cell.expected} -> {cell.verdict}")
+            out.append(re.sub(r'(?m)^verdict\s*=\s*"[^"]*"', f'verdict = "{verdict}"', block, count=1))
+            changes.append(f"{cell.scenario} x {cell.impl}: expected {cell.expected} -> {verdict}")
     return "".join(out), changes

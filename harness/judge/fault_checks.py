@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import re
 
-from harness.judge.checks import Checker, _first_failed_after, _last_poll, first_event, pools_exact, seen_at
+from harness.judge.checks import (Checker, _first_failed_after, _last_poll, first_event, pools_exact, seen_at,
+                                  timing_bound)
 from harness.spec.history import Event, Op, completions, fact
 from harness.spec.protocol import KVPoll
 
@@ -32,7 +33,7 @@ def failed_after(room: int, role: str, op: str, op_role: str, high_s: float) -> 
             return False, f"{role} room {room} Failed {said}", failed["seq"]
         return True, f"{role} room {room} Failed {latency:.1f} s after {op}: {reason!r}", failed["seq"]
 
-    return fn
+    return timing_bound(fn)
 
 
 def failed_after_kill(room: int, decode: str, dead: str, slack_s: float, op: str = Op.KILL) -> Checker:
@@ -68,7 +69,7 @@ def failed_after_kill(room: int, decode: str, dead: str, slack_s: float, op: str
         return True, f"{decode} room {room} Failed {latency:.1f} s after {dead}'s {op} (window {window:.1f} s): " \
             f"{reason!r}", failed["seq"]
 
-    return fn
+    return timing_bound(fn)
 
 
 def exact_or_failed(room: int, decode: str, which: int) -> Checker:

@@ -24,13 +24,16 @@ The verdict, in order:
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from harness.judge import divergence, postconditions
+from harness.judge.load import cell_load, starved, timing_only
 from harness.judge.checks import CheckResult
 from harness.judge.expectations import Expectation, Expectations
-from harness.judge.results import CellResult, RunResult, cell_dir
+from harness.judge.results import CellResult, RunResult, alone_dir, cell_dir
 from harness.judge.verdict import Level, Verdict
+from harness.spec.text import clean, clean_tree
 from harness.spec.history import START_OPS, Event, Op
 from harness.spec.protocol import REFERENCE
 from harness.spec.scenario import Scenario
@@ -115,7 +118,9 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
     divergence is computed; the reference's own cells and self-test scenarios get none);
     ``expectation``: the expectations file's entry for the cell (None: PASS expected).
     ``impl``: the implementation (None: read from the history, :attr:`Op.CELL_START`, else
-    :attr:`Op.CELL_EXIT`).  Pure: the same arguments give the same result."""
+    :attr:`Op.CELL_EXIT`).  The load the cell ran under, whether it ran starved and whether its
+    only failures were timing bounds are read from the same history (harness.judge.load).
+    Pure: the same arguments give the same result."""
     start, exit_, end = _value(history, Op.CELL_START), _value(history, Op.CELL_EXIT), _value(history, Op.CELL_END)
     impl = impl or (start or exit_ or {}).get("impl", "?")
     early = _ended_early(exit_, end, history)
@@ -138,11 +143,17 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
                            for e in history if e["op"] == Op.VERIFY and e["type"] == Event.OK),
         reason=reason, checks=[r.to_dict() for r in checks], workdir=workdir,
     )
+    result.load = cell_load(history)
+    result.starved, result.timing_only = starved(result.load), verdict != Verdict.PASS and timing_only(
+        history, result.checks)
     if reference and impl != REFERENCE and not scenario.test_only and verdict != Verdict.UNSUPPORTED:
         result.divergence = divergence.first_divergence(reference, history, result.checks)
     if expectation is not None:
         result.expected = Verdict(expectation.verdict)
         result.expected_reason, result.expected_link = expectation.reason, expectation.link
+    # what the code under test said, safe to store and encode: no lone surrogate, no bidi control (harness.spec.text)
+    result.reason, result.engine = clean(result.reason), result.engine and clean(result.engine)
+    result.checks, result.divergence = clean_tree(result.checks), clean_tree(result.divergence)
     return result
 
 
@@ -156,15 +167,23 @@ def judge_cell(scenario: Scenario, seed: int, history: list[dict], impl: str, ex
 
 
 def judge_run(run: RunResult, out_dir: str | Path, cells: list[tuple[str, str]], scenarios: dict[str, Scenario],
-              histories: dict[tuple[str, str], list[dict]], expectations: Expectations | None = None) -> RunResult:
+              histories: dict[tuple[str, str], list[dict]], expectations: Expectations | None = None,
+              alone: dict[tuple[str, str], list[dict]] | None = None) -> RunResult:
     """``run`` (its run-level fields) with a judged cell for each ``(scenario id, impl)`` of
     ``cells``, in that order.  ``histories`` maps ``(scenario, impl)`` to events, with
-    ``(scenario, "reference")`` for the divergence (harness.judge.results.load_histories).
-    Pure apart from reading nothing: every input is passed in."""
-    judged = [judge_cell(scenarios[scenario_id], run.seed, histories.get((scenario_id, impl), []), impl, expectations,
-                         reference=histories.get((scenario_id, REFERENCE)),
-                         workdir=str(cell_dir(out_dir, scenario_id, impl)))
-              for scenario_id, impl in cells]
+    ``(scenario, "reference")`` for the divergence (harness.judge.results.load_histories);
+    ``alone`` the histories of the cells run once more alone (harness.judge.load.needs_alone;
+    harness.judge.results.load_alone_histories), each judged the same way into its cell's
+    ``alone``.  Pure apart from reading nothing: every input is passed in."""
+    alone = alone or {}
+    judged = []
+    for scenario_id, impl in cells:
+        judge_one = partial(judge_cell, scenarios[scenario_id], run.seed, impl=impl, expectations=expectations,
+                            reference=histories.get((scenario_id, REFERENCE)))
+        cell = judge_one(histories.get((scenario_id, impl), []), workdir=str(cell_dir(out_dir, scenario_id, impl)))
+        if (scenario_id, impl) in alone:
+            cell.alone = judge_one(alone[(scenario_id, impl)], workdir=str(alone_dir(out_dir, scenario_id, impl)))
+        judged.append(cell)
     out = RunResult(**{f: getattr(run, f) for f in run.__struct_fields__ if f != "cells"}, cells=judged)
     out.expectations = expectations.path if expectations else run.expectations
     return out

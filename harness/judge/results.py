@@ -5,28 +5,31 @@
     {"schema": 2, "sglang": {"version", "path", "source", "commit"}, "seed", "duration_s",
      "expectations": "path or null", "engine_settings": {"nixl_progress_delay_us": 100},
      "cells": [{"impl", "scenario", "verdict", "expected", "expected_reason", "expected_link",
-                "engine", "duration_s", "bytes_verified", "reason", "divergence", ...}]}
+                "engine", "duration_s", "bytes_verified", "reason", "divergence", ...,
+                "load", "starved", "timing_only", "alone": {a cell entry, or null}}]}
 
 The run's out directory holds, beside it, each cell's work directory
-(``cells/SCENARIO--IMPL/``: ``history.jsonl``, ``cell.log``, role logs) and the
+(``cells/SCENARIO--IMPL/``: ``history.jsonl``, ``cell.log``, role logs), the cells run
+once more alone (``alone/SCENARIO--IMPL/``, harness.judge.load) and the
 reports built from the two (``junit.xml``, ``summary.md``, ``index.html``).
 
-It round-trips: :func:`load_run` reads back exactly what :func:`dump_run` wrote.
+It round-trips: :func:`load_run` reads back exactly what :func:`dump_run` wrote (but a lone
+surrogate, which no UTF-8 file holds: U+FFFD, harness.spec.text.encodable).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import msgspec
 
+from harness import nofollow
 from harness.judge.verdict import Verdict
 from harness.spec import history as hist
 from harness.spec.inputs import read_input
 from harness.spec.protocol import REFERENCE
+from harness.spec.text import clean_tree, encodable
 from harness.target.sglang import SglangInfo
 
 SCHEMA = 2
@@ -52,10 +55,31 @@ class CellResult(msgspec.Struct, kw_only=True):
     divergence: Optional[dict[str, Any]] = None
     checks: list[dict[str, Any]] = msgspec.field(default_factory=list)
     workdir: Optional[str] = None
+    # the load it ran under (harness.judge.load.cell_load: cores, load averages, run-queue wait in
+    # seconds per role); None in runs made before it was recorded
+    load: Optional[dict[str, Any]] = None
+    starved: str = ""  # why it ran starved, in words (harness.judge.load.starved); "" when it did not
+    timing_only: bool = False  # its only failures were timing bounds (harness.judge.load.timing_only)
+    # the same cell run once more alone at the end of the run, judged the same way, when it was worse
+    # than expected only on timing bounds and ran starved (harness.judge.load.needs_alone); None otherwise
+    alone: Optional["CellResult"] = None
 
     @property
     def as_expected(self) -> bool:
+        """The verdict is the expected one (a cell run again alone: see :attr:`under_load`)."""
         return self.verdict == self.expected
+
+    @property
+    def settled(self) -> Verdict:
+        """The verdict regressions and fixes are told by: the alone run's, when the cell had one
+        (its first verdict was a timing bound a starved machine broke), else the cell's."""
+        return self.alone.verdict if self.alone is not None else self.verdict
+
+    @property
+    def under_load(self) -> bool:
+        """Worse than expected only under load: run again alone it was not (``FAIL at load 31,
+        PASS alone``).  Counted apart: neither as expected nor a regression."""
+        return self.alone is not None and Verdict(self.verdict) > self.expected >= Verdict(self.alone.verdict)
 
     @property
     def overhead_s(self) -> float:
@@ -91,11 +115,17 @@ class RunResult(msgspec.Struct, kw_only=True):
     hosts_spec: str = ""  # run --hosts as given (netns:N, or N); "" when every role ran here
     hosts_listen: str = ""  # run --listen as given (the coordinator's address with --hosts N)
     pool_device: str = "cpu"  # run --pool-device: where the roles' KV and aux pools lived (cpu, cuda)
+    # how a reproduce line calls pdconform, pasted at the checkout root (harness.program): .venv/bin/pdconform;
+    # "" in runs made before it was recorded (the lines then say pdconform)
+    program: str = ""
     cells: list[CellResult] = msgspec.field(default_factory=list)
 
     @property
     def all_as_expected(self) -> bool:
-        return all(cell.as_expected for cell in self.cells)
+        """Every cell's settled verdict (:attr:`CellResult.settled`) is the expected one: what
+        ``run`` exits 0 on; a cell worse only under load (:attr:`CellResult.under_load`) is
+        reported apart and does not make the run fail."""
+        return all(cell.settled == cell.expected for cell in self.cells)
 
 
 # The layout of an --out folder and of each run folder in it, defined here and nowhere else
@@ -109,8 +139,17 @@ MARKER = ".pdconform-run"  # in each run folder pdconform made (only such folder
 LOCK = ".pdconform.lock"
 CELLS_DIR = "cells"  # RUN/cells/SCENARIO--IMPL/: a reported cell's work directory
 REFERENCE_FOR_DIFF_DIR = "reference-for-diff"  # RUN/reference-for-diff/SCENARIO/: a reference cell for the diff only
+ALONE_DIR = "alone"  # RUN/alone/SCENARIO--IMPL/: a cell run once more alone (harness.judge.load.needs_alone)
+TREND_PAGE = "trend.html"  # OUT/trend.html: every stored run side by side (harness.report.trend)
 #: every file a run writes into its run folder beside the cell folders
 REPORT_FILES = ("results.json", "junit.xml", "summary.md", "index.html")
+#: the names of the files pdconform writes anywhere in a run folder (the run's reports, each
+#: cell's history, result, page and logs, each role's log and endpoint per rank, the reports of
+#: bench, soak, mutants and explore's sweep, a write's temporary file): pruning removes these and
+#: nothing else (harness.report.outdir.prune); fnmatch patterns, matched against a file's name
+OWN_FILES = (*REPORT_FILES, MARKER, "history.jsonl", "cell.json", "cell.html", "cell.log", "program.json",
+             "bench.json", "soak.json", "soak.md", "mutants.json", "mutants.md", "sweep.json", "sweep.md",
+             "*.log", "*.endpoint", ".*.tmp")
 
 
 def cell_dir_name(scenario: str, impl: str) -> str:
@@ -128,33 +167,32 @@ def reference_for_diff_dir(out_dir: str | Path, scenario: str) -> Path:
     return Path(out_dir) / REFERENCE_FOR_DIFF_DIR / scenario
 
 
+def alone_dir(out_dir: str | Path, scenario: str, impl: str) -> Path:
+    """Where a cell that ran starved runs once more alone, at the end of its run."""
+    return Path(out_dir) / ALONE_DIR / cell_dir_name(scenario, impl)
+
+
+def load_alone_histories(out_dir: str | Path, cells: list[tuple[str, str]]) -> dict[tuple[str, str], list[dict]]:
+    """The histories of the cells of ``cells`` that were run once more alone (:func:`alone_dir`),
+    keyed ``(scenario, impl)``; a cell without one gives no key.  Never raises."""
+    paths = {key: alone_dir(out_dir, *key) / "history.jsonl" for key in cells}
+    return {key: hist.load(path) for key, path in paths.items() if path.is_file()}
+
+
 def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` (parents created) through a temporary file in the same
-    folder and a rename: a reader sees the old file or the whole new one, never a part.
-    OSError (the temporary file removed) when it cannot."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it (mkstemp makes 0600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` atomically, following no link (harness.nofollow.write_atomic:
+    LinkRefused for a link in the path; OSError as it comes)."""
+    nofollow.write_atomic(path, data)
 
 
 def dump_run(run: RunResult, path: str | Path) -> None:
     """Write ``run`` as pretty JSON to ``path``, atomically (:func:`write_atomic`)."""
-    write_atomic(path, msgspec.json.format(msgspec.json.encode(run), indent=2) + b"\n")
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(clean_tree(run, encodable)), indent=2) + b"\n")
 
 
 def dump_cell(cell: CellResult, path: str | Path) -> None:
     """Write one cell's result as pretty JSON (``cells/SCENARIO--IMPL/cell.json``), atomically."""
-    write_atomic(path, msgspec.json.format(msgspec.json.encode(cell), indent=2) + b"\n")
+    write_atomic(path, msgspec.json.format(msgspec.json.encode(clean_tree(cell, encodable)), indent=2) + b"\n")
 
 
 def load_histories(out_dir: str | Path, cells: list[tuple[str, str]]) -> dict[tuple[str, str], list[dict]]:

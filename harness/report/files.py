@@ -24,10 +24,11 @@ from typing import Any
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from harness.judge.divergence import describe as describe_divergence
-from harness.judge.expectations import fixes, is_fix, regressions
+from harness.judge.expectations import fixes, is_fix, regressions, under_load
 from harness.judge.results import VERDICTS, CellResult, RunResult, write_atomic
 from harness.report.html import write_index_html
-from harness.report.safe import md, md_code
+from harness.report.load import alone_line, load_warning, starved_line
+from harness.report.safe import cut, md, md_code
 from harness.report.run_diff import baseline_rows
 from harness.report.terminal import bug_id, engine_settings_line, reproduce_command
 
@@ -105,6 +106,10 @@ def junit_xml(run: RunResult) -> JUnitXml:
                              f"known-{str(cell.expected).lower()}")
             result.text = text
             case.result = [result]
+        elif cell.under_load:  # as expected run again alone: neither a pass nor a regression (harness.judge.load)
+            result = Skipped(f"worse only under load: {alone_line(cell)}", "timing-under-load")
+            result.text = text
+            case.result = [result]
         elif cell.verdict == "FAIL" or (cell.verdict == "PASS" and is_fix(cell)):
             result = Failure(head if cell.verdict == "FAIL" else
                              f"fixed: PASS, expected {cell.expected} (pdconform expectations update rewrites the "
@@ -151,6 +156,8 @@ def _matrix_markdown(run: RunResult) -> list[str]:
             text = f"{MARK.get(cell.verdict, '')} {cell.verdict}"
             if cell.verdict != cell.expected:
                 text = f"**{text}** (expected {cell.expected})"
+            if cell.alone is not None:  # run again alone (harness.judge.load)
+                text += f"<br>{cell.alone.verdict} alone" + (": timing under load" if cell.under_load else "")
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
     return lines
@@ -158,9 +165,12 @@ def _matrix_markdown(run: RunResult) -> list[str]:
 
 def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
     """One cell not PASSing, as a list item; every string from the run is escaped (harness.report.safe)."""
-    lines = [f"- **{md(cell.scenario)} x {md(cell.impl)}**: {cell.verdict}, expected {cell.expected}"]
-    for line in failure_text(cell).splitlines():
-        lines.append(f"  - {md(line)}")
+    lines = [f"- **{md(cell.scenario)} x {md(cell.impl)}**: {cell.verdict}, expected {cell.expected}",
+             f"  - {md(cut(cell.reason or str(cell.verdict)))}"]  # one item per value, whatever lines it holds
+    if cell.divergence:
+        lines.append(f"  - {md(cut(describe_divergence(cell.divergence)))}")
+    if alone_line(cell) or starved_line(cell):  # the load it ran under (harness.judge.load)
+        lines.append(f"  - load: {md(alone_line(cell) or starved_line(cell))}")
     if cell.expected_reason:
         link = doc_link(run, cell.expected_link)
         shown = f"[{md(bug_id(cell.expected_link))}]({link})" if re.match(r"^(https?://|docs/)", link) else md(link)
@@ -184,9 +194,11 @@ def _baseline_markdown(run: RunResult) -> list[str]:
 def summary_markdown(run: RunResult) -> str:
     """The run as Markdown for a pull-request comment (at most SUMMARY_LIMIT characters)."""
     counts = {v: sum(c.verdict == v for c in run.cells) for v in VERDICTS}
-    regs, fixed = regressions(run), fixes(run)
+    regs, fixed, loaded = regressions(run), fixes(run), under_load(run)
     if regs or fixed:
         status = f"**{len(regs)} regression(s), {len(fixed)} fix(es)** against the expectations"
+    elif loaded:  # counted apart: neither as expected nor a regression (harness.judge.load)
+        status = f"**{len(loaded)} cell(s) worse than expected only under load**, as expected alone"
     elif run.expectations:
         status = "every cell as expected"
     else:
@@ -197,15 +209,21 @@ def summary_markdown(run: RunResult) -> str:
              + (f"; expectations {md_code(expectations_name(run))}" if run.expectations else ""), ""]
     if engine_settings_line(run):
         lines[-1:-1] = ["", md(engine_settings_line(run))]
+    if load_warning(run):
+        lines += [f"> **Warning**: {md(load_warning(run))}", ""]
     lines += _matrix_markdown(run)
     lines += _baseline_markdown(run)
     if regs or fixed:
         lines += ["", "### Not as expected", ""]
         for cell in regs + fixed:
             lines += _cell_block(run, cell)
+    if loaded:
+        lines += ["", "### Worse than expected only under load (as expected run again alone)", ""]
+        for cell in loaded:
+            lines += _cell_block(run, cell)
     known = [c for c in run.cells if c.verdict != "PASS" and c.verdict == c.expected]
     unexpected_ok = [c for c in run.cells if c.verdict != "PASS" and c not in regs and c not in fixed
-                     and c not in known]
+                     and c not in known and c not in loaded]
     for title, cells in (("Known non-PASS cells (as expected)", known),
                          ("Other non-PASS cells", unexpected_ok)):
         if not cells:

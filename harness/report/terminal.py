@@ -16,7 +16,8 @@ from rich.text import Text
 from harness.implementations import registered
 from harness.judge.divergence import describe as describe_divergence
 from harness.judge.results import CellResult, RunResult
-from harness.report.safe import terminal
+from harness.report.load import alone_line, starved_line
+from harness.report.safe import cut, terminal
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
                  "UNSUPPORTED": "cyan", "ERROR": "bold magenta"}
@@ -28,10 +29,16 @@ def _size(n: int) -> str:
 
 def cell_text(cell: CellResult) -> Text:
     """One matrix cell: verdict, engine and bytes that arrived where they belong;
-    ``(expected X)`` marks a verdict other than the expected one."""
+    ``(expected X)`` marks a verdict other than the expected one, ``known B13`` a non-PASS
+    verdict its expectations file expects (a known sglang bug, not this change's)."""
     text = Text(cell.verdict, style=VERDICT_STYLE.get(cell.verdict, ""))
     if not cell.as_expected:
         text.append(f" (expected {cell.expected})", style="bold red")
+    elif known_mark(cell):
+        text.append(f" {terminal(known_mark(cell).rstrip(': '))}", style="dim")
+    if cell.alone is not None:  # run again alone (harness.judge.load): both results, the second on its own line
+        text.append(f"\n{cell.alone.verdict} alone" + (": timing under load" if cell.under_load else ""),
+                    style="yellow" if cell.under_load else "bold red")
     details = [d for d in (cell.engine, _size(cell.bytes_verified) if cell.bytes_verified else None) if d]
     if details:
         text.append("\n" + terminal(", ".join(details)), style="dim")
@@ -57,12 +64,16 @@ def matrix_table(run: RunResult) -> Table:
     return table
 
 
-def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, prog: str = "pdconform") -> str:
+def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, prog: str | None = None) -> str:
     """The command that reruns ``cell`` alone, verbosely, on the same sglang and seed (a cell
     of a run across hosts: ``run --hosts`` on the same hosts, one cell);
     ``portable``: no local path in it (a checkout of sglang is named ``SGLANG_CHECKOUT``);
-    ``prog``: how to call pdconform (the terminal says it as it was called, so a pasted
-    command runs: harness.cli.this_program)."""
+    ``prog``: how to call pdconform, by default the way the run recorded (``program``:
+    harness.program, pasted at the checkout root it runs), so the terminal, summary.md, the
+    HTML pages and JUnit all say the same line."""
+    prog = prog or run.program or "pdconform"
+    if portable and prog.startswith("/"):  # an absolute path names this machine: a reader has pdconform on PATH
+        prog = "pdconform"
     target = ""
     if run.sglang.source == "src" and run.sglang.path:
         # the folder that holds the sglang package: --sglang-src accepts it like the checkout
@@ -126,21 +137,24 @@ def known_mark(cell: CellResult) -> str:
 
 def closing_line(run: RunResult) -> str:
     """The run in one line: ``88 cells: all as expected, 30 known (24 FAIL, 4 WARN, 2 UNSUPPORTED)``,
-    or the regressions and fixes first when there are any."""
+    or the regressions, fixes and cells worse only under load (harness.judge.load) first when
+    there are any."""
     from collections import Counter
 
     from harness.judge.expectations import fixes, regressions
 
     known = Counter(str(c.verdict) for c in run.cells if c.verdict != "PASS" and c.as_expected)
     worse, better = len(regressions(run)), len(fixes(run))
-    head = "all as expected" if not (worse or better) else ", ".join(
+    loaded = sum(c.under_load for c in run.cells)  # neither as expected nor a regression: counted apart
+    head = "all as expected" if not (worse or better or loaded) else ", ".join(
         part for part in (f"{worse} regression{'s' * (worse != 1)}" if worse else "",
-                          f"{better} fixed" if better else "") if part)
+                          f"{better} fixed" if better else "",
+                          f"{loaded} worse only under load (as expected alone)" if loaded else "") if part)
     tail = f", {sum(known.values())} known ({', '.join(f'{n} {v}' for v, n in sorted(known.items()))})" if known else ""
     return f"{len(run.cells)} cell{'s' * (len(run.cells) != 1)}: {head}{tail}"
 
 
-def reasons(run: RunResult, prog: str = "pdconform") -> list[str]:
+def reasons(run: RunResult, prog: str | None = None) -> list[str]:
     """For each cell that did not PASS: why (marked ``known B<n>`` when its expectations file
     expects it), its first divergence from the reference (harness.judge.divergence) and the
     command that reproduces it."""
@@ -148,9 +162,11 @@ def reasons(run: RunResult, prog: str = "pdconform") -> list[str]:
     for c in run.cells:
         if c.verdict == "PASS":
             continue
-        lines.append(f"{c.scenario} x {c.impl}: {known_mark(c)}{c.verdict}: {c.reason}")
+        lines.append(f"{c.scenario} x {c.impl}: {known_mark(c)}{c.verdict}: {cut(c.reason)}")
+        if alone_line(c) or starved_line(c):  # the load it ran under, and the alone run's verdict
+            lines.append(f"    {alone_line(c) or starved_line(c)}")
         if c.divergence:
-            lines.append(f"    {describe_divergence(c.divergence)}")
+            lines.append(f"    {cut(describe_divergence(c.divergence))}")
         lines.append(f"    reproduce: {reproduce_command(run, c, prog=prog)}")
     return [terminal(line) for line in lines]
 

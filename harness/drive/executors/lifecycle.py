@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from harness.drive.errors import CellAborted, RoleError
+from harness.drive.errors import CellAborted, RoleError, RoleTimeout
 from harness.drive.launcher import RoleHandle, RoleSpec
 from harness.drive.role_client import RoleClient
 from harness.spec import steps as s
@@ -157,10 +157,11 @@ def connect(d: "CellDriver", name: str, handle: RoleHandle, timeout_s: float, **
     d.record(Event.INVOKE, Op.LAUNCH, name, args=args)
     try:
         endpoint = handle.wait_ready(timeout_s)
-    except RoleError as exc:
-        d.record(Event.FAIL, Op.LAUNCH, name, args=args, error=str(exc))
+    except RoleError as exc:  # timed_out: a bound on its start ran out (harness.judge.load counts it as timing)
+        d.record(Event.FAIL, Op.LAUNCH, name, args=args, error=str(exc), timed_out=isinstance(exc, RoleTimeout))
         raise CellAborted(f"role {name} did not start: {exc}") from exc
-    d.record(Event.OK, Op.LAUNCH, name, args=args, value={"endpoint": endpoint})
+    # the pid ties the runner's per-process run-queue wait (cell-exit "load") to the role
+    d.record(Event.OK, Op.LAUNCH, name, args=args, value={"endpoint": endpoint, "pid": handle.pid})
     d.clients[name] = RoleClient(d.ctx, name, endpoint, handle=handle)
 
 
