@@ -52,7 +52,8 @@ class EngineSetting:
     --engine-setting NAME=VALUE`` (reproduce commands carry it when not the default);
     ``env``: the variable a role reads it from; ``default``: what pdconform runs with;
     ``sglang_value``: sglang's own setting; ``as_sglang``/``changed``: the setting in
-    words for the reports, ``changed`` with ``{value}``."""
+    words for the reports, ``changed`` with ``{value}``; ``maximum``: the largest value
+    ``--engine-setting`` accepts (a bound the engine can take, checked where it is parsed)."""
 
     name: str
     env: str
@@ -60,6 +61,7 @@ class EngineSetting:
     sglang_value: int
     as_sglang: str
     changed: str
+    maximum: int = 1_000_000
 
     def describe(self, value: int) -> str:
         """The setting ``value`` in words."""

@@ -18,7 +18,9 @@ def test_one_test_per_cell_and_expectations_make_xfail(tmp_path):
     assert out.returncode == 1, out.stdout
     assert "PASSED tests/test_cells.py::test_cell[selftest-noop-selftest]" in out.stdout
     assert "FAILED tests/test_cells.py::test_cell[selftest-role-dies-selftest]" in out.stdout
-    assert "reproduce: pdconform repro selftest-role-dies --impl selftest --seed 0" in out.stdout
+    from harness import program
+
+    assert f"reproduce: {program()} repro selftest-role-dies --impl selftest --seed 0" in out.stdout
     assert "1 failed, 1 passed" in out.stdout and "deselected" in out.stdout  # the ordinary suite did not run
     cell_out = tmp_path / "cells" / "selftest-noop--selftest"  # an --out folder per cell: its latest run
     assert (cell_out / "latest" / "cells" / "selftest-noop--selftest" / "history.jsonl").exists()

@@ -21,6 +21,7 @@ PROGRESS_DELAY = EngineSetting(
     name="nixl_progress_delay_us", env=PROGRESS_DELAY_ENV, default=DEFAULT_PROGRESS_DELAY_US, sglang_value=0,
     as_sglang="NIXL progress thread: busy loop, as sglang runs it",
     changed="NIXL progress thread: sleeps {value} us between polls (sglang: busy loop; --engine-setting nixl_progress_delay_us=0)",
+    maximum=1_000_000,  # one second between polls: beyond it every transfer would wait out the scenarios' timeouts
 )
 
 IMPLEMENTATION = Implementation(

@@ -26,6 +26,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from harness.report.safe import terminal
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Conformance harness for SGLang PD-disaggregation transfer backends.")
 # Lines are never wrapped mid-word; when output is not a terminal (CI logs,
@@ -34,11 +36,13 @@ console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_OUT = Path("reports/out")
+# bounds of the numeric options, checked where they are parsed (exit 2 beyond them): a seed fits
+# results.json's 64-bit integers; more cells at once than this only starve each other
+MAX_SEED = 2**63 - 1
+MAX_JOBS = 512
 
 
 def _usage_error(message: str) -> typer.Exit:
-    from harness.report.safe import terminal
-
     err.print(f"[bold red]error:[/] {escape(terminal(message))}")
     return typer.Exit(code=2)
 
@@ -115,20 +119,11 @@ def _select(impl: Optional[List[str]], scenario: Optional[List[str]], topology: 
 
 
 def this_program() -> str:
-    """How this pdconform was called, as a command that runs when pasted: ``pdconform`` when
-    that is the one on PATH, else its path (``.venv/bin/pdconform``, relative to the current
-    folder when inside it), else ``python -m harness.cli`` with this interpreter."""
-    import shutil
+    """How a reproduce line calls pdconform (harness.program: pasted into a fresh shell at the
+    checkout root, it runs), the same in the terminal as in every report."""
+    from harness import program
 
-    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if argv0 is None or argv0.name != "pdconform" or not argv0.is_file():
-        return f"{shlex.quote(sys.executable)} -m harness.cli"
-    if shutil.which("pdconform") and Path(shutil.which("pdconform")).resolve() == argv0.resolve():
-        return "pdconform"
-    try:
-        return shlex.quote(str(argv0.resolve().relative_to(Path.cwd().resolve())))
-    except ValueError:
-        return shlex.quote(str(argv0.resolve()))
+    return program()
 
 
 def _expectations(path: Optional[Path], version: Optional[str] = None):
@@ -189,16 +184,18 @@ EXPECTATIONS_OPTION = typer.Option(None, "--expectations", help="TOML file of ex
 
 def _settings(pairs: Optional[List[str]]) -> dict[str, int]:
     """The engine settings ``--engine-setting NAME=VALUE`` asks for (harness.implementations.EngineSetting);
-    an unknown name or a value that is not a whole number >= 0 exits 2."""
+    an unknown name, or a value that is not a whole number from 0 to the setting's maximum, exits 2."""
     known = _registry().engine_settings()
     settings: dict[str, int] = {}
     for pair in pairs or []:
         name, sep, value = pair.partition("=")
-        if not sep or name.strip() not in known:
-            raise _usage_error(f"--engine-setting {pair}: give NAME=VALUE with NAME one of {', '.join(known) or '-'}")
-        if not value.strip().isdigit():
-            raise _usage_error(f"--engine-setting {pair}: the value must be a whole number >= 0")
-        settings[name.strip()] = int(value)
+        name, value = name.strip(), value.strip()
+        if not sep or name not in known:
+            raise _usage_error(f"--engine-setting {pair[:60]}: give NAME=VALUE with NAME one of {', '.join(known) or '-'}")
+        top = known[name].maximum
+        if not (value.isascii() and value.isdigit()) or len(value) > 12 or int(value) > top:
+            raise _usage_error(f"--engine-setting {name}={value[:24]}: the value must be a whole number from 0 to {top}")
+        settings[name] = int(value)
     return settings
 
 
@@ -214,7 +211,8 @@ def _run_folder(out: Path, what: str, interrupted: str = ""):
     try:
         with run_folder as folder:
             yield folder
-            run_folder.finish()
+            for note in run_folder.finish():  # run folders left unpruned, a trend page that is not ours
+                err.print(f"note: {escape(terminal(note))}", highlight=False)
     except KeyboardInterrupt:
         err.print(f"[bold red]interrupted[/]{escape(interrupted)}")
         raise typer.Exit(code=130)
@@ -251,9 +249,40 @@ def _pool_device(value: str) -> str:
     return value
 
 
+class _Stdout:
+    """Standard output that a reader may stop reading (``pdconform run | head -1``): once the
+    pipe is closed, what is left to print goes nowhere and the command ends with its own exit
+    code (1 only for a regression), never a BrokenPipeError."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._close()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._close()
+
+    def _close(self) -> None:
+        devnull = open(os.devnull, "w")
+        os.dup2(devnull.fileno(), self._stream.fileno())  # the interpreter's last flush at exit goes nowhere too
+        self._stream = devnull
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main() -> None:
     """Console-script entry point."""
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    sys.stdout = _Stdout(sys.stdout)
     app(prog_name="pdconform")
 
 

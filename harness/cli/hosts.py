@@ -14,12 +14,12 @@ from harness.cli import _usage_error, app, err
 def agent(
     coordinator: str = typer.Option(..., "--coordinator", help="HOST:PORT the coordinator listens on "
                                     "(`pdconform run --hosts N --listen ADDRESS`)."),
-    rank: Optional[int] = typer.Option(None, "--rank", min=0, help="This host's rank (default: the launcher's: "
+    rank: Optional[int] = typer.Option(None, "--rank", min=0, max=4096, help="This host's rank (default: the launcher's: "
                                        "torchrun's GROUP_RANK, srun's SLURM_NODEID, a Kubernetes indexed Job's "
                                        "JOB_COMPLETION_INDEX; else the next free one)."),
     address: Optional[str] = typer.Option(None, "--address", help="The address this host's roles listen on and "
                                           "advertise (default: the interface that routes to the coordinator)."),
-    join_timeout: float = typer.Option(60.0, "--join-timeout", min=1.0, help="Seconds to reach the coordinator."),
+    join_timeout: float = typer.Option(60.0, "--join-timeout", min=1.0, max=3600.0, help="Seconds to reach the coordinator."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Folder for the roles' logs and ready files "
                                            "(default: a temporary one, removed at the end)."),
 ) -> None:

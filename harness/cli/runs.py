@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from harness.cli import (
+    MAX_JOBS,
+    MAX_SEED,
     BIND_OPTION,
     DEFAULT_OUT,
     ENGINE_SETTING_OPTION,
@@ -29,7 +31,6 @@ from harness.cli import (
     _settings,
     _stop_on_signals,
     _target,
-    this_program,
     _usage_error,
     app,
     console,
@@ -64,11 +65,12 @@ def _load_results(path: Path):
 def _print_verdicts(result, expectations_path, expectations_line: str = "") -> None:
     """The matrix, each non-PASS cell's reason, the cells not as expected, which expectations
     were used, and the closing line."""
-    from harness.judge.expectations import fixes, regressions
+    from harness.judge.expectations import fixes, regressions, under_load
+    from harness.report.load import alone_line, load_warning
     from harness.report.terminal import closing_line, matrix_table, reasons, reproduce_command
 
     console.print(matrix_table(result))
-    for line in reasons(result, prog=this_program()):
+    for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
     for title, cells in (("regression{s} (worse than expected)", regressions(result)),
                          (f"fixed (better than expected: `pdconform expectations update` rewrites "
@@ -77,8 +79,15 @@ def _print_verdicts(result, expectations_path, expectations_line: str = "") -> N
             console.print(f"[bold red]{len(cells)} {escape(title.replace('{s}', 's' * (len(cells) != 1)))}:[/]")
             for c in cells:
                 console.print(terminal(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
-                                       f"({reproduce_command(result, c, prog=this_program())})"), markup=False,
+                                       f"({reproduce_command(result, c)})"), markup=False,
                                highlight=False)
+    loaded = under_load(result)  # neither as expected nor a regression: listed apart (harness.judge.load)
+    if loaded:
+        console.print(f"[yellow]{len(loaded)} worse than expected only under load (run again alone):[/]")
+        for c in loaded:
+            console.print(terminal(f"  {c.scenario} x {c.impl}: {alone_line(c)}"), markup=False, highlight=False)
+    if load_warning(result):
+        err.print(f"[yellow]warning:[/] {escape(load_warning(result))}")
     if expectations_line:
         console.print(terminal(expectations_line), markup=False, highlight=False)
     console.print(terminal(closing_line(result)), markup=False, highlight=False)
@@ -134,7 +143,7 @@ HOSTS_OPTION = typer.Option(None, "--hosts", metavar="N|netns:N", help="Run the 
                             "agent`s your launcher starts (docs/cluster.md).")
 LISTEN_OPTION = typer.Option(None, "--listen", metavar="ADDR[:PORT]", help="With --hosts N: the address (default "
                              "port 29400) the agents reach this machine on.")
-JOIN_TIMEOUT_OPTION = typer.Option(120.0, "--join-timeout", min=1.0, help="With --hosts: seconds for every agent to "
+JOIN_TIMEOUT_OPTION = typer.Option(120.0, "--join-timeout", min=1.0, max=3600.0, help="With --hosts: seconds for every agent to "
                                    "join.")
 
 
@@ -147,11 +156,11 @@ def run(
                                                  "--topologies`. Cells read SCENARIO@TOPOLOGY."),
     out: Path = typer.Option(DEFAULT_OUT, "--out", help="Folder for the runs: each run writes a new OUT/runs/<time>/ "
                              "(results.json, reports, per-cell logs) and OUT/latest then points at it."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenarios' room ids, pages and faults."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed for the scenarios' room ids, pages and faults."),
     expectations: Optional[Path] = EXPECTATIONS_OPTION,
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: the number "
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=MAX_JOBS, help="Cells run at once (default: the number "
                                        "of cores). Verdicts do not depend on it."),
     fork: bool = typer.Option(True, "--fork/--no-fork", help="Fork cells and roles from one process that imported "
                               "sglang once (default), or start a fresh interpreter for each."),
@@ -195,7 +204,7 @@ def run(
         config.hosts_listen = listen or ""
         # stderr: a live view on a terminal, a line per finished cell off one (harness/cli/progress.py)
         with RunProgress(err, len(impls) * len(scenarios), seed, loaded, {sc.id: sc for sc in scenarios}) as progress:
-            callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"))
+            callbacks = progress.callbacks(on_note=lambda note: err.print(f"[yellow]note:[/] {escape(terminal(note))}"))
             result = _run_session(config, callbacks, progress)
     _print_run_end(result, loaded, expectations, out)
     raise typer.Exit(code=0 if result.all_as_expected else 1)
@@ -241,8 +250,8 @@ def _hosts(spec: Optional[str], listen: Optional[str], bind: Optional[str], join
 @app.command()
 def repro(
     scenario: str = typer.Argument(..., help="Scenario id; see `pdconform list`."),
-    impl: str = typer.Option(..., "--impl", help="Implementation; see `pdconform doctor`."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed for the scenario's room ids, pages and faults."),
+    impl: List[str] = typer.Option(..., "--impl", help="Implementation; see `pdconform doctor`."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed for the scenario's room ids, pages and faults."),
     out: Path = typer.Option(Path("reports/out/repro"), "--out", help="Directory for the cell's logs and history."),
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
@@ -262,6 +271,10 @@ def repro(
     from harness.report.terminal import cell_text, event_line, reasons
     from harness.session import RunConfig
 
+    if len(set(impl)) != 1:  # one cell: a second --impl would silently replace the first
+        raise _usage_error(f"repro runs one cell: give one --impl (got {', '.join(impl)}); `pdconform run --scenario "
+                           f"{scenario} --impl A --impl B` runs it on several")
+    impl = impl[0]
     impls, scenarios = _select([impl], [scenario], what="scenario")
     sc = scenarios[0]
     bind = _bind(bind)
@@ -290,7 +303,7 @@ def repro(
         line = Text.from_markup(f"  {mark} ")
         line.append(terminal(f"{check.get('requirement')} {check.get('name')}: {check.get('detail', '')}"))
         console.print(line, highlight=False)
-    for line in reasons(result, prog=this_program()):
+    for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
     console.print(f"cell directory: {terminal(cell.workdir)}", highlight=False, markup=False)
     console.print(terminal(_expectations_line(loaded, expectations)), highlight=False, markup=False)
@@ -317,7 +330,7 @@ def judge(
     _stop_on_signals()
     try:
         # --expectations none judges against none; without the option, the run's own
-        result, folder = rejudge(run_dir, loaded, on_note=lambda note: err.print(f"[yellow]note:[/] {escape(note)}"),
+        result, folder = rejudge(run_dir, loaded, on_note=lambda note: err.print(f"[yellow]note:[/] {escape(terminal(note))}"),
                                  keep_runs=expectations is None)
     except (RejudgeError, OutDirError) as exc:
         raise _usage_error(str(exc))
@@ -402,16 +415,17 @@ def expectations_update(
         tomllib.loads(new)
     except tomllib.TOMLDecodeError as exc:  # an entry written in a shape the updater does not know
         raise _usage_error(f"{path}: the updated file would not parse ({exc}); edit it by hand")
+    if changes:  # written first: a change is reported only once it is in the file
+        try:
+            # a file the user named is theirs, links and all; a path read from results.json is not followed
+            write_atomic(path.resolve() if file is not None else path, new.encode("utf-8"))
+        except OSError as exc:
+            raise _usage_error(f"cannot write {path}: {exc.strerror or exc}")
     for line in changes:
         console.print(terminal(f"  {line}"), markup=False, highlight=False)
     for c in regressions(result):
         console.print(terminal(f"  not written: {c.scenario} x {c.impl} is {c.verdict}, expected {c.expected} "
                                "(a regression: add its entry with a reason and a link by hand)"),
                       markup=False, highlight=False)
-    if changes:
-        try:
-            write_atomic(path, new.encode("utf-8"))
-        except OSError as exc:
-            raise _usage_error(f"cannot write {path}: {exc.strerror or exc}")
     console.print(terminal(f"{path}: {len(changes)} entr{'y' if len(changes) == 1 else 'ies'} updated"
                            if changes else f"{path}: nothing to update"), markup=False, highlight=False)

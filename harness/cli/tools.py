@@ -10,6 +10,8 @@ import typer
 from rich.markup import escape
 
 from harness.cli import (
+    MAX_JOBS,
+    MAX_SEED,
     ENGINE_SETTING_OPTION,
     SGLANG_SRC_OPTION,
     SGLANG_VERSION_OPTION,
@@ -115,13 +117,13 @@ def _list_topologies(as_json: bool) -> None:
 
 @app.command()
 def bench(
-    repeat: int = typer.Option(3, "--repeat", min=1, help="Samples of each figure (full matrix runs, simulator runs)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: cores)."),
+    repeat: int = typer.Option(3, "--repeat", min=1, max=100, help="Samples of each figure (full matrix runs, simulator runs)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=MAX_JOBS, help="Cells run at once (default: cores)."),
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementations of the timed matrix (default all)."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenarios of the timed matrix (default all)."),
     topology: Optional[List[str]] = typer.Option(None, "--topology", help="Topologies of the timed matrix (default "
                                                  "p1-d1; 'default' or 'nightly' for a set), as `run --topology`."),
-    seeds: int = typer.Option(2000, "--seeds", min=1, help="Simulator seeds per sample."),
+    seeds: int = typer.Option(2000, "--seeds", min=1, max=10_000_000, help="Simulator seeds per sample."),
     engine_mib: int = typer.Option(128, "--engine-mib", min=1, max=4096,
                                    help="MiB per engine throughput sample (a source and a destination buffer each)."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="Leave out: matrix, simulator, engines, explore "
@@ -159,8 +161,8 @@ def bench(
 
 @app.command()
 def simulate(
-    seeds: int = typer.Option(1000, "--seeds", min=1, help="How many consecutive seeds to run."),
-    seed: int = typer.Option(0, "--seed", min=0, help="First seed (alone with --seeds 1: replay that seed)."),
+    seeds: int = typer.Option(1000, "--seeds", min=1, max=10_000_000, help="How many consecutive seeds to run."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="First seed (alone with --seeds 1: replay that seed)."),
     trace: bool = typer.Option(False, "--trace", help="Print the step list of every run, not only failing ones."),
     planted_bug: Optional[str] = typer.Option(None, "--planted-bug", hidden=True,
                                               help="Test-only: run a reference core with a planted bug."),
@@ -219,10 +221,10 @@ def _print_first_failure(failures: list, planted_bug: Optional[str]) -> None:
 @app.command()
 def soak(
     runs: int = typer.Option(10, "--runs", min=2, max=1000, help="How many times to run the matrix."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: cores)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=MAX_JOBS, help="Cells run at once (default: cores)."),
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementation (repeatable; default all)."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable; default all)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of every run (the same in each: only chance differs)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of every run (the same in each: only chance differs)."),
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
@@ -260,7 +262,7 @@ def soak(
     with _run_folder(out, "soak", ": the running cells were stopped; the finished runs are in the folder") as folder:
         done = soak_runs(config, runs, folder, on_run)
         _, md_path = write_soak(folder, done, jobs, os.cpu_count() or 1)
-    console.print(terminal(md_path.read_text()), markup=False, highlight=False)
+    console.print(terminal(md_path.read_text(), lines=True), markup=False, highlight=False)
     console.print(f"soak.json, soak.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
     raise typer.Exit(code=1 if flips(done) else 0)
 
@@ -269,8 +271,8 @@ def soak(
 def mutants(
     mutant: Optional[List[str]] = typer.Option(None, "--mutant", help="Mutant id (repeatable; default all)."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable; default all)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Cells run at once (default: 6 per core)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of every scenario."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=MAX_JOBS, help="Cells run at once (default: 6 per core)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of every scenario."),
     out: Path = typer.Option(Path("reports/out/mutants"), "--out", help="Folder for the runs: each writes "
                              "OUT/runs/<time>/ with the cells, results.json, mutants.json and mutants.md."),
 ) -> None:
@@ -321,7 +323,7 @@ def mutants(
         found, control = outcomes(result, planted)
         _, md_path = write_mutants(folder, found, control, round(time.monotonic() - begin, 1), jobs)
     console.print(f"mutants.json, mutants.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
-    console.print(terminal(md_path.read_text()), markup=False, highlight=False)  # it ends with score_line
+    console.print(terminal(md_path.read_text(), lines=True), markup=False, highlight=False)  # it ends with score_line
     raise typer.Exit(code=0 if all(m.caught for m in found) and not control else 1)
 
 
@@ -330,7 +332,7 @@ def scrub(
     run_dir: Path = typer.Argument(..., help="A stored run: its run folder (OUT/runs/<time>/), or an --out folder "
                                    "(its latest run)."),
     out: Path = typer.Option(..., "--out", help="The folder to write the scrubbed copy into (must not exist)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the pseudonyms: the same seed gives the same names."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the pseudonyms: the same seed gives the same names."),
     also: Optional[List[str]] = typer.Option(None, "--also", help="Another name to replace, as a host name "
                                              "(repeatable): a cluster, a project, a short host name."),
 ) -> None:
