@@ -30,6 +30,13 @@ def pdconform(*args, cwd=None, timeout=180):
     (["run", "--impl", "reference", "--scenario", "failure-fan-out", "--topology", "p2-d1"],
      "failure-fan-out does not run on topology p2-d1: it starts its own decode"),
     (["repro", "failure-fan-out@p2-d1", "--impl", "reference"], "does not run on topology p2-d1"),
+    # numbers bounded where they are parsed (issue 34: a huge one made every NIXL cell ERROR)
+    (["run", "--engine-setting", "nixl_progress_delay_us=99999999999999999999"], "a whole number from 0 to 1000000"),
+    (["run", "--engine-setting", "nixl_progress_delay_us=-5"], "a whole number from 0 to"),
+    (["run", "--seed", "99999999999999999999"], "--seed"),
+    (["run", "--jobs", "100000"], "--jobs"),
+    (["explore", "--impl", "reference", "--budget", "99999999999999999999"], "up to a day"),
+    (["repro", "happy-path", "--impl", "reference", "--impl", "nixl"], "repro runs one cell: give one --impl"),
 ])
 def test_usage_errors_exit_2(args, message):
     out = pdconform(*args)
@@ -173,3 +180,49 @@ def test_reproduce_commands_name_the_pdconform_that_ran(tmp_path, monkeypatch):
         assert program() == ".venv/bin/pdconform"
 
 
+
+
+def test_a_reader_that_stops_reading_does_not_turn_the_exit_code_into_a_regression(tmp_path):
+    """`run ... | head -1`: the pipe closes before the matrix is printed; the command ends with its
+    own exit code (0: every cell as expected), no BrokenPipeError, no 1."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        ran = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "selftest", "--scenario",
+                              "selftest-noop", "--out", str(tmp_path / "out")], stdout=write, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert ran.returncode == 0 and "BrokenPipe" not in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
+
+
+def test_repro_refuses_a_held_out_folder_before_it_prints_its_plan(tmp_path):
+    import os
+
+    from harness.report.outdir import take_lock
+
+    (tmp_path / "out").mkdir()
+    fd = take_lock(tmp_path / "out", "writing into")
+    try:
+        ran = pdconform("repro", "selftest-noop", "--impl", "selftest", "--out", str(tmp_path / "out"))
+    finally:
+        os.close(fd)
+    assert ran.returncode == 2 and "another pdconform run" in ran.stderr, ran.stderr
+    assert "steps" not in ran.stdout and ran.stdout.strip() == ""  # nothing printed before the refusal
+
+
+def test_the_terminal_matrix_marks_known_cells_and_cuts_long_reasons():
+    from harness.judge.results import CellResult, RunResult, SglangInfo
+    from harness.report.safe import REASON_CHARS
+    from harness.report.terminal import cell_text, reasons
+
+    known = CellResult(impl="mori", scenario="late-old-status", verdict="FAIL", expected="FAIL",
+                       expected_link="docs/sglang-bugs.md#b13", reason="R-TERM-1 x: " + "word " * 300)
+    assert "FAIL known B13" in cell_text(known).plain
+    new = CellResult(impl="mori", scenario="happy-path", verdict="FAIL", reason="short")
+    assert "known" not in cell_text(new).plain and "(expected PASS)" in cell_text(new).plain
+    run = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[known, new])
+    first = reasons(run)[0]
+    assert len(first) < REASON_CHARS + 150 and "more characters in cell.html" in first

@@ -113,6 +113,20 @@ def test_bad_input_is_refused_with_exit_2_and_nothing_is_touched(stored_run, tmp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
 
 
+def test_an_out_inside_the_run_or_the_checkout_or_a_dangling_link_is_refused(stored_run, tmp_path):
+    from harness import ROOT
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "made-through-the-link")
+    for out, message in ((stored_run / "scrubbed", "inside the run being scrubbed"),
+                         (ROOT / "docs" / "scrubbed", "inside the pdconform checkout"),
+                         (link, "exists")):
+        done = _cli("scrub", str(stored_run), "--out", str(out))
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (stored_run / "scrubbed").exists() and not (ROOT / "docs" / "scrubbed").exists()
+    assert not (tmp_path / "made-through-the-link").exists()
+
+
 #: what a trace may hold that a backtracking pattern is slow on: a 2 MB frame of digits
 #: (mori logs the oversized frame), hex with colons, colons, dotted digits, a path in the
 #: wrong case, names that touch their boundary
