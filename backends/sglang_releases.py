@@ -2,7 +2,9 @@
 
 Mooncake, NIXL and Mori subclass the same sglang Common classes, so they share one
 declared range; it is read by the registry (their ``Implementation.sglang_range``)
-without importing sglang or an engine.
+without importing sglang or an engine.  A version counts as its release
+(harness.target.version.release_of): a checkout of main at ``0.5.24.dev12+g0a1b2c3``, a
+``0.5.23.post1`` or a local ``0.5.23+cpu`` build is in ``>= 0.5.22``, never out for its suffix.
 """
 
 from harness.target.version import SglangRange

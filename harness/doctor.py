@@ -73,17 +73,25 @@ def _libibverbs_present() -> bool:
     return "libibverbs.so.1 " in out
 
 
-def diagnose(impls: list) -> dict:
-    """Everything doctor reports, as JSON-ready data: Python, the installed sglang,
-    libibverbs, whether cells get a private network (harness.drive.contain), and each of ``impls`` (harness.implementations.Implementation) that has a
-    probe: its engine here, its declared sglang range and its engine settings."""
-    info = installed_info()
+def diagnose(impls: list, target=None) -> dict:
+    """Everything doctor reports, as JSON-ready data: Python; the sglang of ``target``
+    (harness.target.sglang.SglangTarget, e.g. an ``--sglang-src`` tree; None: the installed one):
+    ``version``, ``version_source`` (where it was read), ``path``, ``source``, ``commit``,
+    ``expectations`` (which shipped expectations it takes by default, in words; "" when none),
+    ``bootstrap_token`` (the variable a fresh bootstrap token goes into, None when it takes
+    none); libibverbs; whether cells get a private network (harness.drive.contain); and each of
+    ``impls`` (harness.implementations.Implementation) that has a probe: its engine here, its
+    declared sglang range, whether that sglang is in it (``in_range``) and its engine settings."""
+    from harness.target.sglang import bootstrap_token_env
+
+    info = target.info if target is not None else installed_info()
     engines = []
     for impl in impls:
         if not impl.probe:
             continue
         status = probe_in_child(impl.name, impl.probe).to_dict()
         status["sglang_range"] = str(impl.sglang_range) if impl.sglang_range else "any (imports no sglang)"
+        status["in_range"] = impl.unsupported_sglang(info.version) is None
         status["settings"] = {s.name: s.default for s in impl.engine_settings}
         engines.append(status)
     from harness.drive.contain import isolation_available
@@ -91,7 +99,10 @@ def diagnose(impls: list) -> dict:
     why_not = isolation_available()
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
-        "sglang": {"version": info.version, "path": info.path},
+        "sglang": {"version": info.version, "path": info.path, "source": info.source, "commit": info.commit,
+                   "version_source": info.version_source,
+                   "expectations": _expectations_words(info),
+                   "bootstrap_token": info.bootstrap_token_env or bootstrap_token_env(info.path)},
         "libibverbs": _libibverbs_present(),
         "network": {"isolated": why_not is None,
                     "detail": "each cell gets a private loopback-only network namespace (not with run --bind ADDR)"
@@ -99,6 +110,20 @@ def diagnose(impls: list) -> dict:
                     else why_not},
         "engines": engines,
     }
+
+
+def _expectations_words(info) -> str:
+    """Which shipped expectations ``info``'s version takes by default (harness.judge.expectations.shipped_path),
+    in words; "" when none is shipped for it."""
+    from harness.judge.expectations import shipped_path
+
+    shipped = shipped_path(info.version)
+    if shipped is None:
+        return ""
+    release = shipped.stem.removeprefix("sglang-")
+    if release == info.version:
+        return f"expectations/{shipped.name}"
+    return f"expectations of sglang {release} (newest shipped release at or below {info.version})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,8 +212,10 @@ def read_expectations(path: str | Path) -> Expectations:
 
 def resolve_expectations(given: str | Path | None, version: str | None) -> Expectations | None:
     """The expectations a run, repro or pytest session judges against: the file ``given``;
-    with none given the file shipped for sglang ``version`` when there is one; ``none``: no
-    file (every cell expected to PASS).  ExpectationsError for a bad file."""
+    with none given the file shipped for sglang ``version`` when there is one (for a dev, pre,
+    post or local version without its own, the newest shipped release's at or below it:
+    harness.judge.expectations.shipped_path); ``none``: no file (every cell expected to PASS).
+    ExpectationsError for a bad file."""
     from harness.judge.expectations import NO_EXPECTATIONS, shipped_path
 
     if given is not None and str(given).strip().lower() == NO_EXPECTATIONS:

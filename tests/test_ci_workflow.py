@@ -531,6 +531,15 @@ class ScratchRunner:
                               capture_output=True, text=True, timeout=120)
         assert made.returncode == 0, made.stderr
         site = next((self.venv / "lib").glob("python3.*/site-packages"))
+        # pdconform's own code copied where the runner user can read it: a checkout under a folder only
+        # root may enter (a fresh clone in a mktemp -d folder) is out of its reach; found before the
+        # editable install's finder, which names the checkout
+        code = self.base / "code"
+        for folder in ("harness", "backends", "scenarios", "expectations", "docs", "requirements"):
+            shutil.copytree(ROOT / folder, code / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(ROOT / "pyproject.toml", code / "pyproject.toml")
+        _chown_tree(code, uid)
+        (site / "aa-pdconform-code.pth").write_text(f"{code}\n")
         (site / "zz-pdconform-checkout.pth").write_text(f"import site; site.addsitedir({str(_site_packages())!r})\n")
         # the .venv `make setup` made here carries a stamp of the inputs it was made from; the
         # scratch .venv carries the same, so the workflow's `make setup` finds it set up, as after

@@ -141,11 +141,11 @@ def test_a_known_bug_is_judged_against_the_shipped_expectations_by_default(tmp_p
     stored run: the cell's history is the same, and a second Mori cell costs 20 s of CPU)."""
     ran = pdconform("run", "--scenario", "late-old-status", "--impl", "mori", "--out", str(tmp_path / "out"))
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-    assert "late-old-status x mori: known B13: FAIL" in ran.stdout
+    assert "late-old-status x mori: known B13 (bug): FAIL" in ran.stdout
     lines = ran.stdout.rstrip().splitlines()
     assert lines[-3].startswith("expectations: expectations/sglang-0.5.23.toml (shipped")
     progress = [line for line in ran.stderr.splitlines() if not line.startswith("warning: the machine was overloaded")]
-    assert progress[-1].startswith("[1/1] late-old-status x mori: known B13: FAIL, ")  # off a terminal; the load
+    assert progress[-1].startswith("[1/1] late-old-status x mori: known B13 (bug): FAIL, ")  # off a terminal; the load
     # warning (harness/report/load.py) may follow it on a loaded machine
     from harness import program
 

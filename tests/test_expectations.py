@@ -207,3 +207,80 @@ def test_update_with_a_named_file_judges_the_run_against_that_file(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "removed slow-aux x mori" in out.stdout and "slow-aux" not in path.read_text()
     assert 'scenario = "room-reuse"\nimpl = "nixl"' in path.read_text()  # as expected there: kept
+
+
+# --- expectations per check: a new failure inside a known cell is a regression --------------------
+
+def _checked_cell(failing: list[str], listed: list[str] | None, verdict: str = "FAIL") -> CellResult:
+    from harness.judge.expectations import Expectation, apply
+
+    checks = [{"name": n, "requirement": "R-LIVE-2" if n == "no-dead-thread" else "R-REUSE-1", "ok": False}
+              for n in failing] + [{"name": "bytes-exact", "requirement": "R-LAYOUT-1", "ok": True}]
+    cell = CellResult(impl="mooncake", scenario="late-old-abort", verdict=verdict, checks=checks)
+    return apply(cell, Expectation(impl="mooncake", scenario="late-old-abort", verdict="FAIL", reason="the ABORT half",
+                                   link="docs/sglang-bugs.md#b13", checks=listed))
+
+
+def test_a_check_failing_that_a_known_cell_does_not_list_is_a_regression_named():
+    from harness.report.terminal import expectation_gap
+
+    same = _checked_cell(["prefill-ignores-late-abort"], ["prefill-ignores-late-abort"])
+    assert same.as_expected and not is_regression(same) and not is_fix(same)
+    new = _checked_cell(["prefill-ignores-late-abort", "no-dead-thread"], ["prefill-ignores-late-abort"])
+    assert not new.as_expected and is_regression(new) and not is_fix(new)  # the verdict alone would say "known"
+    assert expectation_gap(new) == "new: no-dead-thread (R-LIVE-2) in known B13, bug cell"
+    partial = _checked_cell(["prefill-ignores-late-abort"], ["prefill-ignores-late-abort", "no-dead-thread"])
+    assert is_fix(partial) and not is_regression(partial)
+    assert expectation_gap(partial) == "no longer failing: no-dead-thread (a partial fix)"
+    legacy = _checked_cell(["prefill-ignores-late-abort", "no-dead-thread"], None)  # no list: the verdict decides
+    assert legacy.as_expected and not is_regression(legacy) and legacy.expected_class == "bug"
+
+
+def test_every_report_names_the_new_check_and_the_class():
+    from harness.report.files import junit_bytes, summary_markdown
+    from harness.report.html import render_index_html
+    from harness.report.terminal import cell_text, reasons
+
+    new = _checked_cell(["prefill-ignores-late-abort", "no-dead-thread"], ["prefill-ignores-late-abort"])
+    known = _checked_cell(["prefill-ignores-late-abort"], ["prefill-ignores-late-abort"])
+    known.impl = "nixl"
+    run = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[new, known], expectations="e.toml")
+    assert "new failing check" in cell_text(new).plain and "known B13 (bug)" in cell_text(known).plain
+    assert any("new: no-dead-thread (R-LIVE-2) in known B13, bug cell" in line for line in reasons(run))
+    summary = summary_markdown(run)
+    assert "1 regression(s)" in summary and "new: no-dead-thread (R-LIVE-2)" in summary
+    assert "known B13, bug" in summary
+    junit = junit_bytes(run).decode()
+    assert 'type="NEW-CHECK"' in junit and 'type="known-fail"' in junit and "known FAIL (bug)" in junit
+    assert "new failing check" in render_index_html(run)
+
+
+def test_update_writes_the_failing_checks_and_round_trips():
+    from harness.judge.expectations import updated_text
+
+    text = ('sglang = "0.5.23"\n\n[[expect]]\nimpl = "mooncake"\nscenario = "late-old-abort"\nverdict = "FAIL"\n'
+            'reason = "the ABORT half"\nlink = "docs/sglang-bugs.md#b13"\n')
+    cell = _checked_cell(["prefill-ignores-late-abort", "no-dead-thread"], None)
+    run = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[cell])
+    new, changes = updated_text(text, run)
+    assert changes == ["late-old-abort x mooncake: checks listed: prefill-ignores-late-abort, no-dead-thread"]
+    assert new == text + 'checks = ["prefill-ignores-late-abort", "no-dead-thread"]\n'
+    assert tomllib.loads(new)["expect"][0]["checks"] == ["prefill-ignores-late-abort", "no-dead-thread"]
+    listed = _checked_cell(["prefill-ignores-late-abort", "no-dead-thread"],
+                           ["prefill-ignores-late-abort", "no-dead-thread"])
+    again, none = updated_text(new, RunResult(sglang=run.sglang, seed=0, cells=[listed]))
+    assert again == new and none == []  # up to date: nothing written
+    fixed = _checked_cell(["prefill-ignores-late-abort"], ["prefill-ignores-late-abort", "no-dead-thread"])
+    partial, changed = updated_text(new, RunResult(sglang=run.sglang, seed=0, cells=[fixed]))
+    assert changed == ["late-old-abort x mooncake: no longer failing: no-dead-thread (a partial fix)"]
+    assert partial == text + 'checks = ["prefill-ignores-late-abort"]\n'
+    regressed = _checked_cell(["prefill-ignores-late-abort", "no-dead-thread"], ["prefill-ignores-late-abort"])
+    assert updated_text(partial, RunResult(sglang=run.sglang, seed=0, cells=[regressed])) == (partial, [])
+
+
+def test_every_shipped_bug_link_has_a_class():
+    from harness.judge.expectations import bug_class
+
+    exp = load_expectations(ROOT / "expectations" / "sglang-0.5.23.toml", IMPLEMENTATIONS, SCENARIOS)
+    unclassed = {e.link for e in exp.entries.values() if e.link.startswith("docs/sglang-bugs.md#") and not bug_class(e.link)}
+    assert not unclassed, f"entries of docs/sglang-bugs.md without a **Class:** line: {sorted(unclassed)}"

@@ -51,8 +51,11 @@ def _owner(hosts: list[str]) -> str:
 
 
 def _creator() -> tuple[subprocess.Popen, list[str]]:
+    # SIGINT back to its default in the child: a suite started in the background (`make test &`, a CI
+    # step) ignores it, the child would inherit that, and Python only raises KeyboardInterrupt where it
+    # is not ignored at start (the creator then slept through the test's SIGINT: the flake seen twice)
     child = subprocess.Popen([sys.executable, "-c", CREATE_AND_WAIT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     hosts = child.stdout.readline().split()
     assert len(hosts) == 2 and set(hosts) <= set(netns.namespaces())
     return child, hosts

@@ -79,7 +79,7 @@ def test_summary_lists_the_unexpected_cells_with_divergence_and_repro():
     text = summary_markdown(sample_run())
     assert text.startswith("## pdconform: **3 regression(s), 1 fix(es)**")
     assert "sglang 0.5.23 (src, commit 0123456789ab" in text
-    assert "| `dead-prefill` | ✅ PASS | **❌ FAIL** (expected PASS) | ❌ FAIL |" in text
+    assert "| `dead-prefill` | ✅ PASS | **❌ FAIL** (expected PASS) | ❌ FAIL known B1 |" in text  # known: marked
     unexpected = text.split("### Not as expected")[1].split("<details>")[0]
     assert "dead-prefill x mooncake" in unexpected and "dead-prefill x mori" in unexpected
     assert "room-reuse x mooncake" in unexpected and "dead-prefill x nixl" not in unexpected

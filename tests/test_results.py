@@ -15,7 +15,8 @@ def test_results_json_shape_and_round_trip(tmp_path):
     dump_run(run, path)
     data = json.loads(path.read_text())
     assert data["schema"] == 2
-    assert data["sglang"] == {"version": "0.5.23", "path": "/x/sglang", "source": "installed", "commit": None}
+    assert data["sglang"] == {"version": "0.5.23", "path": "/x/sglang", "source": "installed", "commit": None,
+                              "version_source": None, "expectations_for": None, "bootstrap_token_env": None}
     assert data["seed"] == 3 and data["duration_s"] == 1.5
     for cell in data["cells"]:
         assert {"impl", "scenario", "verdict", "expected", "engine", "duration_s", "bytes_verified",

@@ -38,6 +38,9 @@ def test_the_reference_runs_against_any_release():
 @pytest.mark.parametrize("version, supported", [
     ("0.5.16", False), ("0.5.17", True), ("0.5.18", True), ("0.5.18.post1", True),
     ("0.5.19", False), ("0.5.20", False), ("0.5.21", False), ("0.5.22", True), ("0.5.23", True), ("0.6.0", True),
+    # a checkout of main, a post or local build: their release decides, never the suffix
+    ("0.5.24.dev0", True), ("0.5.24.dev12+g0a1b2c3", True), ("0.5.23.post1", True), ("0.5.23+abc", True),
+    ("0.5.24rc1", True), ("0.5.20.dev0", False), ("0.5.17.post2", True),
 ])
 def test_sglang_backends_declare_the_releases_they_were_checked_on(impl, version, supported):
     declared = im.implementation(impl).sglang_range
@@ -86,3 +89,13 @@ def test_a_cell_outside_the_declared_range_is_unsupported(tmp_path):
     assert result.verdict == "UNSUPPORTED", result.reason
     assert "start_prefill" in result.reason
     assert "is outside the releases the selftest-out-of-range adapter supports (0.0.0; no real release" in result.reason
+
+
+@pytest.mark.parametrize("version, strategy", [
+    ("0.5.24.dev0", "published-runtime-context"), ("0.5.23+abc", "published-runtime-context"),
+    ("0.5.18.post1", "parallel-state-globals"),
+])
+def test_a_dev_post_or_local_version_gets_its_releases_role_context(version, strategy):
+    from harness.target.role_context import strategy_for
+
+    assert strategy_for(version).name == strategy

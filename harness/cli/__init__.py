@@ -61,15 +61,22 @@ def _registry():
     return implementations
 
 
-def _target(sglang_src: Optional[Path], sglang_version: Optional[str]):
-    """Resolve --sglang-src / --sglang (harness.target.sglang); bad input exits 2.  A release
-    outside an implementation's declared range is not bad input: its cells are UNSUPPORTED."""
+def _target(sglang_src: Optional[Path], sglang_version: Optional[str], tree_version: Optional[str] = None):
+    """Resolve --sglang-src (with --sglang-version, the tree's version when it does not say) /
+    --sglang (harness.target.sglang), and note which release's shipped expectations the version
+    takes by default (``info.expectations_for``, harness.judge.expectations.shipped_path); bad input
+    exits 2.  A release outside an implementation's declared range is not bad input: its cells are
+    UNSUPPORTED."""
+    from harness.judge.expectations import shipped_path
     from harness.target.sglang import TargetError, resolve_target
 
     try:
-        return resolve_target(sglang_src, sglang_version)
+        target = resolve_target(sglang_src, sglang_version, tree_version=tree_version)
     except TargetError as exc:
         raise _usage_error(str(exc))
+    shipped = shipped_path(target.info.version)
+    target.info.expectations_for = shipped.stem.removeprefix("sglang-") if shipped else None
+    return target
 
 
 def _select(impl: Optional[List[str]], scenario: Optional[List[str]], topology: Optional[List[str]] = None,
@@ -161,6 +168,11 @@ SGLANG_SRC_OPTION = typer.Option(None, "--sglang-src", help="Run against this sg
                                  "or unpacked wheel instead of the installed sglang.")
 SGLANG_VERSION_OPTION = typer.Option(None, "--sglang", help="Run against this released sglang version, set up once "
                                      "into the cached environment .venv-sglang-VERSION.")
+SGLANG_TREE_VERSION_OPTION = typer.Option(
+    None, "--sglang-version", metavar="X", help="The version of the --sglang-src tree, for a tree that does not say it "
+    "(no version file, package metadata or vX.Y.Z git tag: a shallow clone of main) or says it wrong; it picks the "
+    "shipped expectations (a dev, pre, post or local version takes the newest shipped release at or below it) and "
+    "the adapters' sglang ranges. results.json records that the version came from this option.")
 ENGINE_SETTING_OPTION = typer.Option(
     None, "--engine-setting", metavar="NAME=VALUE", show_default=False,
     help="Change an engine setting from pdconform's default (repeatable; `pdconform doctor` lists them): "

@@ -21,6 +21,7 @@ from harness.cli import (
     FULL_WAITS_OPTION,
     POOL_DEVICE_OPTION,
     SGLANG_SRC_OPTION,
+    SGLANG_TREE_VERSION_OPTION,
     SGLANG_VERSION_OPTION,
     _bind,
     _pool_device,
@@ -67,7 +68,7 @@ def _print_verdicts(result, expectations_path, expectations_line: str = "") -> N
     were used, and the closing line."""
     from harness.judge.expectations import fixes, regressions, under_load
     from harness.report.load import alone_line, load_warning
-    from harness.report.terminal import closing_line, matrix_table, reasons, reproduce_command
+    from harness.report.terminal import closing_line, expectation_gap, matrix_table, reasons, reproduce_command
 
     console.print(matrix_table(result))
     for line in reasons(result):
@@ -78,7 +79,7 @@ def _print_verdicts(result, expectations_path, expectations_line: str = "") -> N
         if cells:
             console.print(f"[bold red]{len(cells)} {escape(title.replace('{s}', 's' * (len(cells) != 1)))}:[/]")
             for c in cells:
-                console.print(terminal(f"  {c.scenario} x {c.impl}: {c.verdict}, expected {c.expected}   "
+                console.print(terminal(f"  {c.scenario} x {c.impl}: {expectation_gap(c)}   "
                                        f"({reproduce_command(result, c)})"), markup=False,
                                highlight=False)
     loaded = under_load(result)  # neither as expected nor a regression: listed apart (harness.judge.load)
@@ -101,8 +102,11 @@ def _docs_url(url: str) -> str:
     return url
 
 
-def _expectations_line(loaded, given: Optional[Path]) -> str:
-    """Which expectations the cells were judged against, in one line (stdout, after the cells)."""
+def _expectations_line(loaded, given: Optional[Path], run=None) -> str:
+    """Which expectations the cells were judged against, in one line (stdout, after the cells);
+    with the ``run`` (a RunResult), why a file shipped for another release judged them
+    (harness.target.sglang.SglangInfo.expectations_note)."""
+    note = run.sglang.expectations_note(run.expectations) if run is not None else ""
     if loaded is None:
         return ("expectations: none, every cell expected to PASS" if given is not None
                 else "expectations: none shipped for this sglang, every cell expected to PASS")
@@ -111,8 +115,25 @@ def _expectations_line(loaded, given: Optional[Path]) -> str:
         path = path.resolve().relative_to(Path.cwd().resolve())
     except ValueError:
         pass
-    shipped = " (shipped for this sglang; --expectations none judges every cell against PASS)" if given is None else ""
+    shipped = (f" ({note or 'shipped for this sglang'}; --expectations none judges every cell against PASS)"
+               if given is None else "")
     return f"expectations: {path}{shipped}"
+
+
+def _target_and_expectations(sglang_src: Optional[Path], sglang_version: Optional[str], tree_version: Optional[str],
+                             expectations: Optional[Path]):
+    """The sglang under test (harness.cli._target) and the expectations it is judged against
+    (harness.cli._expectations), as ``(target, loaded)``; a note on stderr when the shipped file
+    judging it was written for another release.  Bad input exits 2."""
+    target = _target(sglang_src, sglang_version, tree_version)
+    loaded = _expectations(expectations, target.info.version)
+    note = target.info.expectations_note(loaded.path if loaded and expectations is None else None)
+    if note:  # a dev, pre, post or local version: the newest shipped release at or below it judges it
+        err.print(f"[yellow]note:[/] judged against the {escape(note)}")
+    elif loaded and loaded.sglang and loaded.sglang != target.info.version:
+        err.print(f"[yellow]note:[/] {escape(loaded.path)} was written for sglang {escape(loaded.sglang)}, "
+                  f"this run uses {escape(str(target.info.version))}")
+    return target, loaded
 
 
 def _run_session(config, callbacks=None, progress=None):
@@ -160,6 +181,7 @@ def run(
     expectations: Optional[Path] = EXPECTATIONS_OPTION,
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    sglang_tree_version: Optional[str] = SGLANG_TREE_VERSION_OPTION,
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=MAX_JOBS, help="Cells run at once (default: the number "
                                        "of cores). Verdicts do not depend on it."),
     fork: bool = typer.Option(True, "--fork/--no-fork", help="Fork cells and roles from one process that imported "
@@ -188,12 +210,9 @@ def run(
     bind = _bind(bind)
     pool_device = _pool_device(pool_device)
     out = _out_dir(out)
-    target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
-    loaded = _expectations(expectations, target.info.version)
+    # every option is checked before a file is written
+    target, loaded = _target_and_expectations(sglang_src, sglang_version, sglang_tree_version, expectations)
     hint = duration_hint(out / LATEST / "results.json", scenarios, impls, seed, loaded)
-    if loaded and loaded.sglang and loaded.sglang != target.info.version:
-        err.print(f"[yellow]note:[/] {escape(loaded.path)} was written for sglang {escape(loaded.sglang)}, "
-                  f"this run uses {escape(str(target.info.version))}")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
                        engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
@@ -214,7 +233,7 @@ def _print_run_end(result, loaded, expectations: Optional[Path], out: Path) -> N
     """The verdicts, the baseline's marks and where the results are (stdout)."""
     from harness.report.run_diff import baseline_lines
 
-    _print_verdicts(result, loaded.path if loaded else None, _expectations_line(loaded, expectations))
+    _print_verdicts(result, loaded.path if loaded else None, _expectations_line(loaded, expectations, result))
     for line in baseline_lines(result):
         console.print(line, markup=False, highlight=False)
     console.print(f"results: {(out / 'latest').resolve() / 'results.json'}  reports: junit.xml, summary.md, "
@@ -255,6 +274,7 @@ def repro(
     out: Path = typer.Option(Path("reports/out/repro"), "--out", help="Directory for the cell's logs and history."),
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    sglang_tree_version: Optional[str] = SGLANG_TREE_VERSION_OPTION,
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     full_waits: bool = FULL_WAITS_OPTION,
     bind: Optional[str] = BIND_OPTION,
@@ -280,8 +300,7 @@ def repro(
     bind = _bind(bind)
     pool_device = _pool_device(pool_device)
     out = _out_dir(out)
-    target = _target(sglang_src, sglang_version)
-    loaded = _expectations(expectations, target.info.version)
+    target, loaded = _target_and_expectations(sglang_src, sglang_version, sglang_tree_version, expectations)
     console.print(f"[bold]{escape(sc.id)}[/] x [bold]{escape(impl)}[/], seed {seed}, sglang "
                   f"{escape(str(target.info.version))} ({target.info.source}: {escape(str(target.info.path))})",
                   highlight=False)
@@ -306,7 +325,7 @@ def repro(
     for line in reasons(result):
         console.print(f"  {line}", markup=False, highlight=False)
     console.print(f"cell directory: {terminal(cell.workdir)}", highlight=False, markup=False)
-    console.print(terminal(_expectations_line(loaded, expectations)), highlight=False, markup=False)
+    console.print(terminal(_expectations_line(loaded, expectations, result)), highlight=False, markup=False)
     raise typer.Exit(code=0 if cell.as_expected else 1)
 
 

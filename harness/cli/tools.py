@@ -14,6 +14,7 @@ from harness.cli import (
     MAX_SEED,
     ENGINE_SETTING_OPTION,
     SGLANG_SRC_OPTION,
+    SGLANG_TREE_VERSION_OPTION,
     SGLANG_VERSION_OPTION,
     _out_dir,
     _run_folder,
@@ -29,24 +30,41 @@ from harness.cli import (
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Python, sglang version and path, and for each engine: real, stand-in or unusable, and why."""
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+           sglang_src: Optional[Path] = typer.Option(None, "--sglang-src", help="Report this sglang checkout (its "
+                                                     "python/ folder) or unpacked wheel instead of the installed "
+                                                     "sglang."),
+           sglang_tree_version: Optional[str] = SGLANG_TREE_VERSION_OPTION) -> None:
+    """Python, sglang version (and where it was read), path and commit, and for each engine: real,
+    stand-in or unusable, and why."""
     from harness.doctor import diagnose
+    from harness.report.safe import terminal
 
-    report = diagnose(list(_registry().available().values()))
+    target = _target(sglang_src, None, sglang_tree_version) if sglang_src is not None or sglang_tree_version else None
+    report = diagnose(list(_registry().available().values()), target)
     if as_json:
         console.print_json(json.dumps(report))
     else:
         console.print(f"python   {report['python']['version']} ({report['python']['executable']})", highlight=False)
         sg = report["sglang"]
-        console.print(f"sglang   {sg['version'] or 'NOT INSTALLED'} ({sg['path'] or '-'})", highlight=False)
+        console.print(terminal(f"sglang   {sg['version'] or 'NOT INSTALLED'} ({sg['path'] or '-'})"
+                               + (f", {sg['source']}" if sg['source'] != "installed" else "")
+                               + (f", commit {sg['commit']}" if sg.get("commit") else "")), highlight=False,
+                      markup=False)
+        if sg["version"]:
+            console.print(terminal(f"         version from {sg['version_source'] or '-'}"
+                                   + (f"; {sg['expectations']}" if sg.get("expectations") else "")
+                                   + f"; bootstrap token: {sg['bootstrap_token'] or 'none (this sglang takes none)'}"),
+                          highlight=False, markup=False)
         console.print(f"libibverbs.so.1  {'present' if report['libibverbs'] else 'missing'}")
         net = report["network"]
         console.print(f"network  [{'green' if net['isolated'] else 'yellow'}]{escape(net['detail'])}[/]")
         for e in report["engines"]:
             style = {"real": "green", "standin": "yellow", "reference": "green"}.get(e["engine"], "red")
             console.print(f"{e['impl']:<10}[{style}]{e['engine']:<10}[/]{escape(e['reason'])}  "
-                          f"[dim]sglang {escape(e['sglang_range'])}[/]")
+                          f"[dim]sglang {escape(e['sglang_range'])}[/]"
+                          + ("" if e["in_range"] else f" [yellow]{escape(str(sg['version']))} is outside: its cells are "
+                                                      "UNSUPPORTED[/]"))
     usable = report["sglang"]["version"] and all(e["engine"] != "unusable" for e in report["engines"])
     raise typer.Exit(code=0 if usable else 1)
 
@@ -227,6 +245,7 @@ def soak(
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of every run (the same in each: only chance differs)."),
     sglang_src: Optional[Path] = SGLANG_SRC_OPTION,
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
+    sglang_tree_version: Optional[str] = SGLANG_TREE_VERSION_OPTION,
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
     out: Path = typer.Option(Path("reports/out/soak"), "--out", help="Folder for the soaks: each writes "
                              "OUT/runs/<time>/ with run-1 ... run-N, soak.json and soak.md."),
@@ -248,7 +267,7 @@ def soak(
     jobs = jobs or default_jobs()
     impls, scenarios = _select(impl, scenario)
     out = _out_dir(out)
-    target = _target(sglang_src, sglang_version)  # every option is checked before a file is written
+    target = _target(sglang_src, sglang_version, sglang_tree_version)  # every option is checked before a file is written
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, jobs=jobs,
                        engine_settings=_settings(engine_setting), reports=False,
                        duration_hint=clean_clone_order(target.info.version, scenarios, impls, seed))

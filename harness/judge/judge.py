@@ -31,6 +31,7 @@ from harness.judge import divergence, postconditions
 from harness.judge.load import cell_load, starved, timing_only
 from harness.judge.checks import CheckResult
 from harness.judge.expectations import Expectation, Expectations
+from harness.judge.expectations import apply as apply_expectation
 from harness.judge.results import CellResult, RunResult, alone_dir, cell_dir
 from harness.judge.verdict import Level, Verdict
 from harness.spec.text import clean, clean_tree
@@ -148,9 +149,7 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
         history, result.checks)
     if reference and impl != REFERENCE and not scenario.test_only and verdict != Verdict.UNSUPPORTED:
         result.divergence = divergence.first_divergence(reference, history, result.checks)
-    if expectation is not None:
-        result.expected = Verdict(expectation.verdict)
-        result.expected_reason, result.expected_link = expectation.reason, expectation.link
+    apply_expectation(result, expectation)  # its verdict, reason, link, failing checks and the bug's class
     # what the code under test said, safe to store and encode: no lone surrogate, no bidi control (harness.spec.text)
     result.reason, result.engine = clean(result.reason), result.engine and clean(result.engine)
     result.checks, result.divergence = clean_tree(result.checks), clean_tree(result.divergence)

@@ -32,7 +32,7 @@ from harness.judge.divergence import normalize
 from harness.judge.results import CellResult, RunResult, cell_dir, write_atomic
 from harness.report import timeline as tl
 from harness.report.templates_env import env
-from harness.report.terminal import bug_id, reproduce_command
+from harness.report.terminal import expectation_gap, known_label, reproduce_command
 from harness.spec.history import Event, Op
 from harness.spec.protocol import REFERENCE
 
@@ -257,7 +257,8 @@ def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, refer
     return {
         "cell": cell, "run": run,
         "unexpected": not cell.as_expected,
-        "bug": bug_id(cell.expected_link) if cell.expected_link else "",
+        "bug": known_label(cell),
+        "gap": expectation_gap(cell),  # how it differs from its expectation ("" when as expected)
         "bug_href": docs_href(run, cell.expected_link) if cell.expected_link else None,
         "failing": failing,
         "checks_total": len(cell.checks),

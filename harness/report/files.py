@@ -30,7 +30,7 @@ from harness.report.html import write_index_html
 from harness.report.load import alone_line, load_warning, starved_line
 from harness.report.safe import cut, md, md_code
 from harness.report.run_diff import baseline_rows
-from harness.report.terminal import bug_id, engine_settings_line, reproduce_command
+from harness.report.terminal import bug_id, engine_settings_line, expectation_gap, known_label, reproduce_command
 
 # GitHub rejects comments over 65,536 characters; summary.md stays well below.
 SUMMARY_LIMIT = 60_000
@@ -101,9 +101,16 @@ def junit_xml(run: RunResult) -> JUnitXml:
             head = f"{requirement}: {head}"
         out = [f"verdict {cell.verdict} (expected {cell.expected}), engine {cell.engine}, "
                f"{cell.bytes_verified} bytes verified", f"reproduce: {reproduce_command(run, cell, portable=True)}"]
-        if cell.verdict != "PASS" and cell.verdict == cell.expected:  # known: its type says which verdict
-            result = Skipped(f"known {cell.expected}: {cell.expected_reason} ({doc_link(run, cell.expected_link)})",
+        if cell.verdict != "PASS" and cell.as_expected:  # known: its type says which verdict
+            result = Skipped(f"known {cell.expected}{f' ({cell.expected_class})' if cell.expected_class else ''}: "
+                             f"{cell.expected_reason} ({doc_link(run, cell.expected_link)})",
                              f"known-{str(cell.expected).lower()}")
+            result.text = text
+            case.result = [result]
+        elif cell.verdict == cell.expected and cell.verdict != "PASS" and not cell.under_load:
+            # the expected verdict, but not the checks its entry lists: a new failure is a regression,
+            # a listed check that holds a partial fix; either way red, named
+            result = Failure(f"not as expected: {expectation_gap(cell)}", "NEW-CHECK" if cell.new_checks else "FIXED")
             result.text = text
             case.result = [result]
         elif cell.under_load:  # as expected run again alone: neither a pass nor a regression (harness.judge.load)
@@ -156,6 +163,10 @@ def _matrix_markdown(run: RunResult) -> list[str]:
             text = f"{MARK.get(cell.verdict, '')} {cell.verdict}"
             if cell.verdict != cell.expected:
                 text = f"**{text}** (expected {cell.expected})"
+            elif not cell.as_expected:  # the expected verdict, not the expected checks
+                text = f"**{text}** ({'new failing check' if cell.new_checks else 'a listed check fixed'})"
+            elif cell.verdict != "PASS" and cell.expected_link:
+                text += f" known {md(known_label(cell))}"
             if cell.alone is not None:  # run again alone (harness.judge.load)
                 text += f"<br>{cell.alone.verdict} alone" + (": timing under load" if cell.under_load else "")
             row.append(text)
@@ -167,6 +178,8 @@ def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
     """One cell not PASSing, as a list item; every string from the run is escaped (harness.report.safe)."""
     lines = [f"- **{md(cell.scenario)} x {md(cell.impl)}**: {cell.verdict}, expected {cell.expected}",
              f"  - {md(cut(cell.reason or str(cell.verdict)))}"]  # one item per value, whatever lines it holds
+    if expectation_gap(cell) and not cell.as_expected:
+        lines.insert(1, f"  - not as expected: {md(expectation_gap(cell))}")
     if cell.divergence:
         lines.append(f"  - {md(cut(describe_divergence(cell.divergence)))}")
     if alone_line(cell) or starved_line(cell):  # the load it ran under (harness.judge.load)
@@ -174,6 +187,7 @@ def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
     if cell.expected_reason:
         link = doc_link(run, cell.expected_link)
         shown = f"[{md(bug_id(cell.expected_link))}]({link})" if re.match(r"^(https?://|docs/)", link) else md(link)
+        shown += f", {md(cell.expected_class)}" if cell.expected_class else ""
         lines.append(f"  - expected because: {md(cell.expected_reason)} ({shown})")
     lines.append(f"  - reproduce: {md_code(reproduce_command(run, cell, portable=True))}")
     return lines
@@ -207,6 +221,7 @@ def summary_markdown(run: RunResult) -> str:
              f"{md(sglang_line(run, path=False))}, seed {run.seed}, {len(run.cells)} cells in {run.duration_s:.0f} s: "
              + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
              + (f"; expectations {md_code(expectations_name(run))}" if run.expectations else ""), ""]
+    lines[-1:-1] = ["", md(note)] if (note := run.sglang.expectations_note(run.expectations)) else []
     if engine_settings_line(run):
         lines[-1:-1] = ["", md(engine_settings_line(run))]
     if load_warning(run):
@@ -221,7 +236,7 @@ def summary_markdown(run: RunResult) -> str:
         lines += ["", "### Worse than expected only under load (as expected run again alone)", ""]
         for cell in loaded:
             lines += _cell_block(run, cell)
-    known = [c for c in run.cells if c.verdict != "PASS" and c.verdict == c.expected]
+    known = [c for c in run.cells if c.verdict != "PASS" and c.as_expected]
     unexpected_ok = [c for c in run.cells if c.verdict != "PASS" and c not in regs and c not in fixed
                      and c not in known and c not in loaded]
     for title, cells in (("Known non-PASS cells (as expected)", known),

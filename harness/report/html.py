@@ -22,7 +22,7 @@ from harness.judge.results import VERDICTS, CellResult, RunResult, cell_dir_name
 from harness.report.cell_page import CELL_PAGE, docs_href, requirement_link, write_cell_pages
 from harness.report.load import alone_line, load_warning, starved_line
 from harness.report.templates_env import env
-from harness.report.terminal import bug_id, engine_settings_line, reproduce_command
+from harness.report.terminal import bug_id, engine_settings_line, expectation_gap, known_label, reproduce_command
 from harness.spec.requirements import requirements
 
 
@@ -43,8 +43,8 @@ def _cell_view(run: RunResult, cell: CellResult) -> dict:
         "id": "cell-" + cell_dir_name(cell.scenario, cell.impl),
         "href": cell_href(cell),
         "unexpected": not cell.as_expected,
-        "bug": bug_id(cell.expected_link) if cell.expected_link and cell.verdict != "PASS" and cell.as_expected
-        else "",
+        "bug": known_label(cell) if cell.expected_link and cell.verdict != "PASS" and cell.as_expected else "",
+        "gap": expectation_gap(cell),  # how it differs from its expectation ("" when as expected)
         "baseline": mark["mark"] if mark and mark["mark"] not in ("same", "not in baseline") else "",
         "baseline_title": (f"{mark['mark']}: {mark['before']} before" + (f"; {'; '.join(mark['checks'])}"
                                                                          if mark["checks"] else "")) if mark else "",

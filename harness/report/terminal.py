@@ -32,8 +32,14 @@ def cell_text(cell: CellResult) -> Text:
     ``(expected X)`` marks a verdict other than the expected one, ``known B13`` a non-PASS
     verdict its expectations file expects (a known sglang bug, not this change's)."""
     text = Text(cell.verdict, style=VERDICT_STYLE.get(cell.verdict, ""))
-    if not cell.as_expected:
+    if cell.verdict != cell.expected:
         text.append(f" (expected {cell.expected})", style="bold red")
+    elif cell.new_checks:  # the expected verdict, with a check failing that its entry does not list
+        text.append(f" (+{len(cell.new_checks)} new failing check{'s' * (len(cell.new_checks) != 1)})",
+                    style="bold red")
+    elif cell.gone_checks:
+        text.append(f" ({len(cell.gone_checks)} listed check{'s' * (len(cell.gone_checks) != 1)} fixed)",
+                    style="bold red")
     elif known_mark(cell):
         text.append(f" {terminal(known_mark(cell).rstrip(': '))}", style="dim")
     if cell.alone is not None:  # run again alone (harness.judge.load): both results, the second on its own line
@@ -79,6 +85,7 @@ def reproduce_command(run: RunResult, cell: CellResult, portable: bool = False, 
         # the folder that holds the sglang package: --sglang-src accepts it like the checkout
         where = "SGLANG_CHECKOUT" if portable else shlex.quote(str(Path(run.sglang.path).parent))
         target = f" --sglang-src {where}"
+        target += f" --sglang-version {shlex.quote(run.sglang.version or '')}" if run.sglang.from_option else ""
     elif run.sglang.source == "venv" and run.sglang.version:
         target = f" --sglang {run.sglang.version}"
     impl = registered().get(cell.impl)
@@ -128,11 +135,42 @@ def bug_id(link: str) -> str:
         and anchor[1:].isdigit() else link
 
 
+def known_label(cell: CellResult) -> str:
+    """The known bug a cell's expectation names, with its class: ``B13, bug`` (docs/sglang-bugs.md),
+    the link alone when it names no bug there, ``""`` without a link."""
+    if not cell.expected_link:
+        return ""
+    return bug_id(cell.expected_link) + (f", {cell.expected_class}" if cell.expected_class else "")
+
+
 def known_mark(cell: CellResult) -> str:
-    """``known B13: `` for a non-PASS cell whose verdict its expectations file expects, else ""."""
+    """``known B13 (bug): `` for a non-PASS cell as its expectations file expects it, else ""."""
     if cell.verdict == "PASS" or not cell.as_expected:
         return ""
-    return f"known {bug_id(cell.expected_link)}: " if cell.expected_link else "known: "
+    return f"known {bug_id(cell.expected_link)}{f' ({cell.expected_class})' if cell.expected_class else ''}: " \
+        if cell.expected_link else "known: "
+
+
+def _named(cell: CellResult, names: list[str]) -> str:
+    """Check names with the requirement each cites: ``no-dead-thread (R-LIVE-2)``."""
+    cites = {str(c.get("name")): c.get("requirement") for c in (cell.alone or cell).checks + cell.checks}
+    return ", ".join(f"{n} ({cites[n]})" if cites.get(n) else n for n in names)
+
+
+def expectation_gap(cell: CellResult) -> str:
+    """How ``cell`` differs from its expectation, in words ("" when it is as expected): its
+    verdict (``FAIL, expected WARN``), checks failing that its entry does not list (``new:
+    no-dead-thread (R-LIVE-2) in known B13 cell``, a regression even with the expected verdict),
+    listed checks that now hold (``no longer failing: ... (a partial fix)``)."""
+    parts = []
+    if (cell.alone or cell).verdict != cell.expected:
+        parts.append(f"{(cell.alone or cell).verdict}, expected {cell.expected}")
+    if cell.new_checks:
+        where = f"known {known_label(cell)} cell" if cell.expected_link else f"a cell expected {cell.expected}"
+        parts.append(f"new: {_named(cell, cell.new_checks)} in {where}")
+    if cell.gone_checks:
+        parts.append(f"no longer failing: {_named(cell, cell.gone_checks)} (a partial fix)")
+    return "; ".join(parts)
 
 
 def closing_line(run: RunResult) -> str:
@@ -163,6 +201,8 @@ def reasons(run: RunResult, prog: str | None = None) -> list[str]:
         if c.verdict == "PASS":
             continue
         lines.append(f"{c.scenario} x {c.impl}: {known_mark(c)}{c.verdict}: {cut(c.reason)}")
+        if expectation_gap(c) and c.verdict == c.expected:  # the verdict as expected, the checks not
+            lines.append(f"    not as expected: {expectation_gap(c)}")
         if alone_line(c) or starved_line(c):  # the load it ran under, and the alone run's verdict
             lines.append(f"    {alone_line(c) or starved_line(c)}")
         if c.divergence:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from harness.judge.results import MARKER, RUNS, TREND_PAGE, RunResult, cell_dir_name, load_run, write_atomic
 from harness.report.cell_page import CELL_PAGE
 from harness.report.templates_env import env
-from harness.report.terminal import bug_id
+from harness.report.terminal import known_label
 
 OURS = "<!-- written by pdconform: harness/report/trend.py -->"  # a trend.html without it is not ours to replace
 
@@ -37,7 +37,7 @@ def render_trend(runs: list[tuple[str, RunResult]], pages: set[str] | None = Non
         rows.append({"scenario": scenario, "impl": impl, "changed": len(verdicts) > 1,
                      "cells": [None if c is None else
                                {"verdict": c.verdict, "expected": c.expected, "unexpected": not c.as_expected,
-                                "known": (bug_id(c.expected_link) or "bug") if c.verdict != "PASS" and c.as_expected
+                                "known": (known_label(c) or "bug") if c.verdict != "PASS" and c.as_expected
                                 else "",
                                 "href": _href(col["name"], cell_dir_name(scenario, impl), pages)}
                                for c, col in zip(seen, columns)]})

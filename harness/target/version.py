@@ -84,3 +84,38 @@ class SglangRange:
         return ", ".join(f">= {dotted(first)}" if last is None else
                          (dotted(first) if first == last else f"{dotted(first)} - {dotted(last)}")
                          for first, last in self.spans)
+
+
+def parse_version(version: str):
+    """``version`` as a :class:`packaging.version.Version` (PEP 440 ordering: ``0.5.24.dev0`` <
+    ``0.5.24rc1`` < ``0.5.24`` < ``0.5.24+abc`` < ``0.5.24.post1``); None when it is not a PEP 440
+    version."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version)
+    except (InvalidVersion, TypeError):
+        return None
+
+
+def is_plain_release(version: str) -> bool:
+    """True for a final release with nothing after it (``0.5.23``); False for a dev, pre, post or
+    local version (``0.5.24.dev0``, ``0.5.24rc1``, ``0.5.23.post1``, ``0.5.23+abc``) and for a
+    string that is not a PEP 440 version."""
+    parsed = parse_version(version)
+    return bool(parsed is not None and not (parsed.is_prerelease or parsed.is_postrelease or parsed.local))
+
+
+def newest_release_at_or_below(version: str, releases) -> str | None:
+    """The newest of ``releases`` (version strings; only plain final releases count, anything else
+    is skipped) at or below ``version`` in PEP 440 order, for a ``version`` that is a dev, pre,
+    post or local version: ``0.5.24.dev0`` and ``0.5.23.post1`` -> ``"0.5.23"`` out of
+    ``["0.5.17", "0.5.23"]``; ``0.5.23.dev0`` -> ``"0.5.17"`` (a dev of 0.5.23 comes before it).
+    None for a plain release (it has its own, or none), a non-PEP 440 string, or when no release
+    is at or below it."""
+    wanted = parse_version(version)
+    if wanted is None or is_plain_release(version):
+        return None
+    candidates = [(parse_version(r), r) for r in releases if is_plain_release(r)]
+    below = [(parsed, r) for parsed, r in candidates if parsed <= wanted]
+    return max(below)[1] if below else None
