@@ -284,3 +284,67 @@ def test_every_shipped_bug_link_has_a_class():
     exp = load_expectations(ROOT / "expectations" / "sglang-0.5.23.toml", IMPLEMENTATIONS, SCENARIOS)
     unclassed = {e.link for e in exp.entries.values() if e.link.startswith("docs/sglang-bugs.md#") and not bug_class(e.link)}
     assert not unclassed, f"entries of docs/sglang-bugs.md without a **Class:** line: {sorted(unclassed)}"
+
+
+@pytest.mark.e2e
+def test_judge_of_a_real_known_cell_names_a_check_its_entry_does_not_list(tmp_path):
+    """malformed-frame x nixl (known B3): judged against the shipped file, exit 0; against a copy
+    whose entry lists one failing check fewer, exit 1, the missing check named."""
+    out = tmp_path / "out"
+    ran = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--impl", "nixl", "--scenario",
+                          "malformed-frame", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    shipped = (ROOT / "expectations" / "sglang-0.5.23.toml").read_text()
+    entry = shipped.split('scenario = "malformed-frame"\nimpl = "nixl"\n', 1)[1].split("\n\n", 1)[0]
+    listed = tomllib.loads(entry)["checks"]
+    assert "no-dead-thread" in listed
+    fewer = tmp_path / "fewer.toml"
+    fewer.write_text(shipped.replace(entry, entry.replace(', "no-dead-thread"', "")))
+    judged = subprocess.run([sys.executable, "-m", "harness.cli", "judge", str(out), "--expectations", str(fewer)],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert judged.returncode == 1, judged.stdout[-2000:]
+    assert "malformed-frame x nixl: new: no-dead-thread (R-LIVE-2) in known B3, bug cell" in judged.stdout
+    again = subprocess.run([sys.executable, "-m", "harness.cli", "judge", str(out), "--expectations",
+                            str(ROOT / "expectations" / "sglang-0.5.23.toml")],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 0, again.stdout[-2000:]
+
+
+def test_a_check_that_fails_only_sometimes_is_neither_new_nor_fixed():
+    from harness.judge.expectations import Expectation, apply
+
+    def cell(failing: list[str], verdict: str) -> CellResult:
+        checks = [{"name": n, "requirement": "R-RESIDUE-1", "ok": False} for n in failing]
+        return apply(CellResult(impl="nixl", scenario="found-nixl-f409f150d1", verdict=verdict, checks=checks),
+                     Expectation(impl="nixl", scenario="found-nixl-f409f150d1", verdict="FAIL", reason="B16, timing",
+                                 link="docs/sglang-bugs.md#b16", checks=["no-residue-after-clear", "every-failure-has-reason"],
+                                 sometimes=["no-residue-after-clear"]))
+
+    for shown in (cell(["no-residue-after-clear", "every-failure-has-reason"], "FAIL"),
+                  cell(["every-failure-has-reason"], "WARN")):  # the timing-dependent half did not show this time
+        assert shown.as_expected and not is_regression(shown) and not is_fix(shown)
+    gone = cell([], "PASS")  # the steady half holds too: a fix
+    assert is_fix(gone) and gone.gone_checks == ["every-failure-has-reason"]
+    worse = cell(["every-failure-has-reason", "bytes-exact"], "FAIL")
+    assert is_regression(worse) and worse.new_checks == ["bytes-exact"]
+
+
+def test_sometimes_must_be_listed_in_checks(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nimpl = "nixl"\nscenario = "happy-path"\nverdict = "FAIL"\nreason = "r"\nlink = "l"\n'
+                    'checks = ["a"]\nsometimes = ["b"]\n')
+    with pytest.raises(ExpectationsError, match="sometimes lists checks that checks does not: b"):
+        load_expectations(path, IMPLEMENTATIONS, SCENARIOS)
+
+
+FOUND = sorted((ROOT / "scenarios" / "found").glob("found-*.json"))
+
+
+@pytest.mark.nightly
+@pytest.mark.parametrize("path", FOUND, ids=[p.stem for p in FOUND])
+def test_every_shipped_found_program_repro_exits_0(tmp_path, path):
+    """A shipped found program still shows its bug on sglang 0.5.23, as its expectations entry says."""
+    impl = json.loads(path.read_text())["impl"]
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "repro", path.stem, "--impl", impl, "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
