@@ -1,13 +1,19 @@
 """layout-pairs: layout pairs whose two sides are drawn on their own, as two sglang configs
-may set them (attention kind, layers, the decode's stage, draft KV layers, page size, KV
-heads, bytes per head), each transferred for real on roles of its own (R-LAYOUT-2).
+may set them (attention kind, layers, draft KV layers, page size, KV heads, bytes per head;
+each side its whole model, since a decode holding one stage would run PP > 1), each
+transferred for real on roles of its own (R-LAYOUT-2).
 
 The spec's planner (harness.spec.layout_plan.plan_pair) says for each pair where every
-buffer lands or that the pair must be refused.  A served pair must arrive byte-exact; a
-refused one must fail visibly on both sides (the decode with a reason) within the roles'
-short timeouts, with no page of the decode written; a hang, a one-sided refusal or a dead
-thread is a silent refusal.  The check counts the four outcomes over the drawn pairs and
-names, for each way a pair went wrong, the smallest pair found that goes wrong the same way.
+buffer lands or that the pair must be refused.  A served pair must arrive byte-exact.  A
+refused one must be refused visibly (harness.judge.layout_pairs): an explicit error at any
+step (sglang's bootstrap checks raise while the decode opens its receiver) or the decode's
+room Failed with a reason, before any write, before the decode's waiting timeout, with a
+reason that is not a timeout; a hang, a timeout, a reasonless end or a dead thread is a
+silent refusal.  A pair whose roles the harness could not start is an error (the check then
+cannot tell), and one the engine refuses on this machine (an adapter's Unsupported, such as
+NIXL's DRAM refusals) is not judged here.  The check counts the outcomes, lists every pair
+that did not go right, and names, for each way a pair went wrong, the smallest pair found
+that goes wrong the same way.
 ``PDCONFORM_LAYOUT_PAIRS`` sets how many pairs (default 6; ``make nightly`` draws 24).  It runs when
 named (``pdconform run --scenario layout-pairs``) or in a ``--topology nightly`` run, not in
 the default matrix: its transfers cost a CI gate too much.

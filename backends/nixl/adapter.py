@@ -27,6 +27,7 @@ from typing import Any
 
 from backends.nixl import DEFAULT_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 from backends.sglang_common import SglangCommonRole
+from harness.role.adapter import Refusal, Unsupported, predicted, refused
 from harness.role.faults import FAIL, NEVER, EngineFaultCounter
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,22 @@ class FaultyNixlAgent:
         return getattr(self._real, name)
 
 
+#: NIXL's refusals of host-memory (DRAM) KV that a GPU host gets past, as sglang raises them at run
+#: time: nixl/conn.py ``_prepare_payload_xfer``, on the prefill's bootstrap thread when a decode
+#: registers (the thread dies of it; docs/sglang-bugs.md U3)
+DRAM_REFUSALS = (
+    Refusal("NotImplementedError", "heterogeneous-TP direct-to-host KV transfer is not implemented safely yet",
+            "needs VRAM: NIXL writes the head slices of a heterogeneous-TP transfer (prefill and decode attention "
+            "TP differ) into GPU KV only, and pdconform's roles on this CPU machine register their KV as DRAM: "
+            "run on a GPU host (run --pool-device cuda)"),
+    Refusal("NotImplementedError", "HiSparse combined with decode-only speculative decoding",
+            "needs VRAM: NIXL serves a decode with more KV entries than the prefill (decode-only draft KV; a "
+            "whole-model decode fed by prefill PP stages) into GPU KV only, and pdconform's roles on this CPU "
+            "machine register their KV as DRAM: run on a GPU host (run --pool-device cuda); for prefill PP stages "
+            "a GPU host is not enough: sglang's pairing then asks for layer ids (docs/sglang-bugs.md U3)"),
+)
+
+
 class NixlRole(SglangCommonRole):
     impl = "nixl"
     backend = "nixl"
@@ -201,26 +218,53 @@ class NixlRole(SglangCommonRole):
 
     def unsupported_topology(self, prefill_tp: int, decode_tp: int, mla: bool, prefill_pp: int = 1,
                              prefill_dp: int = 1, decode_dp: int = 1) -> str | None:
-        """nixl/conn.py ``_prepare_payload_xfer`` refuses a heterogeneous-TP MHA transfer into a
-        decode whose KV is not VRAM ("heterogeneous-TP direct-to-host KV transfer is not
-        implemented safely yet"), on the prefill's bootstrap thread; this adapter registers its
-        KV as DRAM, as a CPU machine must, and as VRAM under ``run --pool-device cuda`` (then
-        nothing is refused here)."""
+        """Only what the shared driver cannot build (SglangCommonRole).  NIXL's own refusal of a
+        heterogeneous-TP or PP-stage transfer into DRAM KV is left to NIXL: the cell runs, and
+        when sglang raises it (:data:`DRAM_REFUSALS`) the prefill's next step is Unsupported
+        with the advice (:meth:`_refused_here`), so a change in sglang shows."""
+        return super().unsupported_topology(prefill_tp, decode_tp, mla, prefill_pp, prefill_dp, decode_dp)
+
+    def _refused_here(self) -> None:
+        """Unsupported, with the advice and NIXL's own words, once a thread of this role died of
+        one of :data:`DRAM_REFUSALS` while the KV is DRAM (with VRAM KV such a raise is no
+        limit of this machine, and is left for the checks to judge)."""
         from harness.role.pools import pool_device
 
-        common = super().unsupported_topology(prefill_tp, decode_tp, mla, prefill_pp, prefill_dp, decode_dp)
-        if common or pool_device() == "cuda":  # VRAM KV: NIXL serves what follows
-            return common
-        if prefill_pp > 1:
-            return (f"needs VRAM: NIXL takes a whole-model decode fed by one of {prefill_pp} prefill stages (more KV "
-                    "entries on the decode) for decode-only speculative decoding and refuses it unless the decode's "
-                    "KV is VRAM (nixl/conn.py _prepare_payload_xfer); on this CPU machine the KV is registered as "
-                    "DRAM: run on a GPU host")
-        if prefill_tp != decode_tp and not mla:
-            return (f"needs VRAM: NIXL's heterogeneous-TP transfer (prefill TP {prefill_tp} -> decode TP "
-                    f"{decode_tp}) writes head slices into GPU KV only (nixl/conn.py _prepare_payload_xfer); "
-                    "on this CPU machine the KV is registered as DRAM: run on a GPU host")
-        return None
+        if pool_device() == "cuda":
+            return
+        why = refused(DRAM_REFUSALS, self.recorder.snapshot()[1])
+        if why:
+            raise Unsupported(why)
+
+    # Every scheduler step of a room first asks whether NIXL has refused here: the refusal comes on a
+    # background thread, and the prefill's next step (a poll of await_status, every 5 ms) carries it.
+    def open_sender(self, room: int, bootstrap_addr: str, destinations: int = 1) -> None:
+        self._refused_here()
+        super().open_sender(room, bootstrap_addr, destinations)
+
+    def init_sender(self, room: int, num_pages: int, aux_slot: int) -> None:
+        self._refused_here()
+        super().init_sender(room, num_pages, aux_slot)
+
+    def send_chunk(self, room: int, pages: list[int]) -> None:
+        self._refused_here()
+        super().send_chunk(room, pages)
+
+    def poll(self, room: int) -> int:
+        self._refused_here()
+        return super().poll(room)
+
+    def failure_reason(self, room: int) -> str | None:
+        self._refused_here()
+        return super().failure_reason(room)
+
+    def clear(self, room: int) -> None:
+        self._refused_here()
+        super().clear(room)
+
+    def abort(self, room: int) -> None:
+        self._refused_here()
+        super().abort(room)
 
     def unsupported_layout(self, spec: dict) -> str | None:
         """nixl/conn.py ``_prepare_payload_xfer`` takes a decode with more KV entries than the
@@ -232,14 +276,18 @@ class NixlRole(SglangCommonRole):
 
         if pool_device() == "cuda":  # VRAM KV: NIXL serves both
             return None
+        # Still a prediction: the layouts executor (harness/drive/executors/layouts.py) skips such a
+        # layout before its roles start and has no way yet to take a run-time Unsupported as one
+        # layout's skip rather than the cell's end; marked so (harness.role.adapter.predicted).
         if spec["decode"][2] > spec["prefill"][2]:
-            return ("NIXL refuses decode-only draft KV unless the decode's KV is VRAM (nixl/conn.py "
-                    "_prepare_payload_xfer: 'HiSparse combined with decode-only speculative decoding'); "
-                    "on a CPU machine the KV is registered as DRAM")
+            return predicted("NIXL refuses decode-only draft KV unless the decode's KV is VRAM (nixl/conn.py "
+                             "_prepare_payload_xfer: 'HiSparse combined with decode-only speculative decoding'); "
+                             "on a CPU machine the KV is registered as DRAM")
         if spec["stages"] > 1 and whole_model_decode(spec):
-            return ("NIXL takes a whole-model decode fed by one of several prefill stages (more KV entries on "
-                    "the decode than on the stage) for decode-only speculative decoding and refuses it unless "
-                    "the decode's KV is VRAM (nixl/conn.py _prepare_payload_xfer); on a CPU machine it is DRAM")
+            return predicted("NIXL takes a whole-model decode fed by one of several prefill stages (more KV entries "
+                             "on the decode than on the stage) for decode-only speculative decoding and refuses it "
+                             "unless the decode's KV is VRAM (nixl/conn.py _prepare_payload_xfer); on a CPU machine "
+                             "it is DRAM")
         return None
 
     def wrap_engine(self, counter: EngineFaultCounter) -> None:

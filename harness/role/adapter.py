@@ -30,8 +30,48 @@ AWAIT_POLL_S = 0.005  # between KVPoll reads of RoleAdapter.await_status (second
 class Unsupported(Exception):
     """Raised by an adapter for a step its implementation cannot perform.
 
-    The message is the reason; the cell's verdict becomes UNSUPPORTED.
+    The message is the reason; the cell's verdict becomes UNSUPPORTED.  Preferably from the
+    engine's or sglang's own refusal at run time (:class:`Refusal`), saying what would make
+    the step run; a reason decided before anything runs is a prediction (:func:`predicted`).
     """
+
+
+#: how a reason that was predicted, not seen, begins (:func:`predicted`)
+PREDICTED = "predicted (not run): "
+
+
+def predicted(reason: str) -> str:
+    """``reason`` marked as a prediction: decided by the adapter before anything ran, kept only
+    where letting the engine try would harm this machine, so a reader knows that no engine
+    or sglang code refused it here."""
+    return reason if reason.startswith(PREDICTED) else PREDICTED + reason
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refusal the engine or sglang raises at run time, recognised by the exception's type
+    name (``exception``) and ``words`` of its message, with the ``advice`` an UNSUPPORTED
+    reason gives (what would make it run: "needs VRAM: ... run on a GPU host")."""
+
+    exception: str
+    words: str
+    advice: str
+
+    def matches(self, exception: str, message: str) -> bool:
+        """Whether an exception of type name ``exception`` with ``message`` is this refusal."""
+        return exception == self.exception and self.words in message
+
+
+def refused(refusals: tuple[Refusal, ...], dead_threads: list[dict[str, str]]) -> str | None:
+    """The UNSUPPORTED reason for the first of ``dead_threads`` (RoleRecorder's records:
+    ``thread``, ``exception``, ``message``) that died of one of ``refusals``: its advice, then
+    what raised it, in the engine's own words; None when none did."""
+    for dead in dead_threads:
+        for refusal in refusals:
+            if refusal.matches(dead.get("exception", ""), dead.get("message", "")):
+                return (f"{refusal.advice} (refused at run time: thread {dead.get('thread', '?')} raised "
+                        f"{dead['exception']}: {dead.get('message', '')})")
+    return None
 
 
 @dataclass
@@ -277,7 +317,9 @@ class RoleAdapter(ABC):
         TP ranks (and ``prefill_pp`` pipeline stages, into a whole-model decode; ``prefill_dp``
         and ``decode_dp`` engines each side) into a decode of ``decode_tp`` (``mla``: MLA KV) on this machine (memory kind, transport), saying
         what would make it run; None when it can.  Asked before any manager starts: such a
-        cell is UNSUPPORTED, never FAIL."""
+        cell is UNSUPPORTED, never FAIL.  Only for what the harness itself cannot build, or
+        where letting the engine try would harm this machine (then :func:`predicted`): a
+        refusal the engine or sglang makes at run time is left to them (:class:`Refusal`)."""
         return None
 
 

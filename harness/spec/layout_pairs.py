@@ -4,16 +4,26 @@ ends of a transfer (R-LAYOUT-2).
 harness.spec.layouts draws *matched* pairs (one model, the decode holding the prefill's
 stage or the whole model); here every field of the decode is drawn independently of the
 prefill's (hypothesis shrinks a field towards the prefill's value, so a shrunk pair differs
-in as little as it must): attention kind, model layers, the decode's pipeline stage, draft
-KV layers, page size (tokens), KV heads and bytes per head.  The prefill holds its whole
-model (one stage, one role).  The spec's planner (harness.spec.layout_plan.plan_pair) says
-for each pair where every buffer must land, or that it must be refused.
+in as little as it must): attention kind, model layers, draft KV layers, page size
+(tokens), KV heads and bytes per head.  Both sides hold their whole
+model (one stage, one role each): only pairs two sglang servers can be started as are drawn.
+A decode that holds one pipeline stage of its model runs PP > 1 (the PP size its stage
+implies), which needs every stage of that decode started as a PP group; pdconform starts a
+decode as one process without PP (``start_decode`` takes no PP), so such a decode would be a
+configuration sglang cannot have (the B15 audit: a stage [1, 2) of a 2-layer model started
+with PP 1).  sglang refuses a PP > 1 decode in front of a PP-1 prefill anyway, at bootstrap
+(``common/conn.py`` ``_resolve_rank_mapping``: decode PP equal to the prefill's or 1).  The
+spec's planner (harness.spec.layout_plan.plan_pair) says for each pair where every buffer
+must land, or that it must be refused.
 
 A pair *spec* is a plain dict (it goes into the history)::
 
     {"prefill": SIDE, "decode": SIDE}
-    SIDE = {"attention": "MHA" | "MLA", "num_layers": L, "stage": [start, end],
+    SIDE = {"attention": "MHA" | "MLA", "num_layers": L, "stage": [0, L],
             "draft_layers": D, "page_size": P, "kv_heads": H, "head_bytes": B}
+
+(``stage`` is always the whole model, see above; it stays in the dict so that the history,
+:func:`layout` and :func:`describe` keep one shape.)
 """
 
 from __future__ import annotations
@@ -38,20 +48,17 @@ def _side_fields(draw, like: dict | None) -> dict:
     attention = field("attention", st.sampled_from(["MHA", "MLA"]))
     num_layers = field("num_layers", st.integers(1, 4))
     heads = 1 if attention == "MLA" else field("kv_heads", st.sampled_from([1, 2]))
-    side = {"attention": attention, "num_layers": num_layers, "draft_layers": field("draft_layers", st.integers(0, 2)),
+    # the whole model on each side: a decode holding one stage would run PP > 1 (module docstring)
+    return {"attention": attention, "num_layers": num_layers, "stage": [0, num_layers],
+            "draft_layers": field("draft_layers", st.integers(0, 2)),
             "page_size": field("page_size", st.sampled_from([4, 2])), "kv_heads": heads,
             "head_bytes": field("head_bytes", st.sampled_from([32, 64]))}
-    if like is None or draw(st.booleans()):
-        side["stage"] = [0, num_layers]  # the whole model: one stage
-    else:  # a decode that is one pipeline stage of its model
-        start = draw(st.integers(0, num_layers - 1))
-        side["stage"] = [start, draw(st.integers(start + 1, num_layers))]
-    return side
 
 
 @st.composite
 def pair_specs(draw) -> dict:
-    """Any pair of a whole-model prefill and a decode drawn on its own (see the module docstring)."""
+    """Any pair of a whole-model prefill and a whole-model decode whose fields are drawn on
+    their own (see the module docstring): two configurations sglang can be started with."""
     prefill = _side_fields(draw, None)
     return {"prefill": prefill, "decode": _side_fields(draw, prefill)}
 
@@ -78,10 +85,25 @@ def describe(spec: dict) -> str:
     return f"prefill {side(spec['prefill'])} -> decode {side(spec['decode'])}"
 
 
+def unstartable(spec: dict) -> str | None:
+    """Why ``spec`` is not a pair two sglang servers can be started as, or None: each side
+    must hold its whole model (a stage of it means PP > 1, which a lone role without PP is
+    not; see the module docstring)."""
+    for name in ("prefill", "decode"):
+        side = spec[name]
+        if side["stage"] != [0, side["num_layers"]]:
+            return (f"the {name} holds stage [{side['stage'][0]}, {side['stage'][1]}) of {side['num_layers']} "
+                    "layers, which sglang runs with PP > 1; a lone role without PP cannot be that server")
+    return None
+
+
 def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
     """One room between the pair's roles, every wait bounded by BOUND_S and none a must-come
     (a refusal or a hang here is this pair's outcome, not the cell's stall), then the byte
-    check: the planned pages land where the spec says, or (refused) no page changes."""
+    check: the planned pages land where the spec says, or (refused) no page changes.  After
+    the chunk the decode is read before the prefill, so that the time a decode's Failed is
+    first seen is close to when it came (the judge holds a refusal to the waiting timeout,
+    harness.judge.layout_pairs)."""
     import random
 
     from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, OpenSender, RequestKV, SendChunk, VerifyPools
@@ -101,8 +123,8 @@ def transfer_steps(spec: dict, prefill: str, decode: str, seed: int) -> list:
             RequestKV(room, dst, aux_dst, decode=decode),
             AwaitStatus(room, prefill, (KVPoll.WaitingForInput, KVPoll.Failed), timeout_s=BOUND_S, must_come=False),
             InitSender(room, len(src), aux_src, prefill=prefill), SendChunk(room, src, prefill=prefill),
-            AwaitStatus(room, prefill, done, timeout_s=BOUND_S, must_come=False),
-            AwaitStatus(room, decode, done, timeout_s=BOUND_S, must_come=False), check]
+            AwaitStatus(room, decode, done, timeout_s=BOUND_S, must_come=False),
+            AwaitStatus(room, prefill, done, timeout_s=BOUND_S, must_come=False), check]
 
 
 def smaller_than(spec: dict):
@@ -122,9 +144,7 @@ def smaller_than(spec: dict):
                    "page_size": field("page_size", [side["page_size"], 2]),
                    "kv_heads": 1 if attention == "MLA" else field("kv_heads", range(1, side["kv_heads"] + 1)),
                    "head_bytes": field("head_bytes", [32, side["head_bytes"]])}
-            start, end = side["stage"]
-            out["stage"] = [0, num_layers] if like is None or end > num_layers or (start, end) == (0, side["num_layers"]) \
-                else [start, end]
+            out["stage"] = [0, num_layers]  # whole models only, as pair_specs draws them
             return out
         return draw()
 

@@ -29,7 +29,7 @@ def transfer_pairs(d: "CellDriver", step: s.TransferPairs) -> None:
     first_wrong: dict[str, dict] = {}
     for i, spec in enumerate(sample(lp.pair_specs(), step.count, step.seed)):
         outcome, _ = _run_pair(d, spec, f"P{i}", step.seed + i)
-        if outcome != judged.RIGHT:
+        if outcome in judged.BROKEN:  # a pair not started or not verified says nothing of the backend to shrink
             first_wrong.setdefault(outcome, spec)
     for n, (outcome, spec) in enumerate(list(first_wrong.items())[: step.max_shrinks]):
         small, detail = _shrink(d, spec, outcome, step.shrink_examples, f"S{n}", step.seed)
@@ -54,9 +54,10 @@ def _run_pair(d: "CellDriver", spec: dict, tag: str, seed: int, shrink: bool = F
         started = True
         for sub_step in lp.transfer_steps(spec, prefill, decode, seed=seed):
             d.execute(sub_step)
-    except CellAborted as exc:  # the pair's own outcome, not the cell's: not started, or cut short (bytes unjudged)
+    except CellAborted as exc:  # the pair's own outcome, not the cell's: not started, cut short (bytes unjudged),
+        # or a step the engine refused on this machine (``unsupported``: this pair is not judged here)
         d.record(Event.FAIL, Op.LAYOUT_PAIR if started else Op.LAYOUT_START, prefill, args={},
-                 error=f"transfer cut short: {exc}" if started else str(exc))
+                 error=f"transfer cut short: {exc}" if started else str(exc), unsupported=exc.unsupported)
     finally:
         d.retire([n for n in (prefill, decode) if n in d.clients])
         d.stalled_step = stalled  # a pair's hang is its outcome: later pairs keep their full bounds

@@ -233,7 +233,9 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
         by_rank = d.rank_results(step.role, "await_status", bound + CALL_TIMEOUT_S,
                                  {"room": step.room, "statuses": [int(x) for x in step.statuses], "timeout_s": bound})
     except RoleError as exc:
-        d.record(Event.FAIL, Op.AWAIT_STATUS, step.role, args=args, error=str(exc))
+        d.record(Event.FAIL, Op.AWAIT_STATUS, step.role, args=args, error=str(exc), unsupported=exc.unsupported)
+        if exc.unsupported:  # the engine refused while the role polled (an adapter's Refusal): the cell's end
+            raise CellAborted(f"{step.role}.await_status: {exc.remote_message or exc}", unsupported=True) from exc
         return
     # the scheduler's view of TP ranks: the lowest status of any rank (poll_and_all_reduce, MIN)
     rank, seen = min(by_rank.items(), key=lambda item: item[1]["status"])
