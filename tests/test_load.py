@@ -110,6 +110,13 @@ def test_timing_only_means_every_failure_was_a_bound_on_time():
     killed = _history(failed_at=2.5, how="deadline")  # the cell's own deadline is a bound on time
     assert timing_only(killed, [])
     assert not timing_only(_history(2.5), [{"ok": False, "timing": True}, {"ok": None, "unsupported": False}])
+    # a role call that got no answer within the harness's own bound (observe at load 197): timing, whatever failed
+    unanswered = _history(2.5) + [{"seq": 99, "t": 9.0, "op": "observe", "role": "decode", "type": "fail",
+                                   "error": "decode: observe got no answer within 10.0 s", "timed_out": True}]
+    assert timing_only(unanswered, [{"ok": False, "name": "loops-alive"}])
+    refused = _history(2.5) + [{"seq": 99, "t": 9.0, "op": "observe", "role": "decode", "type": "fail",
+                                "error": "decode.observe raised KeyError", "timed_out": False}]
+    assert not timing_only(refused, [{"ok": False, "name": "loops-alive"}])  # an answer, wrong: no timing
 
 
 def _run(cells, alone=None, expected="PASS"):

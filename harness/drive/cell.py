@@ -25,7 +25,7 @@ import zmq
 
 from harness import nofollow
 from harness.drive.contain import NETNS_ENV, NETNS_PID_ENV, become_subreaper, isolate_network, kill_descendants
-from harness.drive.errors import CellAborted, RoleError, ended_early
+from harness.drive.errors import CellAborted, RoleError, RoleTimeout, ended_early
 from harness.drive.executors import execute
 from harness.drive.executors.lifecycle import CALL_TIMEOUT_S
 from harness.drive.launcher import Launcher, RoleHandle
@@ -114,7 +114,7 @@ class CellDriver:
 
     def _record_failure(self, role: str, op: str, kwargs: dict, exc: RoleError) -> None:
         self.record(Event.FAIL, op, role, args=kwargs, error=str(exc), unsupported=exc.unsupported,
-                    remote_traceback=exc.remote_traceback)
+                    remote_traceback=exc.remote_traceback, timed_out=isinstance(exc, RoleTimeout))
 
     # ---- calls with history -------------------------------------------------
     def call(self, role: str, op: str, deadline_s: float = CALL_TIMEOUT_S,
@@ -225,7 +225,8 @@ class CellDriver:
             else:
                 value = self.clients[self.one(role, kwargs)].call(op, CALL_TIMEOUT_S, **kwargs)
         except RoleError as exc:
-            self.record(Event.FAIL, what, role, args=kwargs, error=str(exc), unsupported=exc.unsupported)
+            self.record(Event.FAIL, what, role, args=kwargs, error=str(exc), unsupported=exc.unsupported,
+                        timed_out=isinstance(exc, RoleTimeout))
             raise CellAborted(f"{role}.{op}: {exc.remote_message if exc.unsupported and exc.remote_message else exc}",
                               unsupported=exc.unsupported) from exc
         self.record(Event.NEMESIS, what, role, args=kwargs, value=value)
@@ -294,13 +295,14 @@ class CellDriver:
         handle, client, args = self.handles[name], self.clients[name], args or {}
         if not handle.alive() or client.broken:
             why = client.broken or f"its process ended ({handle.exit_description()})"
-            self.record(Event.FAIL, op, name, args=args, error=f"{name} cannot be observed: {why}")
+            self.record(Event.FAIL, op, name, args=args, error=f"{name} cannot be observed: {why}",
+                        timed_out=client.timed_out)
             return
         try:
             # residue is judged at the end of the cell: a mid-cell Observe (a loop alive?) skips the walk
             value = client.call("observe", 10, rooms=self.cell_rooms, residue=op == Op.OBSERVE)
         except RoleError as exc:
-            self.record(Event.FAIL, op, name, args=args, error=str(exc))
+            self.record(Event.FAIL, op, name, args=args, error=str(exc), timed_out=isinstance(exc, RoleTimeout))
             return
         self.record(Event.OK, op, name, args=args, value=value)
 

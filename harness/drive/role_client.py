@@ -32,6 +32,7 @@ class RoleClient:
         self._socket.connect(endpoint)
         self._handle = handle
         self.broken: str | None = None
+        self.timed_out = False  # a call got no answer within its bound (then ``broken`` says which)
         self._pending: str | None = None
 
     def call(self, op: str, deadline_s: float, **kwargs: Any) -> Any:
@@ -71,6 +72,7 @@ class RoleClient:
                 raise RoleError(f"{self.name}: {self.broken}")
             if time.monotonic() > deadline:
                 self.broken = f"{op} got no answer within {deadline_s:.1f} s"
+                self.timed_out = True  # the harness's own bound expired (harness.judge.load counts it as timing)
                 raise RoleTimeout(f"{self.name}: {self.broken}")
         reply = self._socket.recv_pyobj()
         self._pending = None
