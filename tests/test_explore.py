@@ -278,3 +278,107 @@ def test_generated_kills_leave_the_dead_role_alone():
         assert dead != "decode" or not any(isinstance(s, VerifyPools) for s in after), p  # no pools left to read
         marks = ("sender-fail", "sender-end") if dead == "decode" else ("fail", "end")
         assert any(len(x) > 3 and x[3] in marks for x in p.lifecycles), "a kill with no room in flight"
+
+
+def _sig(check: str, requirement: str, impl: str) -> dict:
+    return {"requirement": requirement, "check": check, "impl": impl, "frame": ""}
+
+
+def test_exit_codes_put_an_implementations_finding_before_oracle_failures():
+    """docs/explore.md, "Oracle failures": 1 for an implementation's finding or a corpus program of
+    it still failing, 3 when the only failures are the oracle's (its own exploration's failures,
+    its corpus, or a program it failed beside another implementation), 0 for none."""
+    from harness.explore.outcome import EXIT_FOUND, EXIT_ORACLE, Failure, ImplReport, exit_code
+    from harness.explore.program import Program
+
+    program = Program((), ())
+    bug = Failure(_sig("bytes-exact", "R-LAYOUT-1", "nixl"), 1, program)
+    theirs = Failure(_sig("no-residue-after-clear", "R-RESIDUE-1", "reference"), 1, program, oracle=True)
+    clean, ref = ImplReport("nixl"), ImplReport("reference", of_oracle=True)
+    assert exit_code([clean, ref]) == 0
+    assert exit_code([ImplReport("nixl", corpus={"found-nixl-1.json": "PASS", "found-nixl-2.json": "WARN"})]) == 0
+    assert exit_code([ImplReport("reference", of_oracle=True, failures={"k": theirs})]) == EXIT_ORACLE
+    assert exit_code([ImplReport("reference", of_oracle=True, corpus={"f.json": "R-X|x|reference|"})]) == EXIT_ORACLE
+    beside = ImplReport("nixl", oracle={"k": theirs})  # the reference failed a program nixl failed
+    assert exit_code([beside]) == EXIT_ORACLE and beside.oracle_failures == [theirs] and not beside.findings
+    assert exit_code([ImplReport("nixl", failures={"b": bug}), beside]) == EXIT_FOUND
+    assert exit_code([ImplReport("nixl", failures={"b": bug}, oracle={"k": theirs})]) == EXIT_FOUND
+    assert exit_code([ImplReport("nixl", corpus={"found-nixl-1.json": "R-X|x|nixl|"}), ref]) == EXIT_FOUND
+
+
+def test_a_failure_is_disputed_only_by_the_same_check_twice_and_every_oracle_failure_is_kept(tmp_path, monkeypatch):
+    """The reference's run beside an implementation's failure (Explorer._reference_fails_too), its
+    cells scripted: whatever the reference fails is an oracle failure, counted and written under
+    FOUND/oracle/; the implementation's failure is disputed (not its finding) only when the
+    reference fails the same check (name and requirement) on two runs in a row."""
+    from harness.explore import session
+    from harness.explore.outcome import ImplReport
+    from harness.target.sglang import installed_target
+
+    program = _programs(3, faults=False)[0]
+    mine = _sig("bytes-exact", "R-LAYOUT-1", "nixl")
+    same, other = _sig("bytes-exact", "R-LAYOUT-1", "reference"), _sig("clean-rooms-succeed", "R-XFER-1", "reference")
+    cases = [  # the reference's runs -> (disputed, how many runs, oracle failures)
+        ([None], (False, 1, 0)),
+        ([other], (False, 1, 1)),  # another check: no second run needed, nixl's finding counts
+        ([same, None], (False, 2, 1)),  # a flake of the reference does not hide nixl's finding
+        ([same, other], (False, 2, 2)),
+        ([same, same], (True, 2, 1)),
+    ]
+    notes: list[str] = []
+    explorer = session.Explorer(installed_target(), tmp_path / "out", tmp_path / "found", note=notes.append)
+    for i, (runs, (disputed, n, oracle)) in enumerate(cases):
+        script = list(runs)
+        monkeypatch.setattr(session.Explorer, "_oracle_run", lambda self, p: script.pop(0))
+        report = ImplReport("nixl")
+        assert explorer._reference_fails_too(program, "nixl", report, mine, 0.0) is disputed, runs
+        assert not script[:len(runs) - n] and len(script) == len(runs) - n, (runs, script)
+        assert len(report.oracle) == oracle and len(report.oracle_failures) == oracle, runs
+        assert bool(report.disputed) is disputed
+        for f in report.oracle.values():
+            assert f.oracle and f.beside == "nixl's bytes-exact (R-LAYOUT-1)" and f.disputes is disputed
+            assert f.path.parent == tmp_path / "found" / "oracle" and f.path.name.startswith("found-reference-")
+            doc = json.loads(f.path.read_text())
+            assert doc["impl"] == "reference" and doc["found_with"]["while_exploring"] == "nixl"
+            assert doc["signature"] == runs[0]  # one file per program: the reference's first failure of it
+    assert not list((tmp_path / "found").glob("found-*"))  # nothing in the backends' corpus
+    # exploring the oracle itself there is nothing to diff: its failure is the oracle failure
+    monkeypatch.setattr(session.Explorer, "_oracle_run", lambda self, p: pytest.fail("the oracle diffed with itself"))
+    assert explorer._reference_fails_too(program, "reference", ImplReport("reference", of_oracle=True), same) is False
+
+
+@pytest.mark.e2e
+def test_a_planted_oracle_bug_is_reported_as_an_oracle_failure(tmp_path, monkeypatch):
+    """The oracle with a planted bug (mutant aux-slot-off-by-one standing in for the reference:
+    harness.explore.oracle.REFERENCE) explored from the command line: its failure is an oracle
+    failure, on its own line of the table, with exit 3 and its found file under FOUND/oracle/,
+    never among the backends' found files; its reproduce line names that folder."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    from harness import cli, implementations
+    from harness.cli import app
+    from harness.explore import oracle, session
+
+    planted = "mutant.aux-slot-off-by-one"
+    monkeypatch.setenv(implementations.MUTANTS_ENV, "1")
+    monkeypatch.setattr(oracle, "REFERENCE", planted)
+    monkeypatch.setattr(session, "SHRINK_S", 10.0)  # bounded shrinking: the test is about the report
+    monkeypatch.setattr(cli.console, "width", 400)  # the table's lines whole
+    implementations.registered.cache_clear()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    found = tmp_path / "found"
+    try:
+        result = CliRunner().invoke(app, ["explore", "--impl", planted, "--budget", "60s", "--lanes", "4",
+                                          "--found", str(found), "--out", str(tmp_path / "out")])
+    finally:
+        for signum, handler in handlers.items():  # explore handles them for its run (harness.cli.explore)
+            signal.signal(signum, handler)
+        implementations.registered.cache_clear()
+    assert result.exit_code == 3, result.output[-3000:]
+    files = list((found / "oracle").glob(f"found-{planted}-*.json"))
+    assert len(files) == 1 and not list(found.glob("found-*")), (files, list(found.iterdir()))
+    assert json.loads(files[0].read_text())["signature"]["check"] == "bytes-exact"
+    assert "oracle failure: the reference fails bytes-exact (R-LAYOUT-1)" in result.output, result.output[-3000:]
+    assert "1 oracle failure(s)" in result.output and f"PDCONFORM_FOUND_DIRS={found / 'oracle'}" in result.output

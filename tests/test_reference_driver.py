@@ -118,3 +118,39 @@ def test_parse_refuses_wrong_arity_and_unknown_tags():
         parse([b"REGISTER", b"1"])
     with pytest.raises(MalformedFrame, match="empty message"):
         parse([])
+
+
+@pytest.mark.parametrize("fail_second_write", [False, True])
+def test_a_killed_decode_fails_the_writes_to_it_and_leaves_no_residue(pair, fail_second_write):
+    """found-reference-85608e36be (explore on the reference, issue 35) on the real driver: the
+    decode dies (its sockets closed, as the kernel closes a killed process's) before the prefill
+    writes to it.  Before the fix a write to it was never answered and waited out the transfer
+    timeout (here the default 300 s): the room stayed Transferring (R-PEER-1), or, when the
+    engine failed the next write and the room was cleared, its drain and write record stayed
+    after the clear (R-RESIDUE-1).  The prefill must fail its writes to the lost decode at once,
+    and hold nothing of the room within the harness's quiescence after the clear."""
+    from harness.drive.cell import RESIDUE_SETTLE_S
+
+    prefill, _, addr = pair
+    decode = ReferenceRole("decode", RoleRecorder())
+    decode.start_decode(LAYOUT.to_dict(), 0)
+    room = 21
+    prefill.open_sender(room, addr)
+    decode.open_receiver(room, addr, 5)
+    decode.request_kv(room, [0, 1, 2], 1)
+    assert wait(prefill, room, (KVPoll.WaitingForInput,)) == KVPoll.WaitingForInput
+    decode.teardown()
+    if fail_second_write:
+        prefill.set_engine_faults(fail_nth=2)
+    prefill.init_sender(room, 3, 0)
+    prefill.send_chunk(room, [0])
+    prefill.send_chunk(room, [1])
+    assert wait(prefill, room, (KVPoll.Success, KVPoll.Failed), timeout=10.0) == KVPoll.Failed
+    reason = prefill.failure_reason(room)  # the lost decode's first write, or the engine fault, whichever came first
+    assert f"decode {decode.side.endpoint} lost" in reason or (fail_second_write and "engine fault" in reason), reason
+    prefill.clear(room)
+    deadline = time.monotonic() + RESIDUE_SETTLE_S
+    while prefill.observe([room])["rooms"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not prefill.observe([room])["rooms"], prefill.observe([room])["rooms"]
+    assert all(prefill.observe()["loops"].values())

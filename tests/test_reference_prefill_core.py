@@ -67,6 +67,37 @@ def test_a_write_that_never_completes_fails_the_room_at_the_transfer_timeout():
     assert "draining" not in core.residue() and "writes" not in core.residue()
 
 
+def test_writes_to_a_lost_decode_fail_so_a_cleared_room_leaves_nothing():
+    """found-reference-85608e36be (explore on the reference, issue 35): the decode is killed, the
+    prefill writes a chunk to it (never answered) and the engine fails the next write, so the room
+    ends Failed and is cleared with the first write outstanding.  Its drain and write record stayed
+    until the transfer timeout, long after the clear (R-RESIDUE-1).  A lost decode fails its
+    writes (R-PEER-1), here after the clear and, for a room still held, before it; another
+    decode's writes are untouched."""
+    core = opened(pc.PrefillCore(transfer_timeout_s=20))
+    core.handle(pc.Tick(1.0))
+    core.handle(pc.OpenSender(8, now=1.0))
+    core.handle(pc.DecodeRegistered(8, "decode-1", (3,), aux_slot=0))
+    core.handle(pc.InitSender(8, num_pages=1, aux_slot=0))
+    (other,) = writes(core.handle(pc.SendChunk(8, (4,), last=False)))
+    (unanswered,) = writes(core.handle(pc.SendChunk(7, (0,), last=False)))
+    (failed,) = writes(core.handle(pc.SendChunk(7, (1,), last=False)))
+    core.handle(pc.WriteDone(7, failed.write_id, ok=False, reason="engine fault"))
+    assert core.status(7) == KVPoll.Failed
+    core.handle(pc.Clear(7))
+    assert core.residue()["draining"] == [7]  # the unanswered write may still land: drained first
+    assert core.handle(pc.DecodeLost(D, "its connection closed")) == []
+    assert "draining" not in core.residue() and core.residue()["writes"] == [8]  # decode-1's write goes on
+    assert core.status(8) == KVPoll.Transferring
+
+    held = opened(pc.PrefillCore(), room=9)  # a room still held fails, naming the lost decode
+    (w,) = writes(held.handle(pc.SendChunk(9, (0,), last=False)))
+    actions = held.handle(pc.DecodeLost(D, "it refuses connections"))
+    assert held.status(9) == KVPoll.Failed and not held.issued
+    reason = next(a.reason for a in actions if isinstance(a, pc.StatusChanged))
+    assert reason == f"write {w.write_id} failed: decode {D} lost: it refuses connections", reason
+
+
 def test_no_transfer_timeout_by_default():
     core = opened(pc.PrefillCore())
     core.handle(pc.Tick(0.0))
@@ -213,6 +244,22 @@ class PrefillMachine(RuleBasedStateMachine):
 
 
 TestPrefillMachine = PrefillMachine.TestCase  # example counts come from the hypothesis profile (conftest.py)
+
+
+class LostDecodeMachine(PrefillMachine):
+    """The same, with the decode lost now and then (its process killed: the engine fails every
+    write to it, R-PEER-1); its own class, so the planted bug's search below stays the same."""
+
+    @rule()
+    def lose_decode(self):
+        lost, self.inflight = self.inflight, {}
+        self.apply(pc.DecodeLost(D, "injected"))
+        for room in set(lost.values()):
+            if room not in self.core.rooms:
+                self.known.discard(room)  # a cleared room's last write drained
+
+
+TestLostDecodeMachine = LostDecodeMachine.TestCase
 
 
 def test_planted_bug_is_found_and_shrunk_to_a_short_replay():

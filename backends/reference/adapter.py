@@ -126,7 +126,9 @@ class ReferenceRole(RoleAdapter):
         self.prefill = pc.PrefillCore(bootstrap_timeout_s=self.bootstrap_timeout_s,
                                       deferred_release=self.deferred_release,
                                       transfer_timeout_s=self.waiting_timeout_s)
-        self.side = ControlSide("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)))
+        # the reference's engine: a decode whose connection closed or is refused (killed) fails its writes
+        self.side = ControlSide("prefill", self._prefill_frames, lambda now: self._prefill_event(pc.Tick(now)),
+                                on_peer_lost=lambda decode, why: self._prefill_event(pc.DecodeLost(decode, why)))
         self.staging_ctx = {"watermarks": 0} if self.staging else None  # before the control thread starts
         worker = threading.Thread(target=self._transfer_worker, name="reference-prefill-transfer", daemon=True)
         self.threads = [self.side.thread, worker]

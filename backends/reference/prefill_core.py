@@ -5,7 +5,7 @@ in as ``now`` (seconds) on events; drivers (a real one with ZMQ and threads, a
 deterministic simulator) turn actions into I/O and feed results back as events.
 
 Requirements implemented (docs/protocol.md): R-XFER-1, R-TERM-1, R-TIMEOUT-1,
-R-STALE-1, R-ABORT-1, R-ABORT-2, R-REUSE-1, R-RESIDUE-1, R-FANOUT-1.
+R-STALE-1, R-ABORT-1, R-ABORT-2, R-REUSE-1, R-RESIDUE-1, R-FANOUT-1, R-PEER-1.
 """
 
 from __future__ import annotations
@@ -69,6 +69,19 @@ class WriteDone:
 
 
 @dataclass(frozen=True)
+class DecodeLost:
+    """The engine lost ``decode`` (its control endpoint): the connection to it closed, or it
+    refuses connections, as when its process was killed.  Every write to it that has not
+    completed has failed (``reason`` says how the loss was seen), as an RDMA engine fails the
+    work outstanding on a broken connection; the driver makes sure none of them lands (the
+    reference's closes the connection, dropping what is queued on it).  R-PEER-1: a prefill
+    learns of its decode's death only through its writes, so a write to a dead decode must fail,
+    not wait out the transfer timeout after its room has ended and been cleared (R-RESIDUE-1)."""
+    decode: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class AbortReceived:
     """An ABORT from ``decode`` for the decode's room lifecycle ``generation``."""
     room: int
@@ -82,8 +95,8 @@ class LocalAbort:
     room: int
 
 
-PrefillEvent = Union[OpenSender, DecodeRegistered, InitSender, SendChunk, WriteDone, AbortReceived, LocalAbort,
-                     Clear, Tick]
+PrefillEvent = Union[OpenSender, DecodeRegistered, InitSender, SendChunk, WriteDone, DecodeLost, AbortReceived,
+                     LocalAbort, Clear, Tick]
 
 
 # ---- actions --------------------------------------------------------------------
@@ -194,7 +207,8 @@ class PrefillCore:
         self.clock: float | None = None  # latest time seen on an event
         self.draining: dict[int, _Drain] = {}
         self.acked: set[tuple[int, str, int]] = set()  # (room, decode, generation) answered, until clear
-        self.issued: dict[int, tuple[int, float | None]] = {}  # write id -> (room, time issued) until done
+        # write id -> (room, time issued, the decode written to), until it completes or is declared lost
+        self.issued: dict[int, tuple[int, float | None, str]] = {}
         self._next_write = 0
 
     # -- helpers -------------------------------------------------------------------
@@ -212,7 +226,7 @@ class PrefillCore:
                aux: bool) -> StartWrite:
         self._next_write += 1
         r.outstanding.add(self._next_write)
-        self.issued[self._next_write] = (room, self.clock)
+        self.issued[self._next_write] = (room, self.clock, decode)
         return StartWrite(room, self._next_write, decode, src, dst, aux, r.dests[decode].generation)
 
     def _expiry(self) -> float | None:
@@ -305,6 +319,17 @@ class PrefillCore:
         if not e.ok:  # every destination is told at once (R-FANOUT-1)
             return self._set(e.room, r, KVPoll.Failed, f"write {e.write_id} failed: {e.reason}")
         return self._maybe_success(e.room, r)
+
+    def _on_DecodeLost(self, e: DecodeLost) -> list[PrefillAction]:
+        """Every write to the lost decode that has not completed fails (see :class:`DecodeLost`):
+        its room, if still held, becomes Failed with the reason (R-PEER-1, R-REASON-1); a room
+        cleared or failed already stops draining it (R-ABORT-3: a failed write counts as drained)."""
+        why = e.reason or "its connection closed"
+        actions: list[PrefillAction] = []
+        for write_id, (room, _, decode) in list(self.issued.items()):
+            if decode == e.decode:
+                actions += self.handle(WriteDone(room, write_id, False, f"decode {e.decode} lost: {why}"))
+        return actions
 
     def _finish_drain(self, room: int, drain: _Drain) -> list[PrefillAction]:
         if drain.outstanding:
@@ -403,9 +428,9 @@ class PrefillCore:
         if self.transfer_timeout_s is None:
             return []
         actions: list[PrefillAction] = []
-        for write_id, (room, issued) in list(self.issued.items()):
+        for write_id, (room, issued, decode) in list(self.issued.items()):
             if issued is None:
-                self.issued[write_id] = (room, now)
+                self.issued[write_id] = (room, now, decode)
                 continue
             if now - issued < self.transfer_timeout_s:
                 continue
@@ -429,7 +454,7 @@ class PrefillCore:
     def residue(self) -> dict[str, list[int]]:
         """Per-room state held anywhere (empty after clear and quiescence, R-RESIDUE-1)."""
         found = {"rooms": sorted(self.rooms), "registrations": sorted(self.registrations),
-                 "draining": sorted(self.draining), "writes": sorted({room for room, _ in self.issued.values()}),
+                 "draining": sorted(self.draining), "writes": sorted({room for room, *_ in self.issued.values()}),
                  "acked": sorted({key[0] for key in self.acked}),
                  "tombstones": sorted({key[0] for key in self.tombstones}),
                  "retired": sorted({key[0] for key in self.retired})}

@@ -28,6 +28,7 @@ import threading
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from harness.target.role_context import bind_address
 
@@ -119,10 +120,24 @@ def parse(frames: list[bytes]) -> tuple[str, list[bytes]]:
     return frames[0].decode(), frames[1:]
 
 
-class ControlSide:
-    """A control thread that owns one core, one PULL socket and the PUSH sockets."""
+#: what a PUSH socket's monitor reports when its peer is gone: the connection closed (the peer's
+#: process ended, so its kernel closed the socket), or a connection attempt failed and is retried
+#: (nothing listens on the endpoint any more)
+PEER_LOST_EVENTS = {zmq.EVENT_DISCONNECTED: "its connection closed",
+                    zmq.EVENT_CONNECT_RETRIED: "it refuses connections"}
 
-    def __init__(self, name: str, handle_frames, on_tick):
+
+class ControlSide:
+    """A control thread that owns one core, one PULL socket and the PUSH sockets.
+
+    ``on_peer_lost(endpoint, why)``, when given, is called on the control thread once a peer the
+    side pushes to is gone (:data:`PEER_LOST_EVENTS`, seen by a monitor on each PUSH socket): the
+    socket is closed first, dropping every frame still queued for that peer, so nothing sent
+    before the loss reaches a peer that later listens on the same endpoint; the next frame to it
+    connects afresh.  The prefill's engine reports its writes to a lost decode failed there
+    (R-PEER-1: a prefill learns of its decode's death only through its writes)."""
+
+    def __init__(self, name: str, handle_frames, on_tick, on_peer_lost=None):
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
@@ -139,6 +154,8 @@ class ControlSide:
         self.poller.register(self._wake_r, zmq.POLLIN)
         self.handle_frames = handle_frames
         self.on_tick = on_tick
+        self.on_peer_lost = on_peer_lost
+        self.monitors: dict[zmq.Socket, str] = {}  # a PUSH socket's monitor -> the endpoint it connects to
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"reference-{name}-control", daemon=True)
 
@@ -158,13 +175,20 @@ class ControlSide:
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 10000)
+            lost = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+            monitor = sock.get_monitor_socket(lost) if self.on_peer_lost else None
             try:
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:
-                sock.close(0)
+                self._close_push(sock, monitor)
                 log.warning("cannot connect to %s: %s", endpoint, exc)
+                if self.on_peer_lost:  # later: send may run inside the handling of another event
+                    self.submit(lambda why=f"cannot connect: {exc}": self.on_peer_lost(endpoint, why))
                 return
             self.push[endpoint] = sock
+            if monitor is not None:
+                self.monitors[monitor] = endpoint
+                self.poller.register(monitor, zmq.POLLIN)
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -172,10 +196,39 @@ class ControlSide:
         except zmq.ZMQError as exc:
             log.warning("could not send a %s frame to %s: %s", frames[0][:16], endpoint, exc)
 
+    @staticmethod
+    def _close_push(sock: zmq.Socket, monitor: zmq.Socket | None) -> None:
+        """Close a PUSH socket at once (LINGER 0: its queued frames are dropped) and its monitor."""
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(0)
+        sock.close(0)
+
+    def _peer_event(self, monitor: zmq.Socket) -> None:
+        """Read one event of a PUSH socket's monitor; when it says the peer is gone, close that
+        socket and tell :attr:`on_peer_lost` (see the class docstring)."""
+        event = recv_monitor_message(monitor, zmq.NOBLOCK)
+        why = PEER_LOST_EVENTS.get(event["event"])
+        endpoint = self.monitors.get(monitor)
+        if why is None or endpoint is None:
+            return
+        self.poller.unregister(monitor)
+        del self.monitors[monitor]
+        self._close_push(self.push.pop(endpoint), monitor)
+        log.warning("peer %s is gone: %s", endpoint, why)
+        self.on_peer_lost(endpoint, why)
+
     def _loop(self) -> None:
         next_tick = time.monotonic()
         while not self.stop.is_set():
             ready = dict(self.poller.poll(int(max(0.0, next_tick - time.monotonic()) * 1000)))
+            for monitor in [m for m in self.monitors if ready.get(m)]:
+                try:
+                    self._peer_event(monitor)
+                except zmq.Again:  # the event was read already
+                    pass
+                except Exception as exc:  # never fatal to the loop (R-LIVE-2)
+                    log.error("peer monitor failed: %r", exc)
             if self._wake_r in ready:
                 try:
                     os.read(self._wake_r, 4096)
@@ -209,6 +262,8 @@ class ControlSide:
         if not self.thread.is_alive():
             os.close(self._wake_r)
             os.close(self._wake_w)
+        for monitor in list(self.monitors):  # every socket closed, or term() would wait for it
+            monitor.close(0)
         for sock in self.push.values():
             sock.close(0)
         self.pull.close(0)

@@ -4,9 +4,11 @@ Progress goes to stderr (programs, steps, distinct failures, rate); at the end a
 implementation, each distinct failure with its count and found file, and a replay of every
 found program through ``run`` (the same result tree and reports, the reference beside it),
 which shows each replays with its failure.  Exit 0 when nothing failed, 1 when a failure
-was found (or a corpus program still fails), 2 on bad usage, 130 when interrupted (SIGINT,
-SIGTERM or SIGHUP: every cell, role and fork server ended and their temporary folders
-removed within about two seconds; the found programs written so far stay).
+was found (or a corpus program still fails), 3 when the only failures are oracle failures (the
+reference failed a program: pdconform's own bug, harness.explore.outcome.exit_code; 1 takes
+precedence), 2 on bad usage, 130 when interrupted (SIGINT, SIGTERM or SIGHUP: every cell, role and
+fork server ended and their temporary folders removed within about two seconds; the found
+programs written so far stay).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def explore(
                               "lane on long-lived roles of its own; 1: one at a time."),
     sglang_src: Optional[Path] = typer.Option(None, "--sglang-src", help="Run against this sglang checkout."),
     sglang_version: Optional[str] = typer.Option(None, "--sglang", help="Run against this released sglang."),
+    sglang_tree_version: Optional[str] = typer.Option(None, "--sglang-version", metavar="X", help="The version of "
+                                                      "the --sglang-src tree, when the tree does not say it."),
 ) -> None:
     """Generated lifecycle programs (rooms, chunks, aborts, clears, reused room ids) against
     the real roles of each implementation, judged by the spec; failing ones shrunk and
@@ -63,7 +67,8 @@ def explore(
     stopping = threading.Event()  # the explorer's: set by the first signal, so its lanes start nothing more
     _stop_on_signals(stopping)
     try:
-        _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src, sglang_version, stopping)
+        _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src, sglang_version, stopping,
+                         sglang_tree_version)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: the program cells, their roles and the fork servers were stopped; "
                   "found programs written so far are kept")
@@ -89,7 +94,8 @@ def _stop_on_signals(stopping: threading.Event) -> None:
         signal.signal(signum, interrupted)
 
 
-def _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src, sglang_version, stopping) -> None:
+def _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src, sglang_version, stopping,
+                     sglang_tree_version=None) -> None:
     """The explore command once its signals are handled (its options, as :func:`explore` takes them)."""
     from harness.explore.found import FOUND_DIR, FOUND_ENV
     from harness.spec.topology import TOPOLOGIES
@@ -104,7 +110,7 @@ def _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src
         budget_s = parse_budget(budget)
     except ValueError as exc:
         raise _usage_error(str(exc))
-    target = _target(sglang_src, sglang_version)
+    target = _target(sglang_src, sglang_version, sglang_tree_version)
     for name in impl:  # a whole budget of UNSUPPORTED cells would judge nothing and exit 0
         why = registry.implementation(name).unsupported_sglang(target.info.version)
         if why:
@@ -118,11 +124,13 @@ def _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src
     folder = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
     reports = _explore_all(list(dict.fromkeys(impl)), budget_s, seed, topology, target, folder, found_dir, lanes,
                            stopping)
-    failed = _print_reports(reports)
-    replay = [f.path for r in reports for f in r.failures.values() if f.path and not f.known]
+    from harness.explore.outcome import exit_code
+
+    _print_reports(reports)
+    replay = [f.path for r in reports for f in [*r.failures.values(), *r.oracle.values()] if f.path and not f.known]
     if replay:
         _replay(replay, [r.impl for r in reports], target, folder / "replay")
-    raise typer.Exit(code=1 if failed else 0)
+    raise typer.Exit(code=exit_code(reports))
 
 
 def _unwritable(folder: Path) -> str:
@@ -161,24 +169,28 @@ def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir, lan
     return reports
 
 
-def _print_reports(reports) -> bool:
-    """The table of each implementation's exploration; whether anything failed."""
+def _print_reports(reports) -> None:
+    """The table of each implementation's exploration: its findings, then its *oracle failures*
+    (programs the reference failed: pdconform's own bug, on their own lines, each with its found
+    file under the found folder's oracle/), the corpus, pair-only and disputed failures; then a
+    line to reproduce each found program and, when there are oracle failures, what they mean."""
+    from harness.explore.found import FOUND_DIR, FOUND_ENV
     from harness.report.safe import terminal
 
-    failed = False
     table = Table("implementation", "programs", "steps", "programs/min", "failure", "count", "first after",
                   "found file", title="pdconform explore")
     for r in reports:
-        rows = list(r.failures.values())
-        stale = {name: sig for name, sig in r.corpus.items() if sig != "PASS"}
-        failed = failed or bool(rows) or bool(stale)
+        rows = [*r.findings, *r.oracle_failures]
         first = [r.impl, str(r.programs), str(r.steps), f"{r.rate_per_min:.0f}"]
         if not rows:
             table.add_row(*first, "none", "", "", "")
         for i, f in enumerate(rows):
             sig = f"{f.signature['check']} ({f.signature['requirement']})" + (" [flaky]" if f.flaky else "") + \
                 (" [known: corpus]" if f.known else "")
-            shrunk = "" if f.known else f" (shrunk in {f.shrink_s:.1f} s, {f.shrink_runs} cells)"
+            if f.oracle:  # the reference failed it: pdconform's bug, whatever the implementation explored
+                sig = f"oracle failure: the reference fails {sig}" + (f", beside {f.beside}" if f.beside else "") + \
+                    (" (the same check: disputed)" if f.disputes else "")
+            shrunk = "" if f.known or f.beside else f" (shrunk in {f.shrink_s:.1f} s, {f.shrink_runs} cells)"
             table.add_row(*(first if i == 0 else [""] * 4), escape(terminal(sig)), str(f.count),
                           f"{f.first_after_s:.1f} s{shrunk}", escape(str(f.path or "")))
         for name, sig in r.corpus.items():
@@ -190,22 +202,25 @@ def _print_reports(reports) -> bool:
             kinds = sorted({key for key, _ in r.pair_only})
             table.add_row(r.impl, "", "", "", escape(terminal(f"pair-only (passed in a fresh cell): {', '.join(kinds)}")),
                           str(len(r.pair_only)), "", "")
-        if r.disputed:  # not the implementation's finding: the reference fails the program too
+        if r.disputed:  # not the implementation's finding: the reference fails the program the same way
             kinds = sorted({f"{key} (reference: {ref})" for key, ref, _ in r.disputed})
-            table.add_row(r.impl, "", "", "", escape(terminal("the reference fails it too, pdconform's problem "
-                                                              f"(please report): {', '.join(kinds)}")),
+            table.add_row(r.impl, "", "", "", escape(terminal("disputed, not a finding: the reference fails it the "
+                                                              f"same way (an oracle failure): {', '.join(kinds)}")),
                           str(len(r.disputed)), "", "")
     console.print(table)
-    from harness.explore.found import FOUND_DIR, FOUND_ENV
-
     for r in reports:
-        for f in r.failures.values():
+        for f in [*r.failures.values(), *r.oracle.values()]:
             if f.path:
                 env = "" if f.path.parent.resolve() == FOUND_DIR.resolve() else \
                     f"{FOUND_ENV}={shlex.quote(str(f.path.parent))} "
-                line = f"reproduce: {env}{this_program()} repro {f.path.stem} --impl {r.impl}"
+                impl = f.signature.get("impl") or r.impl  # an oracle failure reproduces on the reference
+                line = f"reproduce: {env}{this_program()} repro {f.path.stem} --impl {impl}"
                 console.print(escape(terminal(line)))
-    return failed
+    oracle = sum(len(r.oracle_failures) for r in reports)
+    if oracle:
+        console.print(f"{oracle} oracle failure(s): the reference fails a program whose outcome the spec fixes, so "
+                      "pdconform's reference, or explore's rules or checks, are wrong, not the implementation explored "
+                      "(please report it, with the found file); exit 3 unless an implementation's own failure exits 1")
 
 
 def _replay(paths: list[Path], impls: list[str], target, folder: Path) -> None:

@@ -10,9 +10,12 @@ failing program is shrunk by hypothesis, rule by rule, keeping the failure's sig
 race is not kept), at most :data:`SHRINK_RUNS` more cells; the smallest is written
 out, and later programs failing the same way are only counted.  Every wait is bounded: a
 program cell by its deadline, the whole run by ``budget_s`` (a shrink in progress finishes
-within its own bound).  An interrupt (KeyboardInterrupt in the main thread, or
-:attr:`Explorer.stopping` set by a signal handler) ends everything at once:
-:meth:`Explorer.stop`.
+within its own bound).  A program the reference fails is an *oracle failure*, pdconform's own
+bug, reported and written apart (:data:`ORACLE_DIR`; docs/explore.md, "Oracle failures"): when
+exploring the reference itself, every failure; when exploring another implementation, the
+reference's run of a program that implementation failed (:meth:`Explorer._reference_fails_too`).
+An interrupt (KeyboardInterrupt in the main thread, or :attr:`Explorer.stopping` set by a signal
+handler) ends everything at once: :meth:`Explorer.stop`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from harness.drive.pair import RolePair
 from harness.drive.runner import kill_running_cells, run_cell_isolated
 from harness.drive.scheduler import close_fork_servers, fork_group, start_fork_servers
 from harness.explore.lanes import LANE_OVERRUN_S, STOP_JOIN_S, Lanes, end_leftovers, watch_leftovers
-from harness.explore.found import found_files, impl_of, load_program, scenario_of, write_found
+from harness.explore.found import found_dirs, found_files, impl_of, load_program, scenario_of, write_found
+from harness.explore.oracle import ORACLE_DIR, OracleDiff
 from harness.explore.outcome import Failure, ImplReport, signature_key, signature_of
 from harness.explore.program import MAX_SHIFTS, Program, ProgramMachine
 from harness.judge.judge import judge
@@ -50,7 +54,7 @@ LANES = 8  # programs run at once per implementation (each lane its own pairs): 
 EXAMPLES_PER_ROUND = 25  # programs per hypothesis round; each round starts from its own seed
 
 
-class Explorer:
+class Explorer(OracleDiff):
     """Runs programs on implementations (see the module docstring); ``out_dir`` holds the
     program cells (pdconform's own folder); ``found_dir`` receives found files;
     ``on_progress(report)`` is called after every program.  Program cells run as ``run``'s
@@ -82,6 +86,7 @@ class Explorer:
         self.shifts = 0  # programs run on pairs so far: each gets rooms of its own (Program.shifted)
         self.faults = True  # ProgramMachine.faults: False writes fault-free programs only (bench's rate goal)
         self.shrink_s = SHRINK_S  # seconds one failure's shrinking may take (tests shorten it)
+        self._oracle_init(seed)  # the oracle: the reference (harness.explore.oracle)
         self.stopping = stopping or threading.Event()  # set: interrupted, nothing starts any more (class docstring)
         self._lanes = Lanes(0, self.stopping)  # the running round's (_run_ahead)
         self._stopped = False  # stop() has run: a second call returns at once
@@ -175,7 +180,7 @@ class Explorer:
     def start(self, impls: list[str]) -> None:
         """Start the fork servers of every implementation this explorer will run, at once (each
         once: a second call for the same group would leave the first server running)."""
-        self._impls = set(impls) | {"reference"}  # a failure is diffed against it (_reference_fails_too)
+        self._impls = set(impls) | {self.oracle}  # a failure is diffed against it (_reference_fails_too)
         if self._before is None:  # the orphans of killed cells' roles come back here, ended with the explorer
             self._before = watch_leftovers()
         if not self.servers:
@@ -215,8 +220,13 @@ class Explorer:
     def replay_corpus(self, impl: str, report: ImplReport) -> None:
         """Replay every found file of ``impl`` (the corpus), recording what each shows now
         (PASS, the signature it still fails with, UNSUPPORTED, or why it is unreadable); a
-        failure it still shows is a known one, counted, not looked for again."""
-        for i, path in enumerate(f for f in found_files() if impl_of(f) == impl):
+        failure it still shows is a known one, counted, not looked for again.  The oracle's corpus
+        also holds the oracle failures written before (:meth:`oracle_dir`), and a failure of it is
+        an oracle failure."""
+        folders = found_dirs()
+        if impl == self.oracle and all(d.resolve() != self.oracle_dir().resolve() for d in folders):
+            folders.append(self.oracle_dir())
+        for i, path in enumerate(f for f in found_files(folders) if impl_of(f) == impl):
             try:
                 cell = self.run_scenario_file(path.resolve(), impl, self.out_dir / impl / f"corpus-{i}" / "cell")
             except ValueError as exc:
@@ -224,8 +234,8 @@ class Explorer:
                 continue
             sig = signature_of(cell, impl)
             if sig is not None:
-                report.failures.setdefault(signature_key(sig),
-                                           Failure(sig, 0, load_program(path), path.resolve(), known=True))
+                report.failures.setdefault(signature_key(sig), Failure(sig, 0, load_program(path), path.resolve(),
+                                                                       known=True, oracle=impl == self.oracle))
                 self.known.setdefault(impl, {})[signature_key(sig)] = report.failures[signature_key(sig)]
             report.corpus[path.name] = str(cell.verdict) if sig is None else signature_key(sig)
 
@@ -237,7 +247,7 @@ class Explorer:
         shrunk); the report.  The implementation's pairs are closed at the end; on an interrupt
         (KeyboardInterrupt) everything is, at once (:meth:`stop`), and the interrupt propagates."""
         self.topology = topology
-        report = ImplReport(impl)
+        report = ImplReport(impl, of_oracle=impl == self.oracle)
         start = time.monotonic()
         if corpus:
             self.replay_corpus(impl, report)
@@ -331,13 +341,13 @@ class Explorer:
         if not shrinking and self.long_lived and not self._fails_alone(program, impl, report, start, sig):
             seen[text] = None
             return None
-        if not shrinking and self._reference_fails_too(program, impl, report, sig):
+        if not shrinking and self._reference_fails_too(program, impl, report, sig, start):
             seen[text] = None
             return None
         if not shrinking:
             state["sig"], state["found_at"], state["best"] = sig, time.monotonic(), program
             report.failures[signature_key(sig)] = Failure(sig, 1, program, first_after_s=time.monotonic() - start,
-                                                          first=program)
+                                                          first=program, oracle=impl == self.oracle)
             return sig
         if signature_key(sig) != signature_key(state["sig"]):
             seen[text] = None  # while shrinking, another failure: not the one being shrunk
@@ -364,24 +374,6 @@ class Explorer:
         self.note(f"{impl}: a program failed on a long-lived pair ({signature_key(sig)}) but not in a fresh cell "
                   f"({signature_key(again) if again else 'PASS'}): not shrunk, counted as pair-only ({kept})")
         return False
-
-    def _reference_fails_too(self, program: Program, impl: str, report: ImplReport, sig: dict) -> bool:
-        """Before a failure counts, the same program on the reference (the spec fixes its outcome):
-        failing there too, it is pdconform's problem, not ``impl``'s: counted in ``report.disputed``,
-        kept as ``OUT/IMPL/disputed-N.json``, never shrunk or written as found (docs/explore.md)."""
-        if impl == "reference":
-            return False
-        ref = signature_of(self.run_program(program, "reference", f"reference-diff-{len(report.failures)}",
-                                            alone=True), "reference")
-        if ref is None:
-            return False
-        report.disputed.append((signature_key(sig), signature_key(ref), program))
-        kept = self.out_dir / impl / f"disputed-{len(report.disputed)}.json"
-        write_atomic(kept, program.to_json().encode())
-        self.note(f"{impl}: a program failed ({signature_key(sig)}), "
-                  f"and the reference fails it too ({signature_key(ref)}): "
-                  f"pdconform's problem, not {impl}'s; not counted as a finding ({kept})")
-        return True
 
     def _machine(self, on_program: Callable[[Program], dict | None]) -> type:
         """The round's state machine: writes a program on this explorer's topology and rules, and
@@ -451,6 +443,7 @@ class Explorer:
         ends.  With :attr:`lanes` above 1 the round's programs run ahead, several at once; the
         round is replayed by hypothesis (nothing runs again) only when one of them failed."""
         state: dict = {"sig": None, "best": None, "shrinks": 0, "found_at": 0.0}
+        self._round_seed = round_seed
         seen: dict[str, dict | None] = {}  # program -> what hypothesis is told: a program runs once per round
         ahead = self._run_ahead(impl, report, start, deadline, round_seed) \
             if self.lanes > 1 and self.long_lived else None
@@ -479,7 +472,9 @@ class Explorer:
             failure.program, failure.flaky = state["best"], flaky
             failure.shrink_s, failure.shrink_runs = time.monotonic() - state["found_at"], state["shrinks"]
             try:
-                failure.path = write_found(state["best"], impl, state["sig"], self.found_dir,
+                # the oracle's own failure is pdconform's bug: written apart, never into a backend's corpus
+                failure.path = write_found(state["best"], impl, state["sig"],
+                                           self.oracle_dir() if failure.oracle else self.found_dir,
                                            {"seed": round_seed, "shrink_runs": state["shrinks"]})
             except OSError as exc:  # the failure stays in the report; its program could not be kept
                 self.note(f"could not write the found program of {impl} into {self.found_dir}: {exc}")
@@ -494,4 +489,4 @@ class _ShrinkOver(BaseException):
     ``Exception``, so hypothesis does not take it for a failure of the program but stops."""
 
 
-__all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS", "SHRINK_S"]
+__all__ = ["Explorer", "ImplReport", "Failure", "signature_of", "SHRINK_RUNS", "SHRINK_S", "ORACLE_DIR"]

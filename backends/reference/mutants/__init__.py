@@ -129,7 +129,7 @@ MUTANTS: tuple[Mutant, ...] = (
            across_hosts="network-partition needs prefill and decode on two hosts (tests/test_hosts.py catches it)"),
     Mutant("dead-decode-write-waited-forever", "R-PEER-1", "a write to a decode whose process died is waited for "
            "forever", "NIXL _await_handles polls with no deadline; sglang's prefill has no heartbeat to its decodes",
-           transfer._stuck_write_waited_forever),
+           transfer._dead_decode_write_waited_forever),
     Mutant("health-probe-impatient", "R-NET-2", "the decode gives a prefill's health endpoint 0.1 s to answer, so "
            "a slow link fails its rooms", "a heartbeat timeout tuned on loopback", liveness._health_probe_impatient,
            across_hosts="network-delay needs two hosts and a kernel with netem"),

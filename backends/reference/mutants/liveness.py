@@ -129,7 +129,7 @@ def _stale_chunk_written() -> None:
     def make_send(orig):
         def _send_write(self, w):
             if w.room not in self.prefill.rooms and w.write_id not in self.prefill.issued:
-                self.prefill.issued[w.write_id] = (w.room, None)
+                self.prefill.issued[w.write_id] = (w.room, None, w.decode)
             return orig(self, w)
         return _send_write
     wrap(ra.ReferenceRole, "_send_write", make_send)

@@ -224,6 +224,18 @@ def _stuck_write_waited_forever() -> None:
     wrap(pc.PrefillCore, "__init__", make)
 
 
+def _dead_decode_write_waited_forever() -> None:
+    """No deadline, and the engine's loss of a decode (its connection closed or refused, as when
+    its process was killed: pc.DecodeLost) fails none of the writes to it: they are waited for forever."""
+    _stuck_write_waited_forever()
+
+    def make(orig):
+        def _on_DecodeLost(self, e):  # noqa: N802
+            return []
+        return _on_DecodeLost
+    wrap(pc.PrefillCore, "_on_DecodeLost", make)
+
+
 # ---- R-REUSE-1 ---------------------------------------------------------------------
 
 def _old_generation_ack_applied() -> None:
