@@ -555,6 +555,13 @@ class ScratchRunner:
         for tool in (shim, self.shims / "sudo", self.shims / "gh"):
             tool.chmod(0o755)
         _chown_tree(self.base, uid)
+        if uid is not None:  # the checkout's .venv is read in place: out of reach under a root-only folder
+            probe = subprocess.run([*self.prefix, str(self.venv / "bin" / "python"), "-c", "import typer, torch"],
+                                   capture_output=True, text=True, timeout=120)
+            if probe.returncode != 0:
+                self.close()
+                pytest.skip(f"the checkout's .venv ({_site_packages()}) cannot be read by uid {uid} (a checkout "
+                            "under a folder only root may enter, as a fresh clone in a mktemp -d folder)")
         sglang = importlib.util.find_spec("sglang")
         if sglang is None:
             pytest.skip("sglang is not installed in .venv")
