@@ -12,17 +12,6 @@ from __future__ import annotations
 SPECS: list[dict] = []
 
 
-
-class ThreadDeath(BaseException):
-    """An uncaught error that ends the thread it is raised on (the reference's loops catch
-    Exception only), as an exception kills a real backend's bare ``while True`` thread."""
-
-
-def patch(cls, name: str, make) -> None:
-    """Replace ``cls.name`` with ``make(original)``."""
-    setattr(cls, name, make(getattr(cls, name)))
-
-
 def planted(blind_set: str):
     """The decorator of set ``blind_set``'s mutants: ``@spec(id, requirement, bug, like)``
     registers the decorated function as the ``apply`` of mutant ``id`` in :data:`SPECS`."""
@@ -34,7 +23,7 @@ def planted(blind_set: str):
     return spec
 
 
-
-# the sets, each as its writer left it (split in modules by subject only; blind1_*: 2026-12-05)
+# the sets, each as its writer left it (blind1_*: split in modules by subject, and its own copies of
+# _base's PlantedLoopDeath and wrap replaced by those, after scoring; 2026-12-05)
 from backends.reference.mutants import blind1_transfer  # noqa: E402,F401  (it registers)
 from backends.reference.mutants import blind1_liveness  # noqa: E402,F401,I001

@@ -4,8 +4,8 @@ docs/mutants.md); scored as written before any check changed for it."""
 
 from __future__ import annotations
 
-from backends.reference.mutants.blind import ThreadDeath as _ThreadDeath
-from backends.reference.mutants.blind import patch as _patch
+from backends.reference.mutants._base import PlantedLoopDeath as _ThreadDeath
+from backends.reference.mutants._base import wrap as _patch
 from backends.reference.mutants.blind import planted
 
 _spec = planted("blind-1")

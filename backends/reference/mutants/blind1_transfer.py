@@ -4,7 +4,7 @@ docs/mutants.md); scored as written before any check changed for it."""
 
 from __future__ import annotations
 
-from backends.reference.mutants.blind import patch as _patch
+from backends.reference.mutants._base import wrap as _patch
 from backends.reference.mutants.blind import planted
 
 _spec = planted("blind-1")
