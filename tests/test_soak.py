@@ -54,6 +54,7 @@ def test_soak_runs_the_matrix_into_one_folder_and_exits_0_when_nothing_flips(tmp
     data = json.loads((folder / "soak.json").read_text())
     assert [r["index"] for r in data["runs"]] == [1, 2] and data["flips"] == []
     assert all(r["cells"]["selftest-noop x selftest"][0] == "PASS" for r in data["runs"])
+    assert all(r["judged"]["selftest-noop x selftest"]["label"] == "as expected" for r in data["runs"])
     assert (folder / "run-1" / "results.json").is_file() and (folder / "run-2" / "results.json").is_file()
     assert "0 flipping cell(s)" in out.stdout
 
@@ -82,3 +83,75 @@ def test_a_flip_exits_1_and_is_listed_escaped(tmp_path, monkeypatch):
     text = (tmp_path / "latest" / "soak.md").read_text()
     assert "clear-then-abort x mori: FAIL x1, PASS x1" in text and "run 2 (load 7.0)" in text
     assert_inert_markdown(text)  # the reason is shown in a code span, literally, on one line
+
+
+def _cell(verdict, expected="PASS", alone=None, checks=(), expected_checks=None, starved=""):
+    from harness.judge.results import CellResult
+    from harness.judge.verdict import Verdict
+
+    return CellResult(impl="mori", scenario="dead-prefill", verdict=Verdict(verdict), expected=Verdict(expected),
+                      checks=[{"name": n, "ok": False} for n in checks], expected_checks=expected_checks,
+                      starved=starved, alone=alone)
+
+
+def test_each_cell_is_labelled_as_run_judges_it():
+    from harness.soak import AS_EXPECTED, NOT_AS_EXPECTED, UNDER_LOAD, judged, label
+
+    assert label(_cell("FAIL", "FAIL")) == AS_EXPECTED
+    assert label(_cell("PASS")) == AS_EXPECTED
+    assert label(_cell("FAIL")) == NOT_AS_EXPECTED  # a regression
+    assert label(_cell("PASS", "FAIL")) == NOT_AS_EXPECTED  # a fix: also what run exits 1 on
+    # a known cell with a check failing that its entry does not list: not as expected
+    assert label(_cell("FAIL", "FAIL", checks=["a", "b"], expected_checks=["a"])) == NOT_AS_EXPECTED
+    starved = _cell("FAIL", starved="load 31.0 on 2 cores", alone=_cell("PASS"))
+    assert label(starved) == UNDER_LOAD
+    record = judged(starved)
+    assert record["label"] == UNDER_LOAD and record["expected"] == "PASS"
+    assert record["alone"] == "FAIL under load (load 31.0 on 2 cores), PASS alone: timing under load"
+    still = _cell("FAIL", starved="load 31.0 on 2 cores", alone=_cell("FAIL"))
+    assert label(still) == NOT_AS_EXPECTED and "not as expected alone either" in judged(still)["alone"]
+
+
+def _judged_run(index, load, **cells) -> SoakRun:
+    from harness.soak import judged
+
+    run = _run(index, load, **{k: (str(c.verdict), "r") for k, c in cells.items()})
+    run.judged = {k.replace("__", " x "): judged(c) for k, c in cells.items()}
+    return run
+
+
+def test_a_flip_under_load_is_explained_and_a_regression_is_not(tmp_path):
+    from harness.soak import unexplained
+
+    under = _cell("FAIL", starved="load 20.0 on 2 cores", alone=_cell("PASS"))
+    runs = [_judged_run(1, 2.0, a__mori=_cell("PASS"), b__nixl=_cell("FAIL", "FAIL")),
+            _judged_run(2, 20.0, a__mori=under, b__nixl=_cell("FAIL", "FAIL"))]
+    found = flips(runs)
+    assert [(f.cell, f.explained) for f in found] == [("a x mori", True)] and unexplained(runs) == []
+    text = soak_markdown(runs, found, jobs=32, cores=2)
+    assert "| 2 | 20.0 / 21.0 | 40 | 2 | 1 | 1 | 0 |" in text  # red cells: b as expected, a under load
+    assert "run 2: a x mori: FAIL under load (load 20.0 on 2 cores), PASS alone: timing under load" in text
+    assert "### Not as expected: 0" in text
+
+    worse = [_judged_run(1, 2.0, b__nixl=_cell("FAIL", "FAIL")),
+             _judged_run(2, 2.0, b__nixl=_cell("FAIL", "FAIL", checks=["new-one"], expected_checks=[]))]
+    assert unexplained(worse) == [(2, "b x nixl")] and flips(worse) == []  # same verdict and reason: no flip
+    text = soak_markdown(worse, [], jobs=2, cores=2)
+    assert "run 2: b x nixl: FAIL, expected FAIL, new failing checks: new-one" in text
+
+
+def test_soak_exits_1_on_a_cell_not_as_expected_and_0_on_one_under_load(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import harness.soak
+    from harness.cli import app
+
+    under = _cell("FAIL", starved="load 20.0 on 2 cores", alone=_cell("PASS"))
+    for cells, code in (((_cell("PASS"), under), 0), ((_cell("PASS"), _cell("FAIL")), 1)):
+        fake = [_judged_run(i, 2.0, **{"happy-path__reference": c}) for i, c in enumerate(cells, 1)]
+        monkeypatch.setattr(harness.soak, "soak", lambda config, runs, folder, on_run=None, fake=fake: fake)
+        result = CliRunner().invoke(app, ["soak", "--runs", "2", "--impl", "reference", "--scenario", "happy-path",
+                                          "--out", str(tmp_path / str(code))])
+        assert result.exit_code == code, result.output
+        data = json.loads((tmp_path / str(code) / "latest" / "soak.json").read_text())
+        assert data["not_as_expected"] == ([] if code == 0 else [{"run": 2, "cell": "happy-path x reference"}])

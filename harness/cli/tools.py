@@ -13,6 +13,7 @@ from harness.cli import (
     MAX_JOBS,
     MAX_SEED,
     ENGINE_SETTING_OPTION,
+    EXPECTATIONS_OPTION,
     SGLANG_SRC_OPTION,
     SGLANG_TREE_VERSION_OPTION,
     SGLANG_VERSION_OPTION,
@@ -247,13 +248,18 @@ def soak(
     sglang_version: Optional[str] = SGLANG_VERSION_OPTION,
     sglang_tree_version: Optional[str] = SGLANG_TREE_VERSION_OPTION,
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
+    expectations: Optional[Path] = EXPECTATIONS_OPTION,
     out: Path = typer.Option(Path("reports/out/soak"), "--out", help="Folder for the soaks: each writes "
                              "OUT/runs/<time>/ with run-1 ... run-N, soak.json and soak.md."),
 ) -> None:
-    """Run the same matrix --runs times and list every cell whose verdict or reason (numbers
-    masked) changed between runs, with the load average each run saw.
+    """Run the same matrix --runs times, each judged as `run` judges one (against the
+    expectations; a starved cell worse than expected only on timing bounds run once more
+    alone), and list every cell not as expected, every cell worse only under load with its
+    alone result, and every cell whose verdict or reason (numbers masked) changed between
+    runs, with the load average each run saw.
 
-    Exit 0 when every cell came out the same every time, 1 when one flipped, 2 on bad usage.
+    Exit 0 when every cell of every run was as expected or timing under load and every flip
+    is so explained, 1 otherwise, 2 on bad usage.
     """
     import os
     from collections import Counter
@@ -261,29 +267,32 @@ def soak(
     from harness.drive.runner import default_jobs
     from harness.session import RunConfig, clean_clone_order
     from harness.report.safe import terminal
-    from harness.soak import flips, write_soak
+    from harness.cli.runs import _target_and_expectations
+    from harness.soak import flips, run_counts, unexplained, write_soak
     from harness.soak import soak as soak_runs
 
     jobs = jobs or default_jobs()
     impls, scenarios = _select(impl, scenario)
     out = _out_dir(out)
-    target = _target(sglang_src, sglang_version, sglang_tree_version)  # every option is checked before a file is written
+    # every option is checked before a file is written
+    target, loaded = _target_and_expectations(sglang_src, sglang_version, sglang_tree_version, expectations)
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, jobs=jobs,
-                       engine_settings=_settings(engine_setting), reports=False,
+                       engine_settings=_settings(engine_setting), reports=False, expectations=loaded,
                        duration_hint=clean_clone_order(target.info.version, scenarios, impls, seed))
 
     def on_run(run) -> None:
-        counts = Counter(verdict for verdict, _ in run.cells.values())
+        counts, said = Counter(verdict for verdict, _ in run.cells.values()), run_counts(run)
         err.print(f"run {run.index}/{runs}: {run.duration_s:.0f} s, load {run.load_mean:.1f} "
-                  f"(peak {run.load_max:.1f}), " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())),
-                  highlight=False, markup=False)
+                  f"(peak {run.load_max:.1f}), " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+                  + f"; red: {said['red as expected']} as expected, {said['red timing under load']} timing under "
+                  f"load; {said['not as expected']} not as expected", highlight=False, markup=False)
 
     with _run_folder(out, "soak", ": the running cells were stopped; the finished runs are in the folder") as folder:
         done = soak_runs(config, runs, folder, on_run)
         _, md_path = write_soak(folder, done, jobs, os.cpu_count() or 1)
     console.print(terminal(md_path.read_text(), lines=True), markup=False, highlight=False)
     console.print(f"soak.json, soak.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
-    raise typer.Exit(code=1 if flips(done) else 0)
+    raise typer.Exit(code=1 if unexplained(done) or any(not f.explained for f in flips(done)) else 0)
 
 
 @app.command()
