@@ -77,6 +77,9 @@ def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
             socket.send_pyobj(_reply_error(ValueError(f"unknown role op {op!r}")))
             continue
         try:
+            if op == "request_kv":  # the rows whose bytes are copied at this room's Success (R-XFER-2)
+                kwargs = request.get("kwargs", {})
+                adapter.success_bytes.requested(kwargs["room"], kwargs["pages"], kwargs["aux_slot"])
             value = getattr(adapter, op)(**request.get("kwargs", {}))
             if op == "observe" and isinstance(value, dict):  # processes the implementation started, still alive
                 value["processes"] = [describe(pid) for pid in children()]

@@ -20,7 +20,11 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   not judged on an older one; and the
   memory of ended generations that R-REUSE-1 allows (an adapter's ``remembered``) is
   not residue until the bootstrap timeout has passed, which the no-residue scenario
-  waits out and judges itself.
+  waits out and judges itself;
+* ``bytes-in-place-at-success`` (R-XFER-2): each decode copies a room's destination rows
+  when it first reads the room Success (harness.role.at_success); every pool verification
+  judges those copies too, so a Success reported before its last byte landed fails even
+  when the byte lands a moment later.
 
 A scenario opts out of one only with a stated reason (harness.spec.scenario.Scenario
 ``opt_out``, in the scenario's source; ``pdconform list`` shows every opt-out).
@@ -128,11 +132,40 @@ def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str, int | 
     return True, f"no state left of the {len(rooms)} room(s) cleared on every side, in {len(observed)} role(s)", None
 
 
+def bytes_in_place_at_success(events: list[dict]) -> tuple[bool | None, str, int | None]:
+    """R-XFER-2 at the moment of Success: every pool verification of every decode, judged
+    again on the rows each room held when its Success was first read (the role's copies,
+    harness.role.at_success), finds them as the moves say.  A byte wrong then but right at
+    the end means Success was reported before that byte was in place; a byte wrong at both
+    moments is bytes-exact's (it is not counted twice)."""
+    early, rooms, at = [], 0, None
+    for e in events:
+        if e["op"] != Op.VERIFY or e["type"] != Event.OK:
+            continue
+        value = e.get("value") or {}
+        then = value.get("at_success")
+        if not isinstance(then, dict):
+            continue
+        rooms += then.get("rooms") or 0
+        wrong_at_end = set(value.get("mismatches") or ())
+        new = [m for m in then.get("mismatches") or () if m not in wrong_at_end]
+        if not then.get("ok") and new:
+            early.append(f"{e.get('role')}: {then.get('mismatch_pages')} page(s) not in place at Success: "
+                         + "; ".join(new[:3]))
+            at = e["seq"] if at is None else at
+    if early:
+        return False, "Success was read before its bytes were in place: " + " | ".join(early[:3]), at
+    if not rooms:
+        return True, "no Success read was copied, so none can have come early", None
+    return True, f"the bytes of all {rooms} room(s) read Success were in place when it was read", None
+
+
 GENERIC = (
     ("every-trail-terminal", "R-TERM-1", lambda: every_trail_terminal),
     ("every-failure-has-reason", "R-REASON-1", lambda: every_failure_has_reason),
     ("no-dead-thread", "R-LIVE-2", c.no_dead_threads),
     ("no-residue-after-clear", "R-RESIDUE-1", lambda: no_residue_after_clear),
+    ("bytes-in-place-at-success", "R-XFER-2", lambda: bytes_in_place_at_success),
 )
 
 

@@ -19,10 +19,13 @@ import inspect
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from harness.role.faults import Points
-from harness.spec.protocol import kvpoll_name
+from harness.spec.protocol import KVPoll, kvpoll_name
+
+if TYPE_CHECKING:
+    from harness.role.at_success import SuccessBytes
 
 AWAIT_POLL_S = 0.005  # between KVPoll reads of RoleAdapter.await_status (seconds): the latency floor of a status
 
@@ -206,6 +209,8 @@ class RoleAdapter(ABC):
             if not trail or trail[-1] != kvpoll_name(status):
                 trail.append(kvpoll_name(status))
             waited = time.monotonic() - start
+            if status == KVPoll.Success:  # the bytes as they are when Success is first read (R-XFER-2)
+                self.success_bytes.seen_success(room, getattr(self, "buffers", None))
             if status in statuses or waited > timeout_s:
                 return {"status": status, "trail": trail, "waited_s": round(waited, 3), "seen_wall": time.time()}
             time.sleep(interval_s)
@@ -240,8 +245,28 @@ class RoleAdapter(ABC):
         return self.__dict__["_points"]
 
     def _forget_points(self) -> None:
-        """Disarm every point and forget its hits (a long-lived role's next program: begin_program)."""
+        """Disarm every point and forget its hits, and the bytes copied at Success (a long-lived
+        role's next program: begin_program)."""
         self.__dict__.pop("_points", None)
+        self.__dict__.pop("_success_bytes", None)
+
+    # ---- bytes at Success (harness.role.at_success) ---------------------------------
+    @property
+    def success_bytes(self) -> "SuccessBytes":
+        """This decode's copies of each room's destination rows at its first Success read; the
+        role host tells it of each ``request_kv`` (harness.drive.role_host)."""
+        if "_success_bytes" not in self.__dict__:
+            from harness.role.at_success import SuccessBytes  # torch: only in a role process
+            self.__dict__["_success_bytes"] = SuccessBytes()
+        return self.__dict__["_success_bytes"]
+
+    def verify_at_success(self, kv_moves: list[tuple[int, int]], aux_moves: list[tuple[int, int]],
+                          unchecked_kv: list[int] = (), unchecked_aux: list[int] = (),
+                          sent_layers: list[int] | None = None) -> dict:
+        """:meth:`verify`'s arguments, judged on the rows as they were when each room's Success
+        was first read (R-XFER-2; :meth:`harness.role.at_success.SuccessBytes.verify`)."""
+        return self.success_bytes.verify(getattr(self, "buffers", None), [tuple(m) for m in kv_moves],
+                                         [tuple(m) for m in aux_moves], unchecked_kv, unchecked_aux, sent_layers)
 
     def arm_point(self, point: str, action: str, frames: list | None = None, hold_s: float = 20.0) -> None:
         """Arm an interleaving point for its next hit (:meth:`harness.role.faults.Points.arm`).

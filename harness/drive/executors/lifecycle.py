@@ -269,7 +269,9 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
 def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
     """Check the decode's pools, again every VERIFY_RETRY_S while they are wrong, for at most
     ``step.settle_s`` seconds; one completion, the last report, with ``checks`` (how many were
-    made) and ``settled_s`` (seconds from the first to the last)."""
+    made), ``settled_s`` (seconds from the first to the last) and ``at_success``: the same
+    moves judged on the rows each room held when its Success was first read
+    (RoleAdapter.verify_at_success; ``at_success_error`` when that could not be asked)."""
     kwargs = dict(kv_moves=[list(m) for m in step.kv_moves], aux_moves=[list(m) for m in step.aux_moves],
                   unchecked_kv=list(step.unchecked_kv), unchecked_aux=list(step.unchecked_aux),
                   sent_layers=None if step.sent_layers is None else list(step.sent_layers))
@@ -292,6 +294,11 @@ def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
             break
         time.sleep(s.VERIFY_RETRY_S)
     value = {**report, "checks": checks, "settled_s": round(time.monotonic() - start, 3)}
+    try:  # the same moves on the bytes as they were at each room's first Success read (R-XFER-2)
+        value["at_success"] = _merged(d.rank_results(step.decode, "verify_at_success", CALL_TIMEOUT_S, kwargs,
+                                                     _engine_moves(d, step.decode, kwargs)))
+    except RoleError as exc:
+        value["at_success_error"] = str(exc.remote_message or exc)[:300]
     d.record(Event.OK, Op.VERIFY, step.decode, args=args, value=value)
 
 
@@ -322,8 +329,9 @@ def _merged(reports: dict[str, dict]) -> dict:
     if len(reports) == 1:
         return next(iter(reports.values()))
     out = {"ok": all(r["ok"] for r in reports.values()), "ranks": len(reports), "mismatches": []}
-    for key in ("bytes_verified", "bytes_untouched_checked", "mismatch_pages"):
-        out[key] = sum(r[key] for r in reports.values())
+    for key in ("bytes_verified", "bytes_untouched_checked", "mismatch_pages", "rooms", "rows"):
+        if all(key in r for r in reports.values()):  # rooms, rows: verify_at_success's only
+            out[key] = sum(r[key] for r in reports.values())
     for name, r in reports.items():
         out["mismatches"] += [f"{name}: {m}" for m in r["mismatches"]]
     return out
