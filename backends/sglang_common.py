@@ -354,6 +354,13 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
     def poll(self, room: int) -> int:
         return int(self._room_object(room).poll())
 
+    def status_map(self, room: int) -> int | None:
+        """The manager's ``request_status`` entry for the room (common/conn.py
+        ``CommonKVManager.check_status`` reads the same table), without poll()'s cache."""
+        table = getattr(self.manager, "request_status", None)
+        value = table.get(room) if isinstance(table, dict) else None
+        return None if value is None else int(value)
+
     def failure_reason(self, room: int) -> str | None:
         """The reason the manager recorded for the room, read without side effects.
 

@@ -1,12 +1,13 @@
 """dead-decode: one of two decodes dies; the prefill fails its rooms and serves the other.
 
-The prefill holds two rooms of decode A, both registered: one with its first chunk
-written (Transferring), one with nothing written yet (WaitingForInput), and one
-room of decode B.  A's process is killed (SIGKILL).  The prefill's scheduler knows
+The prefill holds three rooms of decode A, all registered: one with its first chunk
+written (Transferring), one with nothing written yet (WaitingForInput), one concluded
+(Success on both sides, not yet cleared), and one room of decode B.  A's process is killed (SIGKILL).  The prefill's scheduler knows
 nothing of it and sends every chunk still to send: the writes go to a dead peer.
 Both of A's rooms must read Failed on the prefill, with a reason, within the waiting
 timeout plus 5 s of their last chunk (written after the death), never Success (R-PEER-1,
-R-REASON-1); they are polled before B's rooms, so the first Failed read is not late for
+R-REASON-1), while the concluded room stays Success on every later read, fresh reads of the
+manager's table included (R-TERM-1, the generic every-trail-terminal); they are polled before B's rooms, so the first Failed read is not late for
 waiting on B; B's
 room, whose chunks come right after A's, completes, and a new room to B succeeds (R-PEER-1: the prefill's loops and
 transfer worker survive the dead peer); once every room is cleared, no state of them is left
@@ -16,6 +17,8 @@ decodes, so only the failed writes can tell it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
@@ -23,6 +26,7 @@ from harness.spec.steps import AwaitStatus, Clear, InitSender, KillRole, SendChu
 from scenarios._flows import (LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy,
                               room_succeeds, send_all, verify)
 
+WIDE = replace(LAYOUT, aux_slots=8)  # five rooms, each its own aux slot
 A, B = "decode-a", "decode-b"
 TIMEOUT_S = 8  # the waiting timeout (R-TIMEOUT-3's bound is it plus SLACK_S); B's rooms are served well inside it
 SLACK_S = 5.0
@@ -34,16 +38,17 @@ ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)), ("MC_TRANSFER_
 
 
 def _plan(seed: int):
-    planner = RoomAllocator(seed)
+    planner = RoomAllocator(seed, WIDE)
     return (planner.room(decode=A), planner.room(decode=A, chunks=2), planner.room(decode=B),
-            planner.room(decode=B))
+            planner.room(decode=B), planner.room(decode=A))
 
 
 def steps(seed: int):
-    a_waiting, a_transferring, b_held, b_new = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, a_done = _plan(seed)
     bound = TIMEOUT_S + SLACK_S + 2
     return [
-        StartRoles(decodes=(A, B), layout=LAYOUT, env=ENV),
+        StartRoles(decodes=(A, B), layout=WIDE, env=ENV),
+        *open_and_request(a_done), *send_all(a_done), *await_done(a_done),  # concluded before the kill
         *open_and_request(a_waiting),
         *open_and_request(a_transferring),
         InitSender(a_transferring.room, len(a_transferring.src), a_transferring.aux_src),
@@ -58,16 +63,18 @@ def steps(seed: int):
         *send_all(b_held),  # behind A's writes to the dead peer
         AwaitStatus(a_transferring.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=bound),
         AwaitStatus(a_waiting.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=bound),
+        AwaitStatus(a_done.room, "prefill", (KVPoll.Success,), timeout_s=0.0, label="concluded-room-after-kill",
+                    must_come=False),  # read again: R-TERM-1 (every-trail-terminal) judges it
         *await_done(b_held, OTHER_ROOM_S),
         *open_and_request(b_new), *send_all(b_new), *await_done(b_new, OTHER_ROOM_S),
         verify([b_held, b_new], decode=B),
-        *[Clear(p.room, "prefill") for p in (a_waiting, a_transferring)],  # their decode is gone
+        *[Clear(p.room, "prefill") for p in (a_waiting, a_transferring, a_done)],  # their decode is gone
         *[Clear(p.room, role) for p in (b_held, b_new) for role in ("prefill", B)],
     ]
 
 
 def checks(seed: int):
-    a_waiting, a_transferring, b_held, b_new = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, _ = _plan(seed)
     window = (0, TIMEOUT_S + SLACK_S)
     return [
         c.Check("transferring-room-failed", "R-PEER-1",

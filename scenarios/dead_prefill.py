@@ -1,13 +1,17 @@
 """dead-prefill: one of two prefills dies; only its rooms fail, promptly, naming it.
 
-The decode holds two rooms bound to prefill A (one WaitingForInput, one
-Transferring: its first chunk was sent) and one bound to prefill B.  A's process
-is killed (SIGKILL: no goodbye).  A's rooms must become Failed within the
+The decode holds three rooms bound to prefill A (one WaitingForInput, one
+Transferring: its first chunk was sent, one concluded: Success on both sides and not
+yet cleared) and one bound to prefill B.  A's process is killed (SIGKILL: no goodbye).  A's rooms must become Failed within the
 decode's heartbeat window plus 5 s, with a reason naming A (R-HB-1, R-REASON-1);
-B's room is untouched and completes, and a new room to B succeeds (R-HB-1).
+B's room is untouched and completes, and a new room to B succeeds (R-HB-1).  A's concluded
+room stays Success on every later read, fresh reads of the manager's table included (R-TERM-1,
+the generic every-trail-terminal), and its bytes stay in place.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from harness.judge import checks as c
 from harness.judge.fault_checks import failed_after_kill
@@ -16,21 +20,23 @@ from harness.spec.scenario import Scenario, register
 from harness.spec.steps import AwaitStatus, InitSender, KillRole, SendChunk, Sleep, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, full_room, open_and_request, send_all, verify
 
+WIDE = replace(LAYOUT, aux_slots=8)  # five rooms, each its own aux slot
 A, B = "prefill-a", "prefill-b"
 SLACK_S = 5.0
 WAIT_S = 40.0  # polling bound; the check judges the latency against the window
 
 
 def _plan(seed: int):
-    planner = RoomAllocator(seed)
+    planner = RoomAllocator(seed, WIDE)
     return (planner.room(prefill=A), planner.room(prefill=A, chunks=2), planner.room(prefill=B),
-            planner.room(prefill=B))
+            planner.room(prefill=B), planner.room(prefill=A))
 
 
 def steps(seed: int):
-    a_waiting, a_transferring, b_held, b_new = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, a_done = _plan(seed)
     return [
-        StartRoles(prefills=(A, B), layout=LAYOUT),
+        StartRoles(prefills=(A, B), layout=WIDE),
+        *full_room(a_done),  # concluded before the kill, never cleared
         *open_and_request(a_waiting),
         *open_and_request(a_transferring),
         InitSender(a_transferring.room, len(a_transferring.src), a_transferring.aux_src, prefill=A),
@@ -45,14 +51,16 @@ def steps(seed: int):
         AwaitStatus(a_transferring.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=WAIT_S),
         AwaitStatus(b_held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=0.0, label="b-room-after-kill",
                     must_come=False),
+        AwaitStatus(a_done.room, "decode", (KVPoll.Success,), timeout_s=0.0, label="concluded-room-after-kill",
+                    must_come=False),  # read again: R-TERM-1 (every-trail-terminal) judges it
         *send_all(b_held), *await_done(b_held),
         *full_room(b_new),
-        verify([b_held, b_new], unchecked_kv=a_transferring.dst),
+        verify([a_done, b_held, b_new], unchecked_kv=a_transferring.dst),
     ]
 
 
 def checks(seed: int):
-    a_waiting, a_transferring, b_held, b_new = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, _ = _plan(seed)
     return [
         c.Check("waiting-room-failed", "R-HB-1", failed_after_kill(a_waiting.room, "decode", A, SLACK_S)),
         c.Check("transferring-room-failed", "R-HB-1",

@@ -43,7 +43,8 @@ def test_a_completed_cell_is_judged_by_its_checks_and_carries_the_runners_figure
     assert (cell.duration_s, cell.cpu_s) == (1.5, 0.7) and all(c["ok"] for c in cell.checks)
     # its own check, then the generic post-conditions (harness.judge.postconditions)
     assert [c["name"] for c in cell.checks] == ["steps-complete", "every-trail-terminal", "every-failure-has-reason",
-                                               "no-dead-thread", "no-residue-after-clear"]
+                                               "no-dead-thread", "no-residue-after-clear", "failure-reason-names-cause",
+                                               "bytes-in-place-at-success"]
     failed = judge(NOOP, 0, history(STEP0, (Event.FAIL, Op.OPEN_SENDER, "prefill", 0, {"error": "boom"}),
                                     end=COMPLETED, exit_={}))
     assert failed.verdict == "FAIL" and "open_sender on prefill failed: boom" in failed.reason

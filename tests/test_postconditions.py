@@ -36,6 +36,57 @@ def test_a_flip_between_two_waits_and_a_clear_that_starts_a_new_lifecycle():
     assert pc.every_trail_terminal(h.events)[0]
 
 
+def test_the_fresh_reads_at_clear_and_at_the_end_judge_the_managers_table_too():
+    """sglang's poll() caches its first terminal answer: a table that turns Success into Failed
+    is seen only by the fresh reads (poll and the table) before clear and at the final observe."""
+    h = History()
+    _wait(h, "decode", 4, ["Transferring", "Success"])
+    h.record("ok", "clear", "decode", 1, args={"room": 4}, value={"before": {"poll": "Success", "map": "Failed"}})
+    _wait(h, "decode", 4, ["WaitingForInput"])  # the next lifecycle of room 4: not a flip
+    ok, detail, *_ = pc.every_trail_terminal(h.events)
+    assert not ok and "decode room 4: Success -> Failed" in detail
+    h = History()
+    _wait(h, "decode-tp1", 6, ["Success"])
+    h.record("ok", "clear", "decode", 1, args={"room": 6},
+             value={"ranks": {"decode-tp1": {"before": {"poll": "Success", "map": "Success"}}}})
+    _wait(h, "decode-tp1", 8, ["Failed"], reason="r")
+    h.record("ok", "observe", "decode-tp1", 2, args={}, value={"statuses": {"8": {"poll": "Failed", "map": "Failed"}}})
+    assert pc.every_trail_terminal(h.events)[0]  # held on every fresh read
+    h.record("ok", "observe", "decode-tp1", 3, args={}, value={"statuses": {"8": {"poll": "Failed", "map": "Success"}}})
+    ok, detail, *_ = pc.every_trail_terminal(h.events)
+    assert not ok and "decode-tp1 room 8: Failed -> Success" in detail
+
+
+def _reason_history(reason: str, cause: str) -> History:
+    h = History()
+    h.record("ok", "start_prefill", "prefill-a", 0, args={}, value={"bootstrap_addr": "127.0.0.1:8998"})
+    h.record("invoke", "open_receiver", "decode", 1, args={"room": 5, "bootstrap_addr": "127.0.0.1:8998"})
+    if cause == "kill":
+        h.record("nemesis", "kill", "prefill-a", 2, args={"signal": "SIGKILL"})
+    elif cause in ("abort", "fault-then-abort"):
+        if cause == "fault-then-abort":  # a write may have failed the room first: the abort is not the sure cause
+            h.record("ok", "engine-faults", "prefill-a", 2, args={"fail_transfers": [1]})
+        h.record("invoke", "abort", "decode", 2, args={"room": 5})
+    _wait(h, "decode", 5, ["WaitingForInput", "Failed"], reason=reason)
+    return h
+
+
+def test_a_failure_reason_must_name_the_cause_the_history_shows():
+    ok, detail, at = pc.failure_reason_names_cause(_reason_history("KV transfer failed: peer lost", "kill").events)
+    assert ok is False and "does not name the killed prefill 127.0.0.1:8998" in detail and at is not None
+    named = "heartbeat to prefill 127.0.0.1:8998 failed twice"
+    assert pc.failure_reason_names_cause(_reason_history(named, "kill").events)[0] is True
+    # a longer port is not the address (names() matches it whole)
+    assert pc.failure_reason_names_cause(_reason_history("prefill 127.0.0.1:89981 lost", "kill").events)[0] is False
+    ok, detail, _ = pc.failure_reason_names_cause(_reason_history("transfer failed", "abort").events)
+    assert ok is False and "does not say it was aborted" in detail
+    assert pc.failure_reason_names_cause(_reason_history("Aborted by the decode", "abort").events)[0] is True
+    assert pc.failure_reason_names_cause(_reason_history("write 3 failed", "fault-then-abort").events)[0] is True
+    # no cause in the history (a timer, an engine error): the scenario's own checks judge it
+    ok, detail, _ = pc.failure_reason_names_cause(_reason_history("x", "none").events)
+    assert ok is True and "all 0" in detail
+
+
 def test_every_failed_read_needs_a_reason_on_every_rank():
     h = History()
     _wait(h, "decode-0", 4, ["Failed"], reason="prefill 127.0.0.1:1 failed")
@@ -52,10 +103,12 @@ def _scenario(opt_out=()) -> Scenario:
 
 def test_generic_checks_are_added_unless_declared_or_opted_out():
     names = [check.name for check in pc.checks_of(_scenario(), 0)]
-    assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear"]
+    assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear",
+                     "failure-reason-names-cause", "bytes-in-place-at-success"]
     opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
     assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal",
-                                                                "no-residue-after-clear"]
+                                                                "no-residue-after-clear", "failure-reason-names-cause",
+                                                                "bytes-in-place-at-success"]
 
 
 def test_the_judge_fails_a_cell_on_a_generic_post_condition():
@@ -167,3 +220,16 @@ def test_a_killed_role_need_not_clear_but_its_surviving_peer_is_judged():
     _room_life(alive, 7, cleared_on=("prefill",))
     _observed(alive, "prefill", {7: ["_deferred_ack_poisoned_rooms{}"]})
     assert "no room was cleared" in pc.no_residue_after_clear(alive.events)[1]
+
+
+def test_a_labelled_status_is_judged_on_every_rank_not_on_the_group():
+    """late-old-status@p1-d2: one decode rank took a late old Success for the reused room while
+    the group (the lowest of its ranks) read WaitingForInput; the group alone hid it."""
+    h = History()
+    h.record("ok", "await_status", "decode", 1, args={"room": 3, "label": "after"},
+             value={"status": int(KVPoll.WaitingForInput), "trail": ["WaitingForInput"], "waited_s": 0.0,
+                    "ranks": {"decode": {"status": int(KVPoll.Success), "trail": ["Success"]},
+                              "decode.tp1": {"status": int(KVPoll.WaitingForInput), "trail": ["WaitingForInput"]}}})
+    ok, detail, _ = c.status_at("after", (KVPoll.WaitingForInput,))(h.events)
+    assert not ok and "not on every rank: decode Success" in detail
+    assert c.status_at("after", (KVPoll.WaitingForInput, KVPoll.Success))(h.events)[0]

@@ -62,6 +62,17 @@ def _reply_error(exc: BaseException) -> dict:
     }
 
 
+def _open_statuses(adapter: RoleAdapter, rooms) -> dict[int, dict]:
+    """Each of ``rooms`` this role still has open, read afresh as at a clear
+    (RoleAdapter.status_before_clear): R-TERM-1 judged on the last read of every room."""
+    out = {}
+    for room in rooms:
+        read = adapter.status_before_clear(int(room))
+        if read:
+            out[int(room)] = read
+    return out
+
+
 def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
     """Answer commands until ``shutdown``; each command runs to completion in turn."""
     while True:
@@ -80,9 +91,14 @@ def serve(adapter: RoleAdapter, socket: zmq.Socket) -> None:
             if op == "request_kv":  # the rows whose bytes are copied at this room's Success (R-XFER-2)
                 kwargs = request.get("kwargs", {})
                 adapter.success_bytes.requested(kwargs["room"], kwargs["pages"], kwargs["aux_slot"])
+            before = adapter.status_before_clear(request["kwargs"]["room"]) if op == "clear" else None
             value = getattr(adapter, op)(**request.get("kwargs", {}))
+            if op == "clear" and value is None:  # the statuses the lifecycle ended on (R-TERM-1)
+                value = {"before": before}
             if op == "observe" and isinstance(value, dict):  # processes the implementation started, still alive
                 value["processes"] = [describe(pid) for pid in children()]
+                if request.get("kwargs", {}).get("residue", True):  # the end of the cell: each open room's statuses
+                    value["statuses"] = _open_statuses(adapter, request["kwargs"].get("rooms") or ())
             payload = pickle.dumps({"ok": True, "value": value})
         except BaseException as exc:  # reported to the driver, never fatal here
             payload = pickle.dumps(_reply_error(exc))

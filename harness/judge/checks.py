@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from harness.judge.verdict import Level
-from harness.spec.history import Event, Op, completions, killed_roles
+from harness.spec.history import Event, Op, completions, killed_roles, rank_statuses
 from harness.spec.protocol import KVPoll, kvpoll_name
 from harness.spec.requirements import requirement
 
@@ -299,7 +299,9 @@ def loops_alive_at(label: str, roles: tuple[str, ...]) -> Checker:
 
 
 def status_at(label: str, expected: tuple[int, ...]) -> Checker:
-    """The AwaitStatus step labelled ``label`` (harness.spec.steps.AwaitStatus) saw one of ``expected``."""
+    """The AwaitStatus step labelled ``label`` (harness.spec.steps.AwaitStatus) saw one of
+    ``expected`` on every rank (:func:`rank_statuses`: the lowest of a group's ranks would
+    hide a rank that is ahead, e.g. one that took a late message for its own)."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         waits = [e for e in completions(events, op=Op.AWAIT_STATUS) if (e.get("args") or {}).get("label") == label]
@@ -311,6 +313,12 @@ def status_at(label: str, expected: tuple[int, ...]) -> Checker:
             return False, f"{where}: polling failed at {label!r}: {wait.get('error')}", wait["seq"]
         seen = wait["value"]["status"]
         names = "/".join(kvpoll_name(x) for x in expected)
+        ranks = rank_statuses(wait)
+        off = {rank: status for rank, status in ranks.items() if status not in expected}
+        if seen in expected and off:
+            said = ", ".join(f"{rank} {kvpoll_name(status)}" for rank, status in sorted(off.items()))
+            return False, (f"{where} was {kvpoll_name(seen)} at {label!r} as a group, but not on every rank: {said} "
+                           f"(step {wait['step']}; expected {names})"), wait["seq"]
         return (seen in expected,
                 f"{where} was {kvpoll_name(seen)} at {label!r} (step {wait['step']}; expected {names})", wait["seq"])
 

@@ -5,8 +5,11 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
 
 * ``every-trail-terminal`` (R-TERM-1): over every recorded poll of every room on every
   role (each wait's whole trail of statuses, not only the status it ended on), once a room
-  was seen Success or Failed every later read in that lifecycle says the same; a lifecycle
-  ends at ``clear`` of the room on that role, or when the role was started again;
+  was seen Success or Failed every later read in that lifecycle says the same, the fresh
+  reads of poll() and of the manager's own status table just before ``clear`` and at the
+  end of the cell included (1c of issue 36: sglang's poll() caches its first terminal
+  answer, so its table is read too); a lifecycle ends at ``clear`` of the room on that
+  role, or when the role was started again;
 * ``every-failure-has-reason`` (R-REASON-1): every read that saw Failed, on any role and
   any decode rank, came with a failure reason;
 * ``no-dead-thread`` (R-LIVE-2): no thread of any role died (only when the scenario does
@@ -21,6 +24,13 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   memory of ended generations that R-REUSE-1 allows (an adapter's ``remembered``) is
   not residue until the bootstrap timeout has passed, which the no-residue scenario
   waits out and judges itself;
+* ``failure-reason-names-cause`` (R-REASON-1, SHOULD): every Failed read whose cause the
+  history shows names it: a decode room whose prefill (the bootstrap address it was opened
+  with) was killed before the read names that address; otherwise a room aborted (by either
+  side) in the same lifecycle before the read, with no other fault in the cell before it
+  (an engine fault plan, a kill, a freeze, a network fault, an injected frame), says "abort".  A failure with no cause the
+  history can tell (a timer, an engine error) is left to its scenario; one without any
+  reason is every-failure-has-reason's;
 * ``bytes-in-place-at-success`` (R-XFER-2): each decode copies a room's destination rows
   when it first reads the room Success (harness.role.at_success); every pool verification
   judges those copies too, so a Success reported before its last byte landed fails even
@@ -33,7 +43,7 @@ A scenario opts out of one only with a stated reason (harness.spec.scenario.Scen
 from __future__ import annotations
 
 from harness.judge import checks as c
-from harness.spec.history import Event, Op, held_rooms, last_observations, rooms_cleared_everywhere
+from harness.spec.history import Event, Op, fact, held_rooms, last_observations, rooms_cleared_everywhere
 from harness.spec.protocol import KVPoll, kvpoll_name
 
 TERMINAL = (kvpoll_name(KVPoll.Success), kvpoll_name(KVPoll.Failed))
@@ -43,7 +53,10 @@ _RESTARTS = (Op.START_PREFILL, Op.START_DECODE, Op.RESTART)
 
 def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
     """Each ``(role, room)``'s lifecycles, in order, each the statuses read in it (KVPoll
-    names, consecutive repeats kept once) from every AwaitStatus that completed; a role of
+    names, consecutive repeats kept once) from every AwaitStatus that completed, then the
+    fresh reads of poll() and of the manager's own status table (RoleAdapter.status_map:
+    sglang's poll() caches its first terminal answer, the table does not) taken just before
+    each ``clear`` and, for a room still open, at the cell's final observation; a role of
     TP ranks has one per rank (``(rank role, room)``: each rank's own reads)."""
     out: dict[tuple[str, int], list[list[str]]] = {}
     for e in events:
@@ -56,10 +69,23 @@ def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
                 if key[0] == role and lives[-1]:
                     lives.append([])
         elif e["op"] == Op.CLEAR and e["type"] == Event.OK and room is not None:
-            for name in (role, *(value.get("ranks") or {})):
+            ranks = value.get("ranks") or {}
+            for name in (role, *ranks):
                 lives = out.get((name, room))
+                rank_value = ranks.get(name) if name in ranks else value
+                before = (rank_value or {}).get("before") if isinstance(rank_value, dict) else None
+                if lives and isinstance(before, dict):  # the fresh reads just before clear: poll, then the table
+                    for status in (before.get("poll"), before.get("map")):
+                        if status and lives[-1] and lives[-1][-1] != status:
+                            lives[-1].append(status)
                 if lives and lives[-1]:
                     lives.append([])
+        elif e["op"] == Op.OBSERVE and e["type"] == Event.OK and isinstance(value.get("statuses"), dict):
+            for key, before in value["statuses"].items():  # the end of the cell: each open room read afresh
+                lives = out.get((role, int(key)))
+                for status in (before.get("poll"), before.get("map")) if lives and isinstance(before, dict) else ():
+                    if status and lives[-1] and lives[-1][-1] != status:
+                        lives[-1].append(status)
         elif e["op"] == Op.AWAIT_STATUS and e["type"] == Event.OK and room is not None:
             reads = {name: r.get("trail") for name, r in value["ranks"].items()} if value.get("ranks") \
                 else {role: value.get("trail")}
@@ -106,6 +132,67 @@ def every_failure_has_reason(events: list[dict]) -> tuple[bool, str, int | None]
     if missing:
         return False, f"Failed without a failure reason: {', '.join(dict.fromkeys(missing))}", at
     return True, f"all {failed} Failed read(s) came with a reason", None
+
+
+def _failed_reads(e: dict) -> list[tuple[str, str]]:
+    """``(role or rank, reason)`` of each Failed read of one completed AwaitStatus event (a
+    group's value holds each rank's under ``ranks``), reasons stripped, empty ones left out."""
+    value = e.get("value") or {}
+    reads = [(name, r) for name, r in (value.get("ranks") or {}).items() if isinstance(r, dict)] \
+        or [(e.get("role"), value)]
+    return [(name, (r.get("failure_reason") or "").strip()) for name, r in reads
+            if r.get("status") == KVPoll.Failed and (r.get("failure_reason") or "").strip()]
+
+
+def failure_reason_names_cause(events: list[dict]) -> tuple[bool, str, int | None]:
+    """R-REASON-1 (SHOULD) on every Failed read whose cause the history shows: see the module
+    docstring.  The cause of a read is decided at that read, from what came before it."""
+    from harness.judge.fault_checks import names
+
+    opened: dict[int, tuple[int, str]] = {}  # room -> (seq, bootstrap address) of its last open_receiver
+    killed: list[tuple[int, str]] = []  # (seq, bootstrap address) of each killed prefill
+    aborted: dict[int, int] = {}  # room -> seq of its last abort
+    faulted = None  # seq of the cell's first fault of another kind: after it an abort is not the sure cause
+    misses, judged, at = [], 0, None
+    for e in events:
+        args, room = e.get("args") or {}, (e.get("args") or {}).get("room")
+        if e["op"] in _OTHER_FAULTS and e["type"] in (Event.NEMESIS, Event.INVOKE, Event.OK) and faulted is None:
+            faulted = e["seq"]
+        if e["type"] == Event.NEMESIS and e["op"] == Op.KILL:
+            addr = fact(events, e["role"], "bootstrap_addr")
+            if addr:
+                killed.append((e["seq"], str(addr)))
+        elif e["type"] == Event.INVOKE and e["op"] == Op.OPEN_RECEIVER and room is not None:
+            opened[room] = (e["seq"], str(args.get("bootstrap_addr") or ""))
+        elif e["type"] == Event.INVOKE and e["op"] == Op.ABORT and room is not None:
+            aborted[room] = e["seq"]
+        elif e["op"] == Op.AWAIT_STATUS and e["type"] == Event.OK and room is not None:
+            for name, reason in _failed_reads(e):
+                since, bootstrap = opened.get(room, (-1, ""))
+                dead = next((addr for seq, addr in killed if seq > since and addr == bootstrap), None)
+                if dead is not None and not _is_prefill(name):
+                    judged += 1
+                    if not names(reason, dead):
+                        misses.append(f"{name} room {room}: {reason[:120]!r} does not name the killed prefill {dead}")
+                        at = e["seq"] if at is None else at
+                elif aborted.get(room, -1) > since and (faulted is None or faulted > e["seq"]):
+                    judged += 1
+                    if "abort" not in reason.lower():
+                        misses.append(f"{name} room {room}: {reason[:120]!r} does not say it was aborted")
+                        at = e["seq"] if at is None else at
+    if misses:
+        return False, "a failure reason does not name its cause: " + "; ".join(dict.fromkeys(misses[:4])), at
+    return True, f"all {judged} Failed read(s) with a cause in the history named it", None
+
+
+#: faults that can fail a room on their own: after one, an abort is not the sure cause of a failure
+_OTHER_FAULTS = (Op.ENGINE_FAULTS, Op.ENGINE_FAULT, Op.KILL, Op.FREEZE, Op.NETWORK, Op.INJECT, Op.RESTART,
+                 Op.INJECT_ABORT, Op.INJECT_CAPTURED)
+
+
+def _is_prefill(name: str | None) -> bool:
+    """Whether a role or rank name is a prefill's (``prefill``, ``prefill-a``, ``prefill-tp1``...)."""
+    return str(name or "").startswith("prefill")
 
 
 def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str, int | None]:
@@ -165,6 +252,7 @@ GENERIC = (
     ("every-failure-has-reason", "R-REASON-1", lambda: every_failure_has_reason),
     ("no-dead-thread", "R-LIVE-2", c.no_dead_threads),
     ("no-residue-after-clear", "R-RESIDUE-1", lambda: no_residue_after_clear),
+    ("failure-reason-names-cause", "R-REASON-1", lambda: failure_reason_names_cause),
     ("bytes-in-place-at-success", "R-XFER-2", lambda: bytes_in_place_at_success),
 )
 

@@ -219,6 +219,27 @@ class RoleAdapter(ABC):
     def failure_reason(self, room: int) -> str | None:
         """The implementation's failure reason for the room, if any."""
 
+    def status_map(self, room: int) -> int | None:
+        """The room's KVPoll as the manager's own status table holds it, read afresh (sglang's
+        Common receivers and senders cache their first terminal :meth:`poll` answer, so a
+        table that changes after it is hidden from poll); None where the implementation has no
+        such table apart from what :meth:`poll` reads, or it holds no entry for the room."""
+        return None
+
+    def status_before_clear(self, room: int) -> dict:
+        """The room's statuses read just before the harness clears it (R-TERM-1 at the end of
+        each lifecycle): ``{"poll": KVPoll name, "map": KVPoll name}`` (:meth:`status_map`);
+        a read that raises or finds nothing is left out (the room may be unknown here)."""
+        out: dict = {}
+        for key, read in (("poll", self.poll), ("map", self.status_map)):
+            try:
+                value = read(room)
+            except Exception:  # noqa: BLE001 - a room this side never opened: nothing to read
+                continue
+            if value is not None:
+                out[key] = kvpoll_name(value)
+        return out
+
     @abstractmethod
     def clear(self, room: int) -> None:
         """Clear the room's sender/receiver."""

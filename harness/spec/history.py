@@ -313,6 +313,16 @@ def fact(events: list[dict], role: str, key: str) -> Any:
     return None
 
 
+def rank_statuses(wait: dict) -> dict[str, int]:
+    """Each rank's status in a completed AwaitStatus event: a role of several ranks reports
+    each under ``ranks`` (its own ``status`` is the lowest, as sglang's scheduler reduces
+    them), else the role's own.  Issue 36 1d: a group's status never hides a rank."""
+    value = wait.get("value") or {}
+    ranks = {name: r.get("status") for name, r in (value.get("ranks") or {}).items()
+             if isinstance(r, dict) and r.get("status") is not None}
+    return ranks or {str(wait.get("role")): value.get("status")}
+
+
 def killed_roles(events: list[dict]) -> set[str]:
     """Roles the nemesis killed, each TP rank of a killed role too (their absence at the end
     is the scenario's doing)."""

@@ -1,0 +1,60 @@
+"""Bytes in place at Success (R-XFER-2, issue 36 1b): the decode copies a room's destination
+rows at its first Success read, and those copies are judged like the pools."""
+
+from harness.judge import postconditions as pc
+from harness.role import pattern
+from harness.role.at_success import SuccessBytes
+from harness.spec.history import History
+
+PAGES, PAGE_BYTES, SLOTS, AUX_BYTES = 8, 64, 4, 32
+
+
+def _pools(side: int):
+    return [(pattern.BufferSpec(pattern.K, 0), pattern.pattern(side, pattern.K, 0, PAGES, PAGE_BYTES)),
+            (pattern.BufferSpec(pattern.AUX, 0), pattern.pattern(side, pattern.AUX, 0, SLOTS, AUX_BYTES))]
+
+
+def _land(decode, prefill, moves, aux_moves):
+    for (src, dst) in moves:
+        decode[0][1][dst] = prefill[0][1][src]
+    for (src, dst) in aux_moves:
+        decode[1][1][dst] = prefill[1][1][src]
+
+
+def test_a_success_read_before_its_last_page_landed_is_caught_though_the_page_lands_later():
+    prefill, decode, copies = _pools(pattern.PREFILL), _pools(pattern.DECODE), SuccessBytes()
+    copies.requested(7, [2, 3], 1)
+    _land(decode, prefill, [(0, 2)], [(0, 1)])  # page 3 not yet written
+    copies.seen_success(7, decode)
+    _land(decode, prefill, [(1, 3)], [])  # ... lands a moment later
+    assert pattern.verify_pools(decode, [(0, 2), (1, 3)], [(0, 1)]).ok  # the settled pools pass
+    then = copies.verify(decode, [(0, 2), (1, 3)], [(0, 1)])
+    assert not then["ok"] and then["rooms"] == 1 and then["rows"] == 3
+    assert any("page 3" in m for m in then["mismatches"]), then["mismatches"]
+
+
+def test_a_success_read_with_every_byte_in_place_passes_and_a_later_read_is_not_copied_again():
+    prefill, decode, copies = _pools(pattern.PREFILL), _pools(pattern.DECODE), SuccessBytes()
+    copies.requested(7, [2, 3], 1)
+    _land(decode, prefill, [(0, 2), (1, 3)], [(0, 1)])
+    copies.seen_success(7, decode)
+    decode[0][1][3] = 0  # a later scribble is the settled pools' business, not the copy's
+    copies.seen_success(7, decode)
+    assert copies.verify(decode, [(0, 2), (1, 3)], [(0, 1)])["ok"]
+    copies.requested(7, [3], 2)  # a new lifecycle of room 7 voids the old copy of page 3
+    assert copies.verify(decode, [(0, 2)], [(0, 1)], unchecked_kv=[3])["ok"]
+
+
+def test_the_post_condition_names_early_bytes_and_leaves_bytes_wrong_at_both_moments_to_bytes_exact():
+    h = History()
+    h.record("ok", "verify", "decode", 1, args={}, value={
+        "ok": True, "mismatches": [], "at_success": {"ok": False, "rooms": 1, "rows": 3, "mismatch_pages": 1,
+                                                   "mismatches": ["layer 0 K page 3: decode tags"]}})
+    ok, detail, at = pc.bytes_in_place_at_success(h.events)
+    assert ok is False and "not in place at Success" in detail and "page 3" in detail and at is not None
+    h = History()
+    wrong = ["layer 0 K page 3: decode tags"]
+    h.record("ok", "verify", "decode", 1, args={}, value={
+        "ok": False, "mismatches": wrong, "at_success": {"ok": False, "rooms": 1, "rows": 3, "mismatch_pages": 1,
+                                                        "mismatches": wrong}})
+    assert pc.bytes_in_place_at_success(h.events)[0] is True
