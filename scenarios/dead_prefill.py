@@ -1,9 +1,12 @@
 """dead-prefill: one of two prefills dies; only its rooms fail, promptly, naming it.
 
-The decode holds three rooms bound to prefill A (one WaitingForInput, one
-Transferring: its first chunk was sent, one concluded: Success on both sides and not
-yet cleared) and one bound to prefill B.  A's process is killed (SIGKILL: no goodbye).  A's rooms must become Failed within the
-decode's heartbeat window plus 5 s, with a reason naming A (R-HB-1, R-REASON-1);
+Prefill A has served a room to the end and both sides cleared it; the decode then holds
+a room bound to A in every other state: Bootstrapping (its receiver made, its pages not yet
+requested), WaitingForInput, Transferring (its first chunk was sent) and concluded (Success
+on both sides, not yet cleared), and one room bound to prefill B.  A's process is killed
+(SIGKILL: no goodbye).  A's open rooms must become Failed within the
+decode's heartbeat window plus 5 s, with a reason naming A (R-HB-1, R-REASON-1), the
+Bootstrapping one too, and whatever clearing the first room did to A's bookkeeping;
 B's room is untouched and completes, and a new room to B succeeds (R-HB-1).  A's concluded
 room stays Success on every later read, fresh reads of the manager's table included (R-TERM-1,
 the generic every-trail-terminal), and its bytes stay in place.
@@ -17,10 +20,10 @@ from harness.judge import checks as c
 from harness.judge.fault_checks import failed_after_kill
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import AwaitStatus, InitSender, KillRole, SendChunk, Sleep, StartRoles
+from harness.spec.steps import AwaitStatus, Clear, InitSender, KillRole, OpenRoom, SendChunk, Sleep, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, full_room, open_and_request, send_all, verify
 
-WIDE = replace(LAYOUT, aux_slots=8)  # five rooms, each its own aux slot
+WIDE = replace(LAYOUT, num_pages=24, aux_slots=8)  # seven rooms, each its own pages and aux slot
 A, B = "prefill-a", "prefill-b"
 SLACK_S = 5.0
 WAIT_S = 40.0  # polling bound; the check judges the latency against the window
@@ -29,14 +32,16 @@ WAIT_S = 40.0  # polling bound; the check judges the latency against the window
 def _plan(seed: int):
     planner = RoomAllocator(seed, WIDE)
     return (planner.room(prefill=A), planner.room(prefill=A, chunks=2), planner.room(prefill=B),
-            planner.room(prefill=B), planner.room(prefill=A))
+            planner.room(prefill=B), planner.room(prefill=A), planner.room(prefill=A), planner.room(prefill=A))
 
 
 def steps(seed: int):
-    a_waiting, a_transferring, b_held, b_new, a_done = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, a_done, a_cleared, a_bootstrapping = _plan(seed)
     return [
         StartRoles(prefills=(A, B), layout=WIDE),
+        *full_room(a_cleared), Clear(a_cleared.room, A), Clear(a_cleared.room, "decode"),  # ended before the rest
         *full_room(a_done),  # concluded before the kill, never cleared
+        OpenRoom(a_bootstrapping.room, prefill=A),  # receiver made, pages never requested: Bootstrapping
         *open_and_request(a_waiting),
         *open_and_request(a_transferring),
         InitSender(a_transferring.room, len(a_transferring.src), a_transferring.aux_src, prefill=A),
@@ -46,25 +51,30 @@ def steps(seed: int):
         *open_and_request(b_held),
         AwaitStatus(b_held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=5.0, must_come=False),
         Sleep(0.3),  # the first chunk's write lands before the kill
+        AwaitStatus(a_bootstrapping.room, "decode", (KVPoll.Bootstrapping,), timeout_s=0.0,
+                    label="bootstrapping-before-kill", must_come=False),  # a record of the state it dies in
         KillRole(A),
         AwaitStatus(a_waiting.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=WAIT_S),
         AwaitStatus(a_transferring.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=WAIT_S),
+        AwaitStatus(a_bootstrapping.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=WAIT_S),
         AwaitStatus(b_held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=0.0, label="b-room-after-kill",
                     must_come=False),
         AwaitStatus(a_done.room, "decode", (KVPoll.Success,), timeout_s=0.0, label="concluded-room-after-kill",
                     must_come=False),  # read again: R-TERM-1 (every-trail-terminal) judges it
         *send_all(b_held), *await_done(b_held),
         *full_room(b_new),
-        verify([a_done, b_held, b_new], unchecked_kv=a_transferring.dst),
+        verify([a_cleared, a_done, b_held, b_new], unchecked_kv=a_transferring.dst),
     ]
 
 
 def checks(seed: int):
-    a_waiting, a_transferring, b_held, b_new, _ = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, _, _, a_bootstrapping = _plan(seed)
     return [
         c.Check("waiting-room-failed", "R-HB-1", failed_after_kill(a_waiting.room, "decode", A, SLACK_S)),
         c.Check("transferring-room-failed", "R-HB-1",
                 failed_after_kill(a_transferring.room, "decode", A, SLACK_S)),
+        c.Check("bootstrapping-room-failed", "R-HB-1",
+                failed_after_kill(a_bootstrapping.room, "decode", A, SLACK_S)),
         c.Check("other-prefill-room-untouched", "R-HB-1",
                 c.status_at("b-room-after-kill", (KVPoll.WaitingForInput,))),
         c.Check("other-prefill-room-completes", "R-HB-1", c.reached_status(b_held.room, "decode", KVPoll.Success)),
