@@ -58,3 +58,40 @@ def test_the_post_condition_names_early_bytes_and_leaves_bytes_wrong_at_both_mom
         "ok": False, "mismatches": wrong, "at_success": {"ok": False, "rooms": 1, "rows": 3, "mismatch_pages": 1,
                                                         "mismatches": wrong}})
     assert pc.bytes_in_place_at_success(h.events)[0] is True
+
+
+def test_a_slow_transfer_is_deferred_to_its_caller_or_slept_and_logged():
+    import time
+
+    import pytest
+
+    from harness.role.faults import SLOW, EngineFaultCounter, EngineFaultPlan
+
+    with pytest.raises(ValueError):
+        EngineFaultPlan(slow_nth=0, slow_s=1.0)
+    with pytest.raises(ValueError):
+        EngineFaultPlan(slow_nth=1, slow_s=float("nan"))
+    assert EngineFaultPlan(slow_nth=2, slow_s=0.5).engine_faults and not EngineFaultPlan(slow_nth=2).engine_faults
+    counter = EngineFaultCounter(EngineFaultPlan(slow_nth=2, slow_s=0.2))
+    assert counter.next_transfer("w1", defer_slow=True) is None
+    assert counter.next_transfer("w2", defer_slow=True) == SLOW  # the caller completes it late
+    start = time.monotonic()
+    slept = EngineFaultCounter(EngineFaultPlan(slow_nth=1, slow_s=0.2))
+    assert slept.next_transfer("w1") is None and time.monotonic() - start >= 0.2  # a synchronous engine waits
+    assert [e["fault"] for e in counter.snapshot()] == ["slow"] and counter.snapshot()[0]["what"] == "w2"
+
+
+def test_the_mori_standin_marks_only_its_nth_transfer_slow_and_logs_it():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends" / "mori" / "standin"))
+    from mori.cpp import _faults
+
+    try:
+        _faults.set_standin_faults(slow_nth_transfer=1, slow_s=0.3)
+        faults, fails = _faults.next_group()
+        assert [_faults.next_transfer(faults, fails) for _ in range(3)] == [_faults.SLOW, None, None]
+        assert [e["fault"] for e in _faults.standin_fault_log()] == ["slow"]
+    finally:
+        _faults.set_standin_faults()

@@ -91,7 +91,8 @@ class MoriRole(SglangCommonRole):
         if hasattr(mori.io, "set_standin_faults"):
             self._standin_past_faults += list(mori.io.standin_fault_log())  # its log restarts with each plan
             mori.io.set_standin_faults(fail_nth_transfer=checked.fail_nth, delay_s=float(checked.delay_s),
-                                       never_complete=checked.never_complete, fail_group=checked.fail_group)
+                                       never_complete=checked.never_complete, fail_group=checked.fail_group,
+                                       slow_nth_transfer=checked.slow_nth, slow_s=float(checked.slow_s))
         elif checked.engine_faults:
             raise Unsupported("real amd-mori runs here and has no fault injection")
         if self._fault_counter is not None:

@@ -28,7 +28,7 @@ from typing import Any
 from backends.nixl import DEFAULT_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 from backends.sglang_common import SglangCommonRole
 from harness.role.adapter import Refusal, Unsupported, predicted, refused
-from harness.role.faults import FAIL, NEVER, EngineFaultCounter
+from harness.role.faults import FAIL, NEVER, SLOW, EngineFaultCounter
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,10 @@ class FaultyNixlAgent:
     peer drops it: it is not posted, ``transfer`` reports ``"PROC"`` and
     ``check_xfer_state`` then ``"ERR"`` (a failure to post is a different event:
     sglang cannot tell whether such writes still land).  One that never completes
-    is not posted and reports ``"PROC"`` on every ``check_xfer_state``.  One
-    ``transfer`` call is one transfer and one group.
+    is not posted and reports ``"PROC"`` on every ``check_xfer_state``.  A slow one
+    (EngineFaultPlan ``slow_nth``) is posted ``slow_s`` seconds later on a timer, reporting
+    ``"PROC"`` until then, while later handles are posted at once: completion out of issue
+    order on the real engine.  One ``transfer`` call is one transfer and one group.
     """
 
     def __init__(self, real, counter: EngineFaultCounter):
@@ -128,21 +130,40 @@ class FaultyNixlAgent:
         # the handles themselves: an id() could be reused after garbage collection
         self._never: list = []
         self._failed: list = []
+        self._late: list = []  # slow handles not posted yet
 
     def transfer(self, handle, *args, **kwargs):
         group_fails = self._counter.next_group()
-        verdict = self._counter.next_transfer(f"transfer of handle {handle}", group_fails)
+        verdict = self._counter.next_transfer(f"transfer of handle {handle}", group_fails, defer_slow=True)
         if verdict in (FAIL, NEVER):
             with self._lock:
                 (self._failed if verdict == FAIL else self._never).append(handle)
             return "PROC"
+        if verdict == SLOW:
+            with self._lock:
+                self._late.append(handle)
+            timer = threading.Timer(self._counter.plan.slow_s, self._post_late, (handle, args, kwargs))
+            timer.daemon = True
+            timer.start()
+            return "PROC"
         return self._real.transfer(handle, *args, **kwargs)
+
+    def _post_late(self, handle, args, kwargs) -> None:
+        """Post a slow handle now; a post that fails reads ``"ERR"`` (as a write lost in flight)."""
+        try:
+            state = self._real.transfer(handle, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - the agent may be gone with its role
+            state = "ERR"
+        with self._lock:
+            self._late = [h for h in self._late if h is not handle]
+            if state == "ERR":
+                self._failed.append(handle)
 
     def check_xfer_state(self, handle, *args, **kwargs):
         with self._lock:
             if any(h is handle for h in self._failed):
                 return "ERR"
-            if any(h is handle for h in self._never):
+            if any(h is handle for h in self._never) or any(h is handle for h in self._late):
                 return "PROC"
         return self._real.check_xfer_state(handle, *args, **kwargs)
 

@@ -35,7 +35,7 @@ from backends.reference.wire import (  # noqa: F401
     ints, parse, register_frame, status_frame)
 from harness.role import pattern
 from harness.role.adapter import RoleAdapter
-from harness.role.faults import FAIL, EngineFaultCounter, EngineFaultPlan
+from harness.role.faults import FAIL, SLOW, EngineFaultCounter, EngineFaultPlan
 from harness.role.pools import pattern_pools, refill
 from harness.role.recorder import RoleRecorder
 from harness.spec.layout_plan import Plan, plan
@@ -211,10 +211,15 @@ class ReferenceRole(RoleAdapter):
         counter = self.fault_counter
         what = f"{'aux' if w.aux else 'KV'} write {w.write_id} of room {w.room}"
         nth = counter.transfers + 1
-        verdict = counter.next_transfer(what, counter.next_group(), sleep=False)  # numbered in issue order
+        verdict = counter.next_transfer(what, counter.next_group(), sleep=False, defer_slow=True)  # in issue order
         if verdict == FAIL:
             done = pc.WriteDone(w.room, w.write_id, False, f"engine fault injected on transfer {nth}")
             self.side.submit(lambda: self._prefill_event(done))
+        elif verdict == SLOW:  # completes late; the writes after it go on (completion out of issue order)
+            if w.aux and counter.plan.aux_delay_s:
+                counter.note_aux_delay(what)
+            delay = counter.plan.delay_s + counter.plan.slow_s + (counter.plan.aux_delay_s if w.aux else 0.0)
+            threading.Timer(delay, lambda: self.side.submit(lambda: self._send_write(w))).start()
         elif verdict is None and (delay := counter.plan.delay_s + (counter.plan.aux_delay_s if w.aux else 0.0)):
             if w.aux and counter.plan.aux_delay_s:
                 counter.note_aux_delay(what)

@@ -148,6 +148,12 @@ class EngineFaultPlan:
       control message carrying it is held that long on its connection, and what is sent
       after it on the same connection waits behind it (a TCP stream delivers in order),
       while other connections go on.  Not counted as a transfer.
+    * ``slow_nth`` and ``slow_s``: the n-th transfer (1-based) completes ``slow_s`` seconds
+      later than it would, while the transfers after it go on where the engine runs them
+      concurrently (the reference's writes, NIXL's posted handles, the Mori stand-in's queue):
+      a later write completes before an earlier one, completion out of issue order (issue
+      36).  Mooncake's ``batch_transfer_sync`` is synchronous: there the call itself takes
+      that long, and what its worker sends next waits behind it.
 
     ValueError for counts below 1 or a delay that is negative or not finite.
     """
@@ -157,13 +163,15 @@ class EngineFaultPlan:
     never_complete: bool = False
     fail_group: int | None = None
     aux_delay_s: float = 0.0
+    slow_nth: int | None = None
+    slow_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("fail_nth", "fail_group"):
+        for name in ("fail_nth", "fail_group", "slow_nth"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
-        for name in ("delay_s", "aux_delay_s"):
+        for name in ("delay_s", "aux_delay_s", "slow_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -171,14 +179,15 @@ class EngineFaultPlan:
     @property
     def engine_faults(self) -> bool:
         """Whether the plan changes the engine's transfers (anything but ``aux_delay_s``)."""
-        return bool(self.fail_nth or self.delay_s or self.never_complete or self.fail_group)
+        return bool(self.fail_nth or self.delay_s or self.never_complete or self.fail_group
+                    or (self.slow_nth and self.slow_s))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 NEVER_BLOCK_S = 600.0
-FAIL, NEVER = "fail", "never"
+FAIL, NEVER, SLOW = "fail", "never", "slow"
 
 
 class EngineFaultCounter:
@@ -203,9 +212,13 @@ class EngineFaultCounter:
             self.groups += 1
             return self.plan.fail_group == self.groups
 
-    def next_transfer(self, what: str, group_fails: bool = False, sleep: bool = True) -> str | None:
+    def next_transfer(self, what: str, group_fails: bool = False, sleep: bool = True,
+                      defer_slow: bool = False) -> str | None:
         """Count one transfer and decide its fate; ``sleep=False`` leaves the plan's
-        delay to the caller (which must then wait ``plan.delay_s`` itself)."""
+        delay to the caller (which must then wait ``plan.delay_s`` itself).  The plan's slow
+        transfer: with ``defer_slow`` the caller gets ``"slow"`` and completes it
+        ``plan.slow_s`` late itself (without holding back the transfers after it); else it is
+        slept here, before it runs."""
         with self._lock:
             self.transfers += 1
             nth = self.transfers
@@ -219,6 +232,11 @@ class EngineFaultCounter:
         if self.plan.never_complete:
             self._note(nth, "never-complete", what)
             return NEVER
+        if self.plan.slow_nth == nth and self.plan.slow_s:
+            self._note(nth, "slow", what, delay_s=self.plan.slow_s)
+            if defer_slow:
+                return SLOW
+            time.sleep(self.plan.slow_s)
         return None
 
     def note_aux_delay(self, what: str) -> None:

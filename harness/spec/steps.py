@@ -51,9 +51,10 @@ class ReleasePoint:
 class EngineFaults:
     """Nemesis: from now on ``role``'s transfer engine fails its ``fail_nth`` transfer,
     delays each by ``delay_s`` seconds, never completes any (``never_complete``), or
-    fails every transfer of its ``fail_group``-th batch; and each room's aux data
+    fails every transfer of its ``fail_group``-th batch; each room's aux data
     reaches the decode ``aux_delay_s`` seconds late, on whatever path the backend
-    sends it (:class:`harness.role.faults.EngineFaultPlan`)."""
+    sends it; its ``slow_nth`` transfer completes ``slow_s`` seconds late while later
+    ones go on (completion out of issue order) (:class:`harness.role.faults.EngineFaultPlan`)."""
 
     role: str
     fail_nth: int | None = None
@@ -61,6 +62,8 @@ class EngineFaults:
     never_complete: bool = False
     fail_group: int | None = None
     aux_delay_s: float = 0.0
+    slow_nth: int | None = None
+    slow_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -234,4 +234,4 @@ def release_point(d: "CellDriver", step: s.ReleasePoint) -> None:
 def engine_faults(d: "CellDriver", step: s.EngineFaults) -> None:
     d.nemesis_call(step.role, "set_engine_faults", Op.ENGINE_FAULTS, fail_nth=step.fail_nth,
                    delay_s=step.delay_s, never_complete=step.never_complete, fail_group=step.fail_group,
-                   aux_delay_s=step.aux_delay_s)
+                   aux_delay_s=step.aux_delay_s, slow_nth=step.slow_nth, slow_s=step.slow_s)

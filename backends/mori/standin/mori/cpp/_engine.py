@@ -385,6 +385,12 @@ class _Runtime:
         self._fail_queued()
 
     def _run(self, op: _Op) -> None:
+        if op.fault == _faults.SLOW:  # stand-in fault slow_nth_transfer: later, off this thread
+            op.fault = None
+            timer = threading.Timer(_faults.get_standin_faults().slow_s, self._run, (op,))
+            timer.daemon = True
+            timer.start()
+            return
         if op.delay_s > 0 and self.stop.wait(op.delay_s):
             op.status.Update(_S.ERR_BAD_STATE, f"engine {self.key!r} shut down before the transfer ran")
             return

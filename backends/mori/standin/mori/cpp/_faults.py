@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 
 FAIL = "fail"
 NEVER = "never"
+SLOW = "slow"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,20 +33,28 @@ class StandinFaults:
             (waits on them return at their timeout, or the stand-in's cap).
         fail_group: every transfer of the n-th group (1-based; a group is one
             batch_write/batch_read/write/read call) fails with ERR_RDMA_OP.
+        slow_nth_transfer: the n-th transfer (1-based) runs ``slow_s`` seconds
+            late on a timer of its own, while the engine goes on with the ones after
+            it (so they complete first); None: no such fault.
+        slow_s: how late the slow transfer runs (seconds).
     """
 
     fail_nth_transfer: Optional[int] = None
     delay_s: float = 0.0
     never_complete: bool = False
     fail_group: Optional[int] = None
+    slow_nth_transfer: Optional[int] = None
+    slow_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("fail_nth_transfer", "fail_group"):
+        for name in ("fail_nth_transfer", "fail_group", "slow_nth_transfer"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"StandinFaults.{name} must be None or an int >= 1, got {v!r}")
-        if not isinstance(self.delay_s, (int, float)) or not math.isfinite(self.delay_s) or self.delay_s < 0:
-            raise ValueError(f"StandinFaults.delay_s must be a finite number >= 0, got {self.delay_s!r}")
+        for name in ("delay_s", "slow_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"StandinFaults.{name} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.never_complete, bool):
             raise ValueError(f"StandinFaults.never_complete must be a bool, got {self.never_complete!r}")
 
@@ -104,18 +113,20 @@ def next_group() -> Tuple[StandinFaults, bool]:
 
 
 def next_transfer(faults: StandinFaults, group_fails: bool) -> Optional[str]:
-    """Count one transfer; return FAIL, NEVER or None for it."""
+    """Count one transfer; return FAIL, NEVER, SLOW or None for it."""
     global _transfers
     with _lock:
         _transfers += 1
         nth = _transfers
     verdict = FAIL if group_fails or faults.fail_nth_transfer == nth else NEVER if faults.never_complete else None
+    if verdict is None and faults.slow_s and faults.slow_nth_transfer == nth:
+        verdict = SLOW
     with _lock:
         if faults.delay_s:
             _log.append({"transfer": nth, "fault": "delay", "what": "stand-in transfer", "delay_s": faults.delay_s,
                          "t": time.time()})
         if verdict is not None:
-            _log.append({"transfer": nth, "fault": "fail" if verdict == FAIL else "never-complete",
+            _log.append({"transfer": nth, "fault": {FAIL: "fail", NEVER: "never-complete", SLOW: "slow"}[verdict],
                          "what": "stand-in transfer" + (f" (group {_groups})" if group_fails else ""),
                          "t": time.time()})
     return verdict

@@ -1,0 +1,60 @@
+"""write-out-of-order: the room's first KV write completes a second after the writes issued
+after it.
+
+On one host an engine completes writes in the order they were issued, so a backend that
+takes a later write's completion for the earlier ones' is never caught.  Here the prefill's
+engine holds its first transfer ``SLOW_S`` seconds (EngineFaults ``slow_nth=1``), while the
+writes issued after it go on where the engine runs them concurrently: the reference's
+writes, NIXL's posted handles and the Mori stand-in's queue complete them first; Mooncake's
+synchronous batch call makes its worker wait instead, so there the order holds.  The room is
+sent in three chunks with its aux.
+
+Both sides must reach Success, and Success only once every byte of the room is in place
+(R-XFER-2: the generic bytes-in-place-at-success judges the decode's rows as they were at
+its first Success read); the pools are byte-exact at the end (R-LAYOUT-1).
+"""
+
+from __future__ import annotations
+
+from harness.judge import checks as c
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import EngineFaults, StartRoles
+from scenarios._flows import LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, room_succeeds, \
+    send_all, verify
+
+SLOW_S = 1.0  # far above the milliseconds the later writes take
+
+
+def _room(seed: int):
+    return RoomAllocator(seed).room(4, chunks=3)
+
+
+def steps(seed: int):
+    room = _room(seed)
+    return [
+        StartRoles(layout=LAYOUT),
+        EngineFaults("prefill", slow_nth=1, slow_s=SLOW_S),
+        *open_and_request(room),
+        *send_all(room),
+        *await_done(room, timeout_s=SLOW_S + 10),
+        verify([room]),
+    ]
+
+
+def checks(seed: int):
+    return [
+        c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
+        *room_succeeds(_room(seed), "R-XFER-2", "room"),
+        *pair_healthy(),
+    ]
+
+
+SCENARIO = register(
+    Scenario(
+        id="write-out-of-order",
+        title="The first write completes a second after the later ones: Success only once every byte is in place",
+        steps=steps,
+        checks=checks,
+        timeout_s=120.0,
+    )
+)
