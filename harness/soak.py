@@ -252,14 +252,16 @@ def soak_markdown(runs: list[SoakRun], found: list[Flip], jobs: int, cores: int)
         new = f", new failing checks: {md(', '.join(j['new_checks']))}" if j.get("new_checks") else ""
         alone = f"; {md(j['alone'])}" if j.get("alone") else ""
         lines.append(f"- run {index}: {md(cell)}: {md(verdict)}, expected {md(j['expected'])}{new}{alone}")
-    lines.append("")
+    if wrong:
+        lines.append("")
     loaded = [(r.index, cell, r.judged[cell]) for r in runs for cell in sorted(r.judged)
               if r.judged[cell].get("label") == UNDER_LOAD]
     lines.append(f"### Timing under load (worse than expected starved, as expected run again alone): {len(loaded)}")
     lines.append("")
     for index, cell, j in loaded:
         lines.append(f"- run {index}: {md(cell)}: {md(j['alone'])}")
-    lines.append("")
+    if loaded:
+        lines.append("")
     if found:
         lines.append(f"**Flips: {len(found)}** ({sum(1 for f in found if not f.explained)} not explained by "
                      f"the expectations or the load)")
