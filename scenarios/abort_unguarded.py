@@ -5,7 +5,9 @@ the plain Common form (``[ABORT, room, decode_ip, decode_port]``, no backend
 guard frame; the reference's own ABORT for the reference) and pushed into the
 prefill's control socket.  The prefill room must become Failed within 2 s
 (R-ABORT-1).  Then an ABORT for a room the prefill never held arrives; it must
-be harmless.  Neither may be logged as malformed (R-ABORT-1, R-LIVE-1), the
+be harmless; and one for a room already concluded (Success on both sides, not yet
+cleared), which must stay Success (R-TERM-1, the generic every-trail-terminal: the room is
+read again after it, and afresh at the end).  Neither may be logged as malformed (R-ABORT-1, R-LIVE-1), the
 prefill's loops must survive, and a new room completes (R-LIVE-2, R-XFER-1).
 """
 
@@ -26,25 +28,29 @@ MALFORMED = rf"{BAD}[^\n]*\babort|\babort[^\n]*{BAD}"
 
 def _plan(seed: int):
     planner = RoomAllocator(seed)
-    return planner.room(), planner.room(), planner.room()
+    return planner.room(), planner.room(), planner.room(), planner.room()
 
 
 def steps(seed: int):
-    target, stranger, after = _plan(seed)
+    target, stranger, after, concluded = _plan(seed)
     return [
         StartRoles(layout=LAYOUT),
+        *full_room(concluded),
         *open_and_request(target),
         InjectAbort(target.room),
         AwaitStatus(target.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=PROMPT_S + 3, must_come=False),
         InjectAbort(stranger.room, known=False),
+        InjectAbort(concluded.room),
+        AwaitStatus(concluded.room, "prefill", (KVPoll.Success,), timeout_s=0.0, label="concluded-after-abort",
+                    must_come=False),  # read again: R-TERM-1 (every-trail-terminal) judges it
         Observe(("prefill",), settle_s=0.5, label=LABEL),
         *full_room(after),
-        verify([after]),  # the aborted room's pages stay untouched
+        verify([concluded, after]),  # the aborted room's pages stay untouched
     ]
 
 
 def checks(seed: int):
-    target, stranger, after = _plan(seed)
+    target, stranger, after, _ = _plan(seed)
     return [
         c.Check("aborted-room-failed-promptly", "R-ABORT-1",
                 c.failed_within(target.room, "prefill", "inject-abort", "prefill", 0, PROMPT_S,

@@ -11,6 +11,11 @@ must still be WaitingForInput (a Success there would hand the request pages noth
 written to), then complete lifecycle 2 with its own bytes.  Where an implementation cannot
 build its status message (sglang 0.5.17 here), the cell is UNSUPPORTED with the reason.
 The late ABORT at the prefill is scenario late-old-abort.
+
+late-old-failed-status is the same with a Failed STATUS of the ended lifecycle, built by the
+prefill's own encoder for it (a lifecycle that failed, whose Failed status was held up on
+the network): the reused room must not fail of it.  Late copies of every message kind of an
+ended lifecycle, not only the one kind a backend happens to guard.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from scenarios._flows import (ANY_STATUS, LATE_SETTLE_S, LAYOUT, await_done, ful
                               room_succeeds, send_all, verify)
 
 
-def steps(seed: int):
+def steps(seed: int, status: int = KVPoll.Success):
     first, second = reused_room(seed)
     room = first.room
     return [
         StartRoles(layout=LAYOUT),
         *full_room(first),
-        CaptureFrames("old-status", "prefill", room, kind="status", status=KVPoll.Success),
+        CaptureFrames("old-status", "prefill", room, kind="status", status=status),
         Clear(room, "prefill"),
         Clear(room, "decode"),
         OpenRoom(room, open_sender=False),  # lifecycle 2 on the decode first
@@ -62,6 +67,16 @@ SCENARIO = register(
         id="late-old-status",
         title="A late Success STATUS of a room's ended lifecycle is not the reused room's Success on the decode",
         steps=steps,
+        checks=checks,
+        timeout_s=60.0,
+    )
+)
+
+FAILED_SCENARIO = register(
+    Scenario(
+        id="late-old-failed-status",
+        title="A late Failed STATUS of a room's ended lifecycle does not fail the reused room on the decode",
+        steps=lambda seed: steps(seed, KVPoll.Failed),
         checks=checks,
         timeout_s=60.0,
     )
