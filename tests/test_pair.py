@@ -63,15 +63,23 @@ def test_programs_on_a_long_lived_pair_judge_as_they_do_alone(tmp_path):
         explorer.start(["reference"])
         alone_cells = [explorer.run_program(p, "reference", f"alone-{i}", alone=True) for i, p in enumerate(programs)]
         alone = [cell.verdict for cell in alone_cells]
-        paired, reused, why = [], 0, []
+        paired, reused, why, paired_cells = [], 0, [], []
         for i, p in enumerate(programs):
             cell = explorer.run_program(p, "reference", f"pair-{i}")
             paired.append(cell.verdict)
+            paired_cells.append(cell)
             if cell.verdict != alone[i]:  # what differed, said (a mismatch seen once under make test's load)
                 why.append((i, cell.reason, cell.starved, alone_cells[i].reason))
             start = next(e for e in hist.load(Path(cell.workdir) / "history.jsonl") if e["op"] == hist.Op.CELL_START)
             reused += start["value"]["pair"]["reused"]
-        assert paired == alone and set(alone) <= {"PASS", "WARN"}, (alone, paired, why)
+        red = [(i, c.reason) for i, c in enumerate(alone_cells) if c.verdict not in ("PASS", "WARN")]
+        # a timing bound a starved machine broke is counted apart (harness.judge.load), here as in run
+        loaded = {i for i, c in enumerate(alone_cells) if c.timing_only and c.starved}
+        loaded |= {i for i, c in enumerate(paired_cells) if c.timing_only and c.starved}
+        kept = [i for i in range(len(programs)) if i not in loaded]
+        assert [paired[i] for i in kept] == [alone[i] for i in kept], (alone, paired, why, red)
+        assert {alone[i] for i in kept} <= {"PASS", "WARN"}, (alone, red)
+        assert len(kept) >= len(programs) - 2, f"too many cells starved to compare: {sorted(loaded)}"
         assert reused >= 4, "the pair's roles were started again for most programs"
         assert any(p.open for p in explorer.pairs.values())
         pairs = [(p.process.pid, p.socket_dir) for p in explorer.pairs.values() if p.open]

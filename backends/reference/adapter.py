@@ -209,20 +209,15 @@ class ReferenceRole(RoleAdapter):
             self._send_write(w)
             return
         counter = self.fault_counter
-        what = f"{'aux' if w.aux else 'KV'} write {w.write_id} of room {w.room}"
-        nth = counter.transfers + 1
+        what, nth = f"{'aux' if w.aux else 'KV'} write {w.write_id} of room {w.room}", counter.transfers + 1
         verdict = counter.next_transfer(what, counter.next_group(), sleep=False, defer_slow=True)  # in issue order
         if verdict == FAIL:
             done = pc.WriteDone(w.room, w.write_id, False, f"engine fault injected on transfer {nth}")
             self.side.submit(lambda: self._prefill_event(done))
-        elif verdict == SLOW:  # completes late; the writes after it go on (completion out of issue order)
+        elif verdict in (None, SLOW) and (delay := counter.plan.delay_s + (counter.plan.aux_delay_s if w.aux else 0.0)
+                                          + (counter.plan.slow_s if verdict == SLOW else 0.0)):
             if w.aux and counter.plan.aux_delay_s:
-                counter.note_aux_delay(what)
-            delay = counter.plan.delay_s + counter.plan.slow_s + (counter.plan.aux_delay_s if w.aux else 0.0)
-            threading.Timer(delay, lambda: self.side.submit(lambda: self._send_write(w))).start()
-        elif verdict is None and (delay := counter.plan.delay_s + (counter.plan.aux_delay_s if w.aux else 0.0)):
-            if w.aux and counter.plan.aux_delay_s:
-                counter.note_aux_delay(what)
+                counter.note_aux_delay(what)  # and a slow write lands late while later ones go on (out of order)
             threading.Timer(delay, lambda: self.side.submit(lambda: self._send_write(w))).start()
         elif verdict is None:
             self._send_write(w)
