@@ -73,19 +73,12 @@ def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
             for name in (role, *ranks):
                 lives = out.get((name, room))
                 rank_value = ranks.get(name) if name in ranks else value
-                before = (rank_value or {}).get("before") if isinstance(rank_value, dict) else None
-                if lives and isinstance(before, dict):  # the fresh reads just before clear: poll, then the table
-                    for status in (before.get("poll"), before.get("map")):
-                        if status and lives[-1] and lives[-1][-1] != status:
-                            lives[-1].append(status)
+                _add_fresh_reads(lives, rank_value.get("before") if isinstance(rank_value, dict) else None)
                 if lives and lives[-1]:
                     lives.append([])
         elif e["op"] == Op.OBSERVE and e["type"] == Event.OK and isinstance(value.get("statuses"), dict):
             for key, before in value["statuses"].items():  # the end of the cell: each open room read afresh
-                lives = out.get((role, int(key)))
-                for status in (before.get("poll"), before.get("map")) if lives and isinstance(before, dict) else ():
-                    if status and lives[-1] and lives[-1][-1] != status:
-                        lives[-1].append(status)
+                _add_fresh_reads(out.get((role, int(key))), before)
         elif e["op"] == Op.AWAIT_STATUS and e["type"] == Event.OK and room is not None:
             reads = {name: r.get("trail") for name, r in value["ranks"].items()} if value.get("ranks") \
                 else {role: value.get("trail")}
@@ -95,6 +88,16 @@ def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
                     if not life or life[-1] != status:
                         life.append(status)
     return out
+
+
+def _add_fresh_reads(lives: list[list[str]] | None, before: dict | None) -> None:
+    """Append a fresh read (RoleAdapter.status_before_clear: poll, then the manager's table) to
+    the current lifecycle in ``lives``, when that lifecycle has reads; repeats kept once."""
+    if not lives or not lives[-1] or not isinstance(before, dict):
+        return
+    for status in (before.get("poll"), before.get("map")):
+        if status and lives[-1][-1] != status:
+            lives[-1].append(status)
 
 
 def every_trail_terminal(events: list[dict]) -> tuple[bool, str]:
