@@ -101,6 +101,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         self._fault_counter: EngineFaultCounter | None = None
         self._past_counters: list[EngineFaultCounter] = []
         self._acks: list[dict] = []
+        self._aborts: list[dict] = []  # decode: the ABORT generations it armed (aborts_sent)
         self._acks_lock = threading.Lock()
         self.POINTS = self.points_for()
         # Control-thread points whose wrapped method this release's manager lacks:
@@ -198,6 +199,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
             )
         )
         before = set(threading.enumerate())
+        self._since = self.recorder.mark()  # R-LIVE-2: every thread the manager starts, whenever
         self._install_point_hooks()
         self.init_engine()
         facts: dict[str, Any] = {"mode": mode, "sglang": self.sglang_version}
@@ -228,6 +230,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
                                   "their KV pools on the CPU") from exc
             raise
         self._threads = [t for t in threading.enumerate() if t not in before]
+        self._tap_abort_generations()
         facts["rank_port"] = getattr(self.manager, "rank_port", None)
         facts["engine"] = self.engine()
         facts["deferred_release"] = bool(getattr(self.manager, "enable_deferred_decode_kv_release", False))
@@ -415,7 +418,8 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         wanted = set(rooms) | set(self.rooms_seen) | self._held_rooms()
         found = find_rooms(self.manager, wanted) if self.manager is not None and residue else None
         return self.recorder.observation(self.role, self._threads, found.rooms if found else {},
-                                         residue_incomplete=found.incomplete if found else "")
+                                         residue_incomplete=found.incomplete if found else "",
+                                         since=getattr(self, "_since", None))
 
     def begin_program(self) -> dict:
         """See :meth:`RoleAdapter.begin_program`: a plan of no faults replaces the last one (its
@@ -428,6 +432,7 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
         self._fault_counter, self._past_counters = None, []
         with self._acks_lock:
             self._acks.clear()
+            self._aborts.clear()
         self._forget_points()
         self.recorder.clear()
         self.rooms_seen = [room for room in self.rooms_seen if room in self.senders or room in self.receivers]

@@ -122,6 +122,26 @@ class CommonHooks:
         with self._acks_lock:
             return list(self._acks)
 
+    def _tap_abort_generations(self) -> None:
+        """Note every generation the decode's manager arms for an ABORT
+        (``register_deferred_abort_room``, common/conn.py; the AbortNotification carries it)
+        for :meth:`aborts_sent`.  Releases without deferred release have no such method."""
+        arm = getattr(self.manager, "register_deferred_abort_room", None)
+        if arm is None:
+            return
+
+        def armed(room, *args, **kwargs):
+            generation = arm(room, *args, **kwargs)
+            with self._acks_lock:
+                self._aborts.append({"room": int(room), "generation": generation, "t": time.time()})
+            return generation
+
+        self.manager.register_deferred_abort_room = armed
+
+    def aborts_sent(self) -> list[dict]:
+        with self._acks_lock:
+            return list(self._aborts)
+
     def abort_frames(self, room: int) -> list[bytes]:
         """Common's ``AbortNotification(room, local_ip, rank_port, generation).to_zmq()``
         (common/conn.py) with this decode's address; the generation is the one the

@@ -24,9 +24,14 @@ from harness.report.safe import md, md_code
 
 
 #: cells on other topologies than p1-d1 that ``pdconform mutants`` runs besides every
-#: scenario: where the deployment shapes' requirements and placements are checked (R-DP-1;
-#: R-LAYOUT-1 per KV head slice of a prefill of two TP ranks)
-TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1")
+#: scenario (issue 36, item 2): the happy path on every shape of the default set and on
+#: prefill DP engines (R-DP-1; R-LAYOUT-1 per KV head slice and per PP stage; R-XFER-2 per
+#: decode rank), a long prompt on DP engines, a write that completes out of order where a
+#: room has several prefill ranks (TP, PP: one rank's Success is not the room's), and
+#: aborts where a room has several decode ranks
+TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1", "happy-path@p1-d2",
+                  "happy-path@p1pp2-d1", "happy-path@p1-d1dp2", "write-out-of-order@p2-d1",
+                  "write-out-of-order@p1pp2-d1", "abort-unguarded@p1-d2")
 
 @dataclass
 class MutantOutcome:

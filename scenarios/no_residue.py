@@ -6,7 +6,9 @@ defaults (deferred KV release is on by default in sglang 0.5.23).
 A burst of six rooms: one succeeds; one fails on an injected engine fault; one is
 aborted by the decode; one sender's decode never registers (bootstrap timeout);
 one receiver's prefill never sends (waiting timeout); one is cleared by both
-schedulers while still WaitingForInput.  Every room is then cleared on both sides
+schedulers while still WaitingForInput; one while still Bootstrapping; and one the
+prefill clears while its chunk's write is still in flight (the engine holds each write
+1 s), the decode later.  Every room is then cleared on both sides
 and the pair left quiet for the bootstrap timeout plus 1 s (the bounded memory of
 ended generations R-REUSE-1 allows expires within it).  Each manager's per-room
 state (status maps, transfer infos, trackers, failure records, staging counters:
@@ -21,7 +23,7 @@ from dataclasses import replace
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenSender, Sleep, StartRoles
+from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, OpenRoom, OpenSender, Sleep, StartRoles
 from scenarios._flows import DONE, LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, send_all
 
 TIMEOUT_S = 3
@@ -33,12 +35,13 @@ ENV = (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
 def _plan(seed: int):
     planner = RoomAllocator(seed, BURST_LAYOUT)
     return {name: planner.room(2, chunks=1) for name in
-            ("succeeded", "failed", "aborted", "bootstrap-timeout", "waiting-timeout", "cleared-waiting")}
+            ("succeeded", "failed", "aborted", "bootstrap-timeout", "waiting-timeout", "cleared-waiting",
+             "cleared-bootstrapping", "cleared-transferring")}
 
 
 def steps(seed: int):
     r = _plan(seed)
-    ok, failed, aborted, orphan, stalled, waiting = (r[k] for k in r)
+    ok, failed, aborted, orphan, stalled, waiting, booting, moving = (r[k] for k in r)
     both = ("prefill", "decode")
     return [
         StartRoles(layout=BURST_LAYOUT, env=ENV),
@@ -55,9 +58,16 @@ def steps(seed: int):
         AwaitStatus(failed.room, "prefill", DONE, timeout_s=10.0),
         AwaitStatus(failed.room, "decode", DONE, timeout_s=10.0),
         EngineFaults("prefill"),
+        OpenRoom(booting.room),  # pages never requested: Bootstrapping on both sides
+        *open_and_request(moving),
+        EngineFaults("prefill", delay_s=1.0),
+        *send_all(moving),
+        Clear(moving.room, "prefill"),  # its write still in flight: what it leaves must go once it drains
+        EngineFaults("prefill"),
         AwaitStatus(orphan.room, "prefill", DONE, timeout_s=TIMEOUT_S + 7),
         AwaitStatus(stalled.room, "decode", DONE, timeout_s=TIMEOUT_S + 7),
-        *[Clear(p.room, role) for p in (ok, failed, aborted, stalled, waiting) for role in both],
+        *[Clear(p.room, role) for p in (ok, failed, aborted, stalled, waiting, booting) for role in both],
+        Clear(moving.room, "decode"),
         Clear(orphan.room, "prefill"),
         Sleep(TIMEOUT_S + 1.0),
     ]

@@ -7,7 +7,9 @@ engine holds its first transfer ``SLOW_S`` seconds (EngineFaults ``slow_nth=1``)
 writes issued after it go on where the engine runs them concurrently: the reference's
 writes, NIXL's posted handles and the Mori stand-in's queue complete them first; Mooncake's
 synchronous batch call makes its worker wait instead, so there the order holds.  The room is
-sent in three chunks with its aux.
+sent in three chunks with its aux.  Only the prefill's last process lags (``rank=-1``): on a
+prefill of several PP stages or TP ranks the others complete first, so a decode that takes
+one stage's or rank's Success for the room's is caught too (on p1-d1 it is the prefill itself).
 
 Both sides must reach Success, and Success only once every byte of the room is in place
 (R-XFER-2: the generic bytes-in-place-at-success judges the decode's rows as they were at
@@ -33,7 +35,7 @@ def steps(seed: int):
     room = _room(seed)
     return [
         StartRoles(layout=LAYOUT),
-        EngineFaults("prefill", slow_nth=1, slow_s=SLOW_S),
+        EngineFaults("prefill", slow_nth=1, slow_s=SLOW_S, rank=-1),
         *open_and_request(room),
         *send_all(room),
         *await_done(room, timeout_s=SLOW_S + 10),

@@ -94,3 +94,29 @@ def test_a_held_message_delays_what_follows_it_on_its_connection_only():
     assert held_wire.sent[0][0] - start >= 0.3
     conn.send_multipart([b"STATUS", b"9"])  # the hold is over: straight through
     assert held_wire.sent[-1][1] == [b"STATUS", b"9"]
+
+
+def test_an_engine_fault_plan_can_go_to_one_rank_of_a_role():
+    """EngineFaults ``rank``: only that process of the role gets the plan (-1: its last PP
+    stage or TP rank, so the others complete first); None: the role as a whole; a rank the
+    role does not run ends the cell with a one-line reason."""
+    from harness.drive.errors import CellAborted
+    from harness.drive.executors import nemesis
+    from harness.spec.steps import EngineFaults
+
+    class Driver:
+        def __init__(self):
+            self.calls = []
+
+        def ranks(self, role):
+            return [role, f"{role}.pp1"]
+
+        def nemesis_call(self, role, op, what, **kwargs):
+            self.calls.append((role, op, kwargs["slow_nth"]))
+
+    d = Driver()
+    nemesis.engine_faults(d, EngineFaults("prefill", slow_nth=1, slow_s=1.0, rank=-1))
+    nemesis.engine_faults(d, EngineFaults("prefill", slow_nth=2, slow_s=1.0))
+    assert d.calls == [("prefill.pp1", "set_engine_faults", 1), ("prefill", "set_engine_faults", 2)]
+    with pytest.raises(CellAborted, match="runs 2 process"):
+        nemesis.engine_faults(d, EngineFaults("prefill", slow_nth=1, slow_s=1.0, rank=2))

@@ -104,11 +104,12 @@ def _scenario(opt_out=()) -> Scenario:
 def test_generic_checks_are_added_unless_declared_or_opted_out():
     names = [check.name for check in pc.checks_of(_scenario(), 0)]
     assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear",
-                     "failure-reason-names-cause", "bytes-in-place-at-success"]
+                     "failure-reason-names-cause", "bytes-in-place-at-success", "ack-names-abort-generation"]
     opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
     assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal",
                                                                 "no-residue-after-clear", "failure-reason-names-cause",
-                                                                "bytes-in-place-at-success"]
+                                                                "bytes-in-place-at-success",
+                                                                "ack-names-abort-generation"]
 
 
 def test_the_judge_fails_a_cell_on_a_generic_post_condition():
@@ -233,3 +234,33 @@ def test_a_labelled_status_is_judged_on_every_rank_not_on_the_group():
     ok, detail, _ = c.status_at("after", (KVPoll.WaitingForInput,))(h.events)
     assert not ok and "not on every rank: decode Success" in detail
     assert c.status_at("after", (KVPoll.WaitingForInput, KVPoll.Success))(h.events)[0]
+
+
+def _acks_history(acks: list[dict], sent: list[dict], inject_room: int | None = None) -> History:
+    h = History()
+    if inject_room is not None:
+        h.record("nemesis", "inject-abort", "prefill", None, args={"room": inject_room})
+    h.record("info", "aborts-sent", "decode", None, args={}, value=sent)
+    h.record("info", "abort-acks", "decode", None, args={}, value=acks)
+    return h
+
+
+def test_an_abort_ack_must_echo_the_generation_of_an_abort_its_decode_sent():
+    """R-ABORT-2: an ACK of a room the prefill no longer holds that names generation 0 (read
+    from an empty room table) instead of the ABORT's is caught (planted); the right
+    generation once per sender passes; a second ACK of one generation fails; an ACK of a
+    room whose ABORT a scenario injected, or with no generation, is not judged."""
+    sent = [{"room": 7, "generation": 3, "t": 0.0}]
+    ok, detail, at = pc.ack_names_abort_generation(
+        _acks_history([{"room": 7, "generation": 0, "sender": 0, "t": 1.0}], sent).events)
+    assert ok is False and "names generation 0, its ABORTs named [3]" in detail and at is not None
+    good = [{"room": 7, "generation": 3, "sender": 0, "t": 1.0}, {"room": 7, "generation": 3, "sender": 1, "t": 1.0}]
+    assert pc.ack_names_abort_generation(_acks_history(good, sent).events)[0] is True
+    twice = [{"room": 7, "generation": 3, "sender": 0, "t": 1.0}] * 2
+    ok, detail, _ = pc.ack_names_abort_generation(_acks_history(twice, sent).events)
+    assert ok is False and "a second ABORT_ACK of generation 3" in detail
+    wrong = [{"room": 7, "generation": 0, "sender": 0, "t": 1.0}]
+    assert pc.ack_names_abort_generation(_acks_history(wrong, sent, inject_room=7).events)[0] is True
+    nameless = [{"room": 7, "generation": None, "sender": 0, "t": 1.0}]
+    ok, detail, _ = pc.ack_names_abort_generation(_acks_history(nameless, sent).events)
+    assert ok is True and "none to compare" in detail

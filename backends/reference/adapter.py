@@ -1,16 +1,14 @@
 """The reference implementation's real driver: the sans-I/O cores on real I/O.
 
-Runs :class:`PrefillCore` / :class:`DecodeCore` in a role process like any
-backend, so it can be killed, frozen and sent malformed frames:
+Runs :class:`PrefillCore` / :class:`DecodeCore` in a role process like any backend, so it
+can be killed, frozen and sent malformed frames:
 
-* control and data over ZMQ on loopback: each side binds a PULL socket and
-  PUSHes to its peer's; KV bytes travel in WRITE frames and the decode applies
-  them to its torch pools (the decode's copy stands for the RDMA write landing);
-* an HTTP endpoint on the prefill's bootstrap port: ``/health`` (heartbeat) and
-  ``/bootstrap`` (the prefill's control endpoint and KV layout);
-* torch CPU pools filled with the :mod:`harness.role.pattern` tags;
-* layout pairs from :mod:`harness.spec.layout_plan` (a rejected layout fails
-  the room at bootstrap with the reason, R-LAYOUT-2).
+* control and data over ZMQ on loopback: each side binds a PULL socket and PUSHes to its
+  peer's; KV bytes travel in WRITE frames and the decode applies them to its torch pools
+  (the decode's copy stands for the RDMA write landing);
+* an HTTP endpoint on the prefill's bootstrap port: ``/health`` and ``/bootstrap``;
+* torch CPU pools filled with the :mod:`harness.role.pattern` tags; layout pairs from
+  :mod:`harness.spec.layout_plan` (a rejected layout fails the room at bootstrap, R-LAYOUT-2).
 
 Wire frames and the control loop: :mod:`backends.reference.wire`.  All core calls happen on
 the side's control thread; API calls post work to it and wait for the answer.
@@ -46,14 +44,11 @@ log = logging.getLogger("pdconform.reference")
 
 
 class ReferenceRole(RoleAdapter):
-    """The reference implementation's role adapter (engine: ``reference``).
-
-    Chunks go through a transfer worker thread (``reference-prefill-transfer``)
-    before they reach the core, as the backends' chunks go through their transfer
-    queues; the worker is where the ``worker-take-chunk`` point pauses.  The
-    reference's "engine" is its WRITE frames: each KV or aux write is one transfer
-    for :meth:`set_engine_faults`.
-    """
+    """The reference implementation's role adapter (engine: ``reference``).  Chunks go through
+    a transfer worker thread (``reference-prefill-transfer``) before they reach the core, as
+    the backends' chunks go through their transfer queues; the worker is where the
+    ``worker-take-chunk`` point pauses.  The reference's "engine" is its WRITE frames: each
+    KV or aux write is one transfer for :meth:`set_engine_faults`."""
 
     impl = "reference"
     POINTS = {
@@ -87,7 +82,7 @@ class ReferenceRole(RoleAdapter):
         self.stopping = threading.Event()
         self.fault_counter: EngineFaultCounter | None = None
         self.past_counters: list[EngineFaultCounter] = []
-        self.acks: list[dict] = []  # decode: ABORT_ACKs received
+        self.acks, self.aborts, self.since = [], [], recorder.mark()  # decode: ABORT_ACKs in, ABORTs out; R-LIVE-2
         self.bootstrap_timeout_s = env_seconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 30.0)
         self.waiting_timeout_s = env_seconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
         self.deferred_release = env_flag("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", True)
@@ -304,6 +299,7 @@ class ReferenceRole(RoleAdapter):
                     self.side.send(stage, register_frame(action.room, self.side.endpoint, action.generation,
                                                          action.dst_pages, action.aux_slot))
             elif isinstance(action, dc.SendAbort):
+                self.aborts.append({"room": action.room, "generation": action.generation, "t": time.time()})
                 for stage in self.peer[action.room]:
                     self.side.send(stage, abort_frame(action.room, self.side.endpoint, action.generation))
             elif isinstance(action, dc.ProbeHealth):
@@ -439,6 +435,9 @@ class ReferenceRole(RoleAdapter):
     def abort_acks(self) -> list[dict]:
         return self._sync(lambda: list(self.acks))
 
+    def aborts_sent(self) -> list[dict]:
+        return self._sync(lambda: list(self.aborts))
+
     def status_frames(self, room: int, status: int) -> list[bytes]:
         """The STATUS this prefill sends its decode for ``room``'s current lifecycle
         (``[STATUS, room, generation, status, reason]``, backends/reference/wire.py), with
@@ -478,7 +477,7 @@ class ReferenceRole(RoleAdapter):
                 ended = core in ("prefill", "decode") and rest.split("[")[0] in pc.ENDED_GENERATION_MEMORY
                 (remembered if ended else held).setdefault(room, []).append(path)
         return self.recorder.observation(self.role, self.threads, held, remembered,
-                                         residue_incomplete=walk.incomplete if walk else "")
+                                         residue_incomplete=walk.incomplete if walk else "", since=self.since)
 
     def teardown(self) -> None:
         self.stopping.set()
@@ -491,7 +490,7 @@ class ReferenceRole(RoleAdapter):
         """See :meth:`RoleAdapter.begin_program`; on the control thread (no write lands meanwhile)."""
         def forget() -> dict:
             self.fault_counter, self.past_counters = None, []
-            self.acks.clear()
+            del self.acks[:], self.aborts[:]
             self._forget_points()
             self.recorder.clear()
             self.rooms_seen = []

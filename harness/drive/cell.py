@@ -308,8 +308,8 @@ class CellDriver:
 
     def record_injected(self) -> None:
         """Copy every fault that fired inside the roles (engine faults, point hits)
-        into the history as nemesis events, and the ABORT_ACKs each decode received
-        (one ``abort-acks`` info event per role that received any)."""
+        into the history as nemesis events, the ABORT_ACKs each decode received and the ABORT
+        generations it sent (one ``abort-acks`` / ``aborts-sent`` info event per role with any)."""
         for name, client in self.clients.items():
             if not self.handles[name].alive() or client.broken:
                 continue
@@ -320,12 +320,13 @@ class CellDriver:
                     continue
                 for record in (value["log"] if op == "point_hits" else value):
                     self.history.record(Event.NEMESIS, what, name, None, args={}, value=record)
-            try:
-                acks = client.call("abort_acks", 10)
-            except RoleError:
-                continue
-            if acks:
-                self.history.record(Event.INFO, Op.ABORT_ACKS, name, None, args={}, value=acks)
+            for op, what in (("abort_acks", Op.ABORT_ACKS), ("aborts_sent", Op.ABORTS_SENT)):
+                try:
+                    value = client.call(op, 10)
+                except RoleError:
+                    continue
+                if value:
+                    self.history.record(Event.INFO, what, name, None, args={}, value=value)
 
     def _stop(self, name: str) -> None:
         client, handle = self.clients[name], self.handles[name]

@@ -55,6 +55,7 @@ FREEZES_S = (0.3, 1.0)  # how long a role stays frozen (seconds): far inside the
 ENGINE_DELAYS_S = (0.05, 0.2)  # what each prefill write waits (seconds)
 AUX_DELAY_S = 0.3  # how late the aux data reaches the decode (seconds)
 FAIL_NTH = (1, 2, 3)  # which write, counted from the plan, the prefill's engine fails
+OUT_OF_ORDER_S = 0.5  # how late the n-th write completes, after the writes issued after it (seconds)
 MAX_ENGINE_PLANS = 3  # engine fault plans a program sets, at most
 MAX_INJECTIONS = 3  # malformed messages a program pushes, at most
 MAX_MESSAGE_FRAMES = 16  # the frames of one injected message, at most (MALFORMED draws up to 15)
@@ -332,13 +333,18 @@ class ProgramMachine(RuleBasedStateMachine):
         """A prefill's transfer engine changes: each write waits, the aux data comes late,
         the n-th write from now fails, no write from now completes (a room of that prefill with
         writes to come may be hit: it must then conclude, within the waiting timeout plus 5 s,
-        R-TIMEOUT-3, not succeed), or the engine heals."""
+        R-TIMEOUT-3, not succeed), the n-th write from now completes OUT_OF_ORDER_S late while
+        later ones complete first (its room must still succeed, every byte in place at
+        Success, R-XFER-2), or the engine heals."""
         prefill = data.draw(st.sampled_from(self.prefills), label="prefill")
-        kind = data.draw(st.sampled_from(("delay", "aux-delay", "fail", "never", "heal")), label="engine fault")
+        kind = data.draw(st.sampled_from(("delay", "aux-delay", "fail", "never", "heal", "out-of-order")),
+                         label="engine fault")
         plan = (EngineFaults(prefill, delay_s=data.draw(st.sampled_from(ENGINE_DELAYS_S), label="delay"))
                 if kind == "delay" else EngineFaults(prefill, aux_delay_s=AUX_DELAY_S) if kind == "aux-delay"
                 else EngineFaults(prefill, fail_nth=data.draw(st.sampled_from(FAIL_NTH), label="nth"))
                 if kind == "fail" else EngineFaults(prefill, never_complete=True) if kind == "never"
+                else EngineFaults(prefill, slow_nth=data.draw(st.sampled_from(FAIL_NTH), label="nth"),
+                                  slow_s=OUT_OF_ORDER_S) if kind == "out-of-order"
                 else EngineFaults(prefill))
         self.plans += 1
         if kind in ("fail", "never"):  # a room with writes to come may end Failed (R-TIMEOUT-3)
@@ -347,7 +353,7 @@ class ProgramMachine(RuleBasedStateMachine):
                 r.at_risk = r.at_risk or (not r.concluded and r.prefill == prefill)
         else:
             self.failing.discard(prefill)
-        self.slow = self.slow or kind == "delay"
+        self.slow = self.slow or kind in ("delay", "out-of-order")
         self.steps.append(plan)
 
     @precondition(lambda self: self.faults and not self.killed)

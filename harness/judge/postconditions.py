@@ -34,7 +34,9 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
 * ``bytes-in-place-at-success`` (R-XFER-2): each decode copies a room's destination rows
   when it first reads the room Success (harness.role.at_success); every pool verification
   judges those copies too, so a Success reported before its last byte landed fails even
-  when the byte lands a moment later.
+  when the byte lands a moment later;
+* ``ack-names-abort-generation`` (R-ABORT-2): every ABORT_ACK a decode received echoes the
+  generation of an ABORT that decode sent for the room, at most once per sender.
 
 A scenario opts out of one only with a stated reason (harness.spec.scenario.Scenario
 ``opt_out``, in the scenario's source; ``pdconform list`` shows every opt-out).
@@ -250,6 +252,48 @@ def bytes_in_place_at_success(events: list[dict]) -> tuple[bool | None, str, int
     return True, f"the bytes of all {rooms} room(s) read Success were in place when it was read", None
 
 
+#: nemesis steps that hand a prefill an ABORT the decode itself never sent (its ACK may echo anything)
+_INJECTED_ABORTS = (Op.INJECT_ABORT, Op.INJECT_CAPTURED, Op.CAPTURE, Op.INJECT)
+
+
+def ack_names_abort_generation(events: list[dict]) -> tuple[bool | None, str, int | None]:
+    """R-ABORT-2 on every ABORT_ACK every decode (and decode rank) received: it names the
+    generation of an ABORT that decode sent for that room (its ``aborts_sent``, recorded at
+    the end of the cell, harness.role.adapter.RoleAdapter.aborts_sent), and no sender
+    answers one room generation twice.  ACKs that name no generation, rooms of a decode that
+    recorded no generation for them, and rooms whose ABORT frames a scenario injected are
+    not judged."""
+    injected = {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+    sent: dict[tuple[str, int], set] = {}
+    for e in events:
+        if e["op"] == Op.ABORTS_SENT:
+            for a in e.get("value") or ():
+                sent.setdefault((e["role"], a.get("room")), set()).add(a.get("generation"))
+    wrong, judged, at = [], 0, None
+    for e in events:
+        if e["op"] != Op.ABORT_ACKS:
+            continue
+        seen: set = set()
+        for a in e.get("value") or ():
+            room, generation, sender = a.get("room"), a.get("generation"), a.get("sender")
+            armed = {g for g in sent.get((e["role"], room), ()) if g is not None}
+            if generation is None or not armed or room in injected:
+                continue
+            judged += 1
+            if generation not in armed:
+                wrong.append(f"{e['role']} room {room}: an ABORT_ACK names generation {generation}, "
+                             f"its ABORTs named {sorted(armed)}")
+            elif sender is not None and (room, generation, sender) in seen:
+                wrong.append(f"{e['role']} room {room}: a second ABORT_ACK of generation {generation} from {sender}")
+            seen.add((room, generation, sender))
+            at = e["seq"] if wrong and at is None else at
+    if wrong:
+        return False, "; ".join(wrong[:4]), at
+    if not judged:
+        return True, "no ABORT_ACK of a generation its decode recorded sending, so none to compare", None
+    return True, f"each of {judged} ABORT_ACK(s) echoes a generation its decode's ABORT named, once", None
+
+
 GENERIC = (
     ("every-trail-terminal", "R-TERM-1", lambda: every_trail_terminal),
     ("every-failure-has-reason", "R-REASON-1", lambda: every_failure_has_reason),
@@ -257,6 +301,7 @@ GENERIC = (
     ("no-residue-after-clear", "R-RESIDUE-1", lambda: no_residue_after_clear),
     ("failure-reason-names-cause", "R-REASON-1", lambda: failure_reason_names_cause),
     ("bytes-in-place-at-success", "R-XFER-2", lambda: bytes_in_place_at_success),
+    ("ack-names-abort-generation", "R-ABORT-2", lambda: ack_names_abort_generation),
 )
 
 

@@ -345,6 +345,13 @@ class RoleAdapter(ABC):
         when unknown: each sends its own) and ``t`` (wall clock, seconds).  Empty by default."""
         return []
 
+    def aborts_sent(self) -> list[dict]:
+        """Every ABORT generation this decode armed or sent: ``room``, ``generation`` (None when
+        its ABORT names none) and ``t`` (wall clock, seconds); what each ABORT_ACK must echo
+        (R-ABORT-2, harness.judge.postconditions ``ack-names-abort-generation``).  Empty by
+        default (nothing is judged then)."""
+        return []
+
     # ---- layout planning (harness.spec.layouts) -------------------------------
     def plan_layouts(self, specs: list[dict]) -> list[dict]:
         """Run the implementation's own KV layout planning on each spec

@@ -84,6 +84,7 @@ class Op(StrEnum):
     LAYOUT_PAIR = "layout-pair"  # a drawn layout pair's transfer begins (harness.spec.layout_pairs)
     LAYOUT_PAIR_SHRINK = "layout-pair-shrink"  # the smallest pair found that goes wrong the same way
     ABORT_ACKS = "abort-acks"  # info: the ABORT_ACKs a decode received (copied in at the end)
+    ABORTS_SENT = "aborts-sent"  # info: the ABORT generations a decode armed or sent (copied in at the end)
     # nemesis
     KILL = "kill"
     FREEZE = "freeze"

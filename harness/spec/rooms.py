@@ -80,10 +80,13 @@ def send_all(p: RoomPlan) -> list:
 
 
 def await_done(p: RoomPlan, timeout_s: float | None = None) -> list:
-    """Await a terminal status on the prefill, then the decode (``timeout_s``: each;
-    default harness.spec.steps.STEP_TIMEOUT_S)."""
+    """Await a terminal status on the decode, then the prefill (``timeout_s``: each;
+    default harness.spec.steps.STEP_TIMEOUT_S).  The decode first, as a decode scheduler
+    polls its receivers without waiting for the prefill: its first Success is read while
+    the prefill's other ranks or stages may still be writing, which is when the generic
+    bytes-in-place-at-success (R-XFER-2) copies the room's rows."""
     bound = {} if timeout_s is None else {"timeout_s": timeout_s}
-    return [AwaitStatus(p.room, p.prefill, DONE, **bound), AwaitStatus(p.room, p.decode, DONE, **bound)]
+    return [AwaitStatus(p.room, p.decode, DONE, **bound), AwaitStatus(p.room, p.prefill, DONE, **bound)]
 
 
 def full_room(p: RoomPlan) -> list:

@@ -54,7 +54,10 @@ class EngineFaults:
     fails every transfer of its ``fail_group``-th batch; each room's aux data
     reaches the decode ``aux_delay_s`` seconds late, on whatever path the backend
     sends it; its ``slow_nth`` transfer completes ``slow_s`` seconds late while later
-    ones go on (completion out of issue order) (:class:`harness.role.faults.EngineFaultPlan`)."""
+    ones go on (completion out of issue order) (:class:`harness.role.faults.EngineFaultPlan`).
+    ``rank``: only that process of the role (an index into its TP ranks, PP stages or DP
+    engines, as ``list`` indexes: -1 the last; rank 0 is the role itself), so one PP stage
+    or TP rank lags while the others complete; None: every process of the role."""
 
     role: str
     fail_nth: int | None = None
@@ -64,6 +67,7 @@ class EngineFaults:
     aux_delay_s: float = 0.0
     slow_nth: int | None = None
     slow_s: float = 0.0
+    rank: int | None = None
 
 
 @dataclass(frozen=True)

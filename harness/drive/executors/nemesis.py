@@ -232,6 +232,11 @@ def release_point(d: "CellDriver", step: s.ReleasePoint) -> None:
 
 
 def engine_faults(d: "CellDriver", step: s.EngineFaults) -> None:
-    d.nemesis_call(step.role, "set_engine_faults", Op.ENGINE_FAULTS, fail_nth=step.fail_nth,
+    target, ranks = step.role, d.ranks(step.role)
+    if step.rank is not None:
+        if not -len(ranks) <= step.rank < len(ranks):
+            raise CellAborted(f"EngineFaults: {step.role} runs {len(ranks)} process(es), it has no rank {step.rank}")
+        target = ranks[step.rank]
+    d.nemesis_call(target, "set_engine_faults", Op.ENGINE_FAULTS, fail_nth=step.fail_nth,
                    delay_s=step.delay_s, never_complete=step.never_complete, fail_group=step.fail_group,
                    aux_delay_s=step.aux_delay_s, slow_nth=step.slow_nth, slow_s=step.slow_s)
