@@ -7,7 +7,9 @@ prefill's control socket.  The prefill room must become Failed within 2 s
 (R-ABORT-1).  Then an ABORT for a room the prefill never held arrives; it must
 be harmless; and one for a room already concluded (Success on both sides, not yet
 cleared), which must stay Success (R-TERM-1, the generic every-trail-terminal: the room is
-read again after it, and afresh at the end).  Neither may be logged as malformed (R-ABORT-1, R-LIVE-1), the
+read again after it, and afresh at the end); that room is then aborted by each side's own
+scheduler (``abort()`` on the prefill, then on the decode: an abort in the last state a room
+can be in) and must still read Success on both sides.  Neither may be logged as malformed (R-ABORT-1, R-LIVE-1), the
 prefill's loops must survive, and a new room completes (R-LIVE-2, R-XFER-1).
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import AwaitStatus, InjectAbort, Observe, StartRoles
+from harness.spec.steps import Abort, AwaitStatus, InjectAbort, Observe, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, room_succeeds, verify
 
 PROMPT_S = 2.0
@@ -44,6 +46,10 @@ def steps(seed: int):
         AwaitStatus(concluded.room, "prefill", (KVPoll.Success,), timeout_s=0.0, label="concluded-after-abort",
                     must_come=False),  # read again: R-TERM-1 (every-trail-terminal) judges it
         Observe(("prefill",), settle_s=0.5, label=LABEL),
+        Abort(concluded.room, "prefill"),
+        Abort(concluded.room, "decode"),
+        *[AwaitStatus(concluded.room, role, (KVPoll.Success,), timeout_s=0.5, label=f"concluded-after-{role}-abort",
+                      must_come=False) for role in ("prefill", "decode")],
         *full_room(after),
         verify([concluded, after]),  # the aborted room's pages stay untouched
     ]
@@ -59,6 +65,8 @@ def checks(seed: int):
                 c.failed_within(target.room, "prefill", "inject-abort", "prefill", 0, 1e9, ("abort",))),
         c.Check("not-logged-as-malformed", "R-ABORT-1", c.no_log_matching("prefill", MALFORMED)),
         c.Check("loops-alive-after-aborts", "R-LIVE-1", c.loops_alive_at(LABEL, ("prefill",))),
+        *[c.Check(f"concluded-stays-success-{role}", "R-TERM-1",
+                  c.status_at(f"concluded-after-{role}-abort", (KVPoll.Success,))) for role in ("prefill", "decode")],
         *room_succeeds(after, "R-XFER-1", "room-after-aborts"),
         *pair_healthy(),
     ]

@@ -10,6 +10,12 @@ Bootstrapping one too, and whatever clearing the first room did to A's bookkeepi
 B's room is untouched and completes, and a new room to B succeeds (R-HB-1).  A's concluded
 room stays Success on every later read, fresh reads of the manager's table included (R-TERM-1,
 the generic every-trail-terminal), and its bytes stay in place.
+
+``frozen-prefill`` is the same with A frozen (SIGSTOP) instead of killed: its sockets stay
+open and its health endpoint accepts connections but never answers, so each probe waits
+out its own timeout, and R-HB-1 allows 10 s of slack instead of 5.  A is thawed at the end,
+after the pools were verified: what it then sends for its failed rooms must not change them
+(R-TERM-1), and its threads must be alive (R-LIVE-2).
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ from harness.judge import checks as c
 from harness.judge.fault_checks import failed_after_kill
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import AwaitStatus, Clear, InitSender, KillRole, OpenRoom, SendChunk, Sleep, StartRoles
+from harness.spec.history import Op
+from harness.spec.steps import (AwaitStatus, Clear, FreezeRole, InitSender, KillRole, OpenRoom, SendChunk, Sleep,
+                                StartRoles, ThawRole)
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, full_room, open_and_request, send_all, verify
 
 WIDE = replace(LAYOUT, num_pages=24, aux_slots=8)  # seven rooms, each its own pages and aux slot
 A, B = "prefill-a", "prefill-b"
-SLACK_S = 5.0
+SLACK_S = 5.0  # after a kill: the probes are refused at once
+FROZEN_SLACK_S = 10.0  # after a freeze: each probe first waits out its own timeout (R-HB-1)
 WAIT_S = 40.0  # polling bound; the check judges the latency against the window
 
 
@@ -35,7 +44,7 @@ def _plan(seed: int):
             planner.room(prefill=B), planner.room(prefill=A), planner.room(prefill=A), planner.room(prefill=A))
 
 
-def steps(seed: int):
+def steps(seed: int, freeze: bool = False):
     a_waiting, a_transferring, b_held, b_new, a_done, a_cleared, a_bootstrapping = _plan(seed)
     return [
         StartRoles(prefills=(A, B), layout=WIDE),
@@ -53,7 +62,7 @@ def steps(seed: int):
         Sleep(0.3),  # the first chunk's write lands before the kill
         AwaitStatus(a_bootstrapping.room, "decode", (KVPoll.Bootstrapping,), timeout_s=0.0,
                     label="bootstrapping-before-kill", must_come=False),  # a record of the state it dies in
-        KillRole(A),
+        FreezeRole(A) if freeze else KillRole(A),
         AwaitStatus(a_waiting.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=WAIT_S),
         AwaitStatus(a_transferring.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=WAIT_S),
         AwaitStatus(a_bootstrapping.room, "decode", (KVPoll.Failed, KVPoll.Success), timeout_s=WAIT_S),
@@ -64,17 +73,21 @@ def steps(seed: int):
         *send_all(b_held), *await_done(b_held),
         *full_room(b_new),
         verify([a_cleared, a_done, b_held, b_new], unchecked_kv=a_transferring.dst),
+        *([ThawRole(A), Sleep(1.0)] if freeze else []),
+        *([AwaitStatus(r.room, "decode", (KVPoll.Failed,), timeout_s=0.0, label=f"{name}-after-thaw", must_come=False)
+           for name, r in (("waiting", a_waiting), ("transferring", a_transferring))] if freeze else []),
     ]
 
 
-def checks(seed: int):
+def checks(seed: int, freeze: bool = False):
     a_waiting, a_transferring, b_held, b_new, _, _, a_bootstrapping = _plan(seed)
+    slack, op = (FROZEN_SLACK_S, Op.FREEZE) if freeze else (SLACK_S, Op.KILL)
     return [
-        c.Check("waiting-room-failed", "R-HB-1", failed_after_kill(a_waiting.room, "decode", A, SLACK_S)),
+        c.Check("waiting-room-failed", "R-HB-1", failed_after_kill(a_waiting.room, "decode", A, slack, op)),
         c.Check("transferring-room-failed", "R-HB-1",
-                failed_after_kill(a_transferring.room, "decode", A, SLACK_S)),
+                failed_after_kill(a_transferring.room, "decode", A, slack, op)),
         c.Check("bootstrapping-room-failed", "R-HB-1",
-                failed_after_kill(a_bootstrapping.room, "decode", A, SLACK_S)),
+                failed_after_kill(a_bootstrapping.room, "decode", A, slack, op)),
         c.Check("other-prefill-room-untouched", "R-HB-1",
                 c.status_at("b-room-after-kill", (KVPoll.WaitingForInput,))),
         c.Check("other-prefill-room-completes", "R-HB-1", c.reached_status(b_held.room, "decode", KVPoll.Success)),
@@ -82,6 +95,8 @@ def checks(seed: int):
         c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
         c.Check("survivors-alive", "R-LIVE-2", c.loops_alive()),
         c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads()),
+        *([c.Check(f"{name}-stays-failed-after-thaw", "R-TERM-1", c.status_at(f"{name}-after-thaw", (KVPoll.Failed,)))
+           for name in ("waiting", "transferring")] if freeze else []),
     ]
 
 
@@ -93,5 +108,15 @@ SCENARIO = register(
         checks=checks,
         timeout_s=180.0,
         timeout_wait_s=4.0,  # the decode heartbeat window: 2 s x 2 misses (harness.target.role_context.ROLE_ENV)
+    )
+)
+FROZEN = register(
+    Scenario(
+        id="frozen-prefill",
+        title="Prefill A is frozen: its rooms fail naming A within the window plus 10 s, prefill B's rooms go on",
+        steps=lambda seed: steps(seed, freeze=True),
+        checks=lambda seed: checks(seed, freeze=True),
+        timeout_s=180.0,
+        timeout_wait_s=4.0,
     )
 )
