@@ -28,10 +28,11 @@ from harness.report.safe import md, md_code
 #: prefill DP engines (R-DP-1; R-LAYOUT-1 per KV head slice and per PP stage; R-XFER-2 per
 #: decode rank), a long prompt on DP engines, a write that completes out of order where a
 #: room has several prefill ranks (TP, PP: one rank's Success is not the room's), and
-#: aborts where a room has several decode ranks
+#: aborts where a room has several decode ranks, and the happy path of MLA with a prefill wider
+#: than its decode (its extra ranks send nothing)
 TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1", "happy-path@p1-d2",
                   "happy-path@p1pp2-d1", "happy-path@p1-d1dp2", "write-out-of-order@p2-d1",
-                  "write-out-of-order@p1pp2-d1", "abort-unguarded@p1-d2")
+                  "write-out-of-order@p1pp2-d1", "abort-unguarded@p1-d2", "happy-path@p2-d1-mla")
 
 @dataclass
 class MutantOutcome:

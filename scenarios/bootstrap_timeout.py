@@ -4,10 +4,10 @@ bootstrap timeout, with a reason; a registered room outlives that deadline.
 Two scenarios, one per setting of ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (the
 reference reads the same knob): ``bootstrap-timeout`` at 3 s and ``bootstrap-timeout-2s``
 at 2 s, so a timer that ignores the knob or scales it wrongly shows in one of them.
-Room ``orphan`` gets a prefill sender and no decode at all; its status is first read
-GAP_S after the sender was made, so a deadline started at the first poll instead shows.
-Room ``held`` is registered by the decode at the same time and is left WaitingForInput
-past the deadline before the prefill sends it.  ``orphan`` must become Failed no earlier
+Room ``orphan`` gets a prefill sender and no decode at all; room ``held`` is opened and
+registered GAP_S later, and only then is ``orphan``'s status first read, so a deadline
+started at the first poll, or restarted by another room's sender, shows.  ``held`` is left
+WaitingForInput past its own deadline before the prefill sends it.  ``orphan`` must become Failed no earlier
 than the timeout after its sender was made and no later than 20 % plus 1 s after it
 (issue 36, 1a: a window that a timer twice too long cannot pass), with a reason naming
 the timeout (R-TIMEOUT-1, R-REASON-1); ``held`` must still be WaitingForInput after the
@@ -52,10 +52,10 @@ def steps(seed: int, timeout_s: float = TIMEOUT_S):
     return [
         StartRoles(layout=LAYOUT, env=(("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", f"{timeout_s:g}"),)),
         OpenSender(orphan.room),
-        *open_and_request(held),
         Sleep(GAP_S),
+        *open_and_request(held),
         AwaitStatus(orphan.room, "prefill", (KVPoll.Failed, KVPoll.Success), timeout_s=window(timeout_s)[1] + 5),
-        Sleep(1.0),  # held has now waited past the bootstrap deadline too
+        Sleep(GAP_S + 0.5),  # held has now waited past its own bootstrap deadline too
         AwaitStatus(held.room, "prefill", (KVPoll.WaitingForInput,), timeout_s=0.0, label="held-past-deadline",
                     must_come=False),
         *send_all(held),

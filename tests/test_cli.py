@@ -36,6 +36,7 @@ def pdconform(*args, cwd=None, timeout=180):
     (["run", "--seed", "99999999999999999999"], "--seed"),
     (["run", "--jobs", "100000"], "--jobs"),
     (["explore", "--impl", "reference", "--budget", "99999999999999999999"], "up to a day"),
+    (["explore", "--impl", "reference", "--topology", "p9-d9"], "unknown --topology p9-d9 (known: default, nightly"),
     (["repro", "happy-path", "--impl", "reference", "--impl", "nixl"], "repro runs one cell: give one --impl"),
 ])
 def test_usage_errors_exit_2(args, message):
@@ -226,3 +227,15 @@ def test_the_terminal_matrix_marks_known_cells_and_cuts_long_reasons():
     run = RunResult(sglang=SglangInfo(version="0.5.23", path=None), seed=0, cells=[known, new])
     first = reasons(run)[0]
     assert len(first) < REASON_CHARS + 150 and "more characters in cell.html" in first
+
+
+def test_explore_takes_a_topology_set_and_gives_each_shape_a_share():
+    """``explore --topology default`` runs programs on every shape of the default set, one
+    after another (issue 36: explore on the multi-rank topologies); one name is one shape."""
+    from harness.cli.explore import shapes
+    from harness.spec.topology import default_set
+
+    assert shapes("default") == [t.name for t in default_set()] and len(shapes("default")) > 1
+    assert shapes("p1-d2") == ["p1-d2"]
+    with pytest.raises(KeyError):
+        shapes("p9-d9")

@@ -50,7 +50,8 @@ def explore(
     budget: str = typer.Option("10m", "--budget", help="Time per implementation: 90s, 10m, 1h."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of the first hypothesis round (each round adds one)."),
     topology: str = typer.Option("p1-d1", "--topology", help="The deployment shape programs run on "
-                                 "(see `pdconform list --topologies`)."),
+                                 "(see `pdconform list --topologies`); 'default' or 'nightly': each shape of "
+                                 "that set in turn, with an equal share of the budget."),
     found: Optional[Path] = typer.Option(None, "--found", help="Folder for found programs (default scenarios/found/); "
                                          "its programs replay first, with the shipped ones."),
     out: Path = typer.Option(DEFAULT_OUT / "explore", "--out", help="Folder for the program cells and the replay run."),
@@ -104,8 +105,8 @@ def _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src
     unknown = [i for i in impl if i not in registry.available()]
     if unknown:
         raise _usage_error(f"unknown --impl {', '.join(unknown)} (known: {', '.join(registry.names())})")
-    if topology not in TOPOLOGIES:
-        raise _usage_error(f"unknown --topology {topology} (known: {', '.join(TOPOLOGIES)})")
+    if topology not in TOPOLOGIES and topology not in ("default", "nightly"):
+        raise _usage_error(f"unknown --topology {topology} (known: default, nightly, {', '.join(TOPOLOGIES)})")
     try:
         budget_s = parse_budget(budget)
     except ValueError as exc:
@@ -129,7 +130,7 @@ def _explore_command(impl, budget, seed, topology, found, out, lanes, sglang_src
     _print_reports(reports)
     replay = [f.path for r in reports for f in [*r.failures.values(), *r.oracle.values()] if f.path and not f.known]
     if replay:
-        _replay(replay, [r.impl for r in reports], target, folder / "replay")
+        _replay(replay, list(dict.fromkeys(r.impl for r in reports)), target, folder / "replay")
     raise typer.Exit(code=exit_code(reports))
 
 
@@ -144,6 +145,16 @@ def _unwritable(folder: Path) -> str:
     except OSError as exc:
         return exc.strerror or str(exc)
     return ""
+
+
+def shapes(topology: str) -> list[str]:
+    """The topologies ``--topology`` names: one, or each of the ``default`` or ``nightly`` set
+    (issue 36: explore on the multi-rank shapes too).  KeyError for an unknown name."""
+    from harness.spec.topology import TOPOLOGIES, topology as named
+
+    if topology in ("default", "nightly"):
+        return [name for name, t in TOPOLOGIES.items() if getattr(t, topology)]
+    return [named(topology).name]
 
 
 def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir, lanes=8, stopping=None):
@@ -163,9 +174,13 @@ def _explore_all(impls, budget_s, seed, topology, target, folder, found_dir, lan
                   note=lambda text: err.print(escape(text)), stopping=stopping) as explorer:
         explorer.lanes = lanes
         explorer.start(impls)
+        each = shapes(topology)
         for name in impls:
-            reports.append(explorer.explore(name, budget_s, topology))
-            err.print()
+            for i, shape in enumerate(each):  # the corpus replays once per implementation
+                if len(each) > 1:
+                    err.print(escape(f"{name} on {shape}: {budget_s / len(each):.0f} s"))
+                reports.append(explorer.explore(name, budget_s / len(each), shape, corpus=i == 0))
+                err.print()
     return reports
 
 
@@ -181,7 +196,8 @@ def _print_reports(reports) -> None:
                   "found file", title="pdconform explore")
     for r in reports:
         rows = [*r.findings, *r.oracle_failures]
-        first = [r.impl, str(r.programs), str(r.steps), f"{r.rate_per_min:.0f}"]
+        shown = r.impl if r.topology == "p1-d1" else f"{r.impl}@{r.topology}"
+        first = [shown, str(r.programs), str(r.steps), f"{r.rate_per_min:.0f}"]
         if not rows:
             table.add_row(*first, "none", "", "", "")
         for i, f in enumerate(rows):

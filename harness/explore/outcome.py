@@ -50,6 +50,7 @@ class ImplReport:
 
     impl: str
     of_oracle: bool = False  # ``impl`` is the oracle (the reference): its every failure is an oracle failure
+    topology: str = "p1-d1"  # the shape its programs ran on
     corpus: dict[str, str] = field(default_factory=dict)
     programs: int = 0
     steps: int = 0

@@ -247,7 +247,7 @@ class Explorer(OracleDiff):
         shrunk); the report.  The implementation's pairs are closed at the end; on an interrupt
         (KeyboardInterrupt) everything is, at once (:meth:`stop`), and the interrupt propagates."""
         self.topology = topology
-        report = ImplReport(impl, of_oracle=impl == self.oracle)
+        report = ImplReport(impl, of_oracle=impl == self.oracle, topology=topology)
         start = time.monotonic()
         if corpus:
             self.replay_corpus(impl, report)
