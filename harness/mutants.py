@@ -29,10 +29,13 @@ from harness.report.safe import md, md_code
 #: decode rank), a long prompt on DP engines, a write that completes out of order where a
 #: room has several prefill ranks (TP, PP: one rank's Success is not the room's), and
 #: aborts where a room has several decode ranks, and the happy path of MLA with a prefill wider
-#: than its decode (its extra ranks send nothing)
+#: than its decode (its extra ranks send nothing), and registrations that come before their
+#: sender with several decode ranks or prefill stages (each rank parks its own; an ABORT reaches
+#: every stage)
 TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1", "happy-path@p1-d2",
                   "happy-path@p1pp2-d1", "happy-path@p1-d1dp2", "write-out-of-order@p2-d1",
-                  "write-out-of-order@p1pp2-d1", "abort-unguarded@p1-d2", "happy-path@p2-d1-mla")
+                  "write-out-of-order@p1pp2-d1", "abort-unguarded@p1-d2", "happy-path@p2-d1-mla",
+                  "decode-first@p1-d2", "decode-first@p1pp2-d1")
 
 @dataclass
 class MutantOutcome:

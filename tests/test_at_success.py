@@ -60,6 +60,27 @@ def test_the_post_condition_names_early_bytes_and_leaves_bytes_wrong_at_both_mom
     assert pc.bytes_in_place_at_success(h.events)[0] is True
 
 
+def test_a_row_still_unwritten_at_success_is_caught_though_it_never_lands():
+    """A Success read while a named row still held the decode's own bytes is R-XFER-2 even
+    when the row never lands (an aux slot sent to another rank only); bytes from the wrong
+    place are not counted there."""
+    prefill, decode, copies = _pools(pattern.PREFILL), _pools(pattern.DECODE), SuccessBytes()
+    copies.requested(7, [2, 3], 1)
+    _land(decode, prefill, [(0, 2), (1, 3)], [])  # the aux slot is never written
+    copies.seen_success(7, decode)
+    then = copies.verify(decode, [(0, 2), (1, 3)], [(0, 1)])
+    assert then["unwritten_pages"] == 1 and "slot 1" in then["unwritten"][0], then
+    final = pattern.verify_pools(decode, [(0, 2), (1, 3)], [(0, 1)]).to_dict()
+    h = History()
+    h.record("ok", "verify", "decode", 1, args={}, value={**final, "at_success": then})
+    ok, detail, _ = pc.bytes_in_place_at_success(h.events)
+    assert ok is False and "slot 1" in detail
+    misplaced = _pools(pattern.DECODE)
+    _land(misplaced, prefill, [(1, 2), (1, 3)], [(0, 1)])  # page 2 holds the wrong source page
+    report = pattern.verify_pools(misplaced, [(0, 2), (1, 3)], [(0, 1)])
+    assert report.mismatch_pages == 1 and report.unwritten_pages == 0
+
+
 def test_a_slow_transfer_is_deferred_to_its_caller_or_slept_and_logged():
     import time
 

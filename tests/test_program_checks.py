@@ -124,6 +124,14 @@ def test_bytes_that_never_land_are_a_layout_failure_not_a_late_one():
                                                           "mismatches": ["page 3: still wrong"]})  # ... and for good
     ok, detail, *_ = pc.bytes_at_success()(h.events)
     assert ok is True and "bytes-exact" in detail
+    unwritten = History()
+    _lifecycle(unwritten, "L0", 2**40, KVPoll.Success, False)
+    poll_check = next(e for e in unwritten.events if e["op"] == "verify")
+    poll_check["value"]["unwritten_pages"] = 1  # planted: a page still held the decode's own bytes
+    unwritten.record("ok", "verify", "decode", 1, args={}, value={"ok": False, "mismatch_pages": 1,
+                                                                  "mismatches": ["page 3: still wrong"]})
+    ok, detail, *_ = pc.bytes_at_success()(unwritten.events)
+    assert ok is False and "lifecycle L0" in detail
 
 
 def test_a_decode_kill_fails_the_rooms_written_after_it_and_judges_the_prefill_alone():

@@ -228,8 +228,10 @@ def bytes_in_place_at_success(events: list[dict]) -> tuple[bool | None, str, int
     """R-XFER-2 at the moment of Success: every pool verification of every decode, judged
     again on the rows each room held when its Success was first read (the role's copies,
     harness.role.at_success), finds them as the moves say.  A byte wrong then but right at
-    the end means Success was reported before that byte was in place; a byte wrong at both
-    moments is bytes-exact's (it is not counted twice)."""
+    the end means Success was reported before that byte was in place, and so does a row the
+    moves name that still held the decode's own bytes then, whenever (if ever) it landed
+    later; a byte from the wrong place at both moments is bytes-exact's (R-LAYOUT-1: where the
+    bytes go, not when)."""
     early, rooms, at = [], 0, None
     for e in events:
         if e["op"] != Op.VERIFY or e["type"] != Event.OK:
@@ -241,7 +243,8 @@ def bytes_in_place_at_success(events: list[dict]) -> tuple[bool | None, str, int
         rooms += then.get("rooms") or 0
         wrong_at_end = set(value.get("mismatches") or ())
         new = [m for m in then.get("mismatches") or () if m not in wrong_at_end]
-        if not then.get("ok") and new:
+        new += [m for m in then.get("unwritten") or () if m not in new]
+        if not then.get("ok") and (new or then.get("unwritten_pages")):
             early.append(f"{e.get('role')}: {then.get('mismatch_pages')} page(s) not in place at Success: "
                          + "; ".join(new[:3]))
             at = e["seq"] if at is None else at

@@ -153,7 +153,9 @@ class Mismatch:
     """A destination page whose bytes are not what the transfer plan says.
 
     ``where`` names the destination (side, layer, K/V, page); ``expected`` and
-    ``found`` name the source of the bytes by their tag.
+    ``found`` name the source of the bytes by their tag.  ``unwritten``: the page was to
+    receive bytes and its first wrong word still holds the decode's own tag (nothing landed
+    there, as opposed to bytes from the wrong place).
     """
 
     buffer: str
@@ -162,6 +164,7 @@ class Mismatch:
     bad_words: int
     expected: str
     found: str
+    unwritten: bool = False
 
     def describe(self) -> str:
         unit = "slot" if self.buffer.startswith("aux") else "page"
@@ -177,13 +180,16 @@ class PoolReport:
 
     ``bytes_verified`` counts bytes of destination pages that were expected to
     receive data and hold exactly the right bytes; ``bytes_untouched_checked``
-    counts bytes of pages that had to stay untouched and did.
+    counts bytes of pages that had to stay untouched and did; ``unwritten_pages`` counts
+    pages that were to receive bytes and still hold the decode's own (R-XFER-2 when the room
+    reads Success then).
     """
 
     bytes_verified: int = 0
     bytes_untouched_checked: int = 0
     mismatches: list[Mismatch] = field(default_factory=list)
     mismatch_pages: int = 0
+    unwritten_pages: int = 0
 
     @property
     def ok(self) -> bool:
@@ -196,6 +202,8 @@ class PoolReport:
             "bytes_untouched_checked": self.bytes_untouched_checked,
             "mismatch_pages": self.mismatch_pages,
             "mismatches": [m.describe() for m in self.mismatches],
+            "unwritten_pages": self.unwritten_pages,
+            "unwritten": [m.describe() for m in self.mismatches if m.unwritten],
         }
 
 
@@ -248,10 +256,12 @@ def verify_buffer(
                 report.bytes_untouched_checked += page_bytes
             continue
         report.mismatch_pages += 1
-        if len(report.mismatches) >= max_listed:
-            continue
         idx = int(bad[page].nonzero()[0])
         want, got = Tag.decode(int(exp_words[page, idx])), Tag.decode(int(got_words[page, idx]))
+        unwritten = page in received and got.side == DECODE
+        report.unwritten_pages += unwritten
+        if len(report.mismatches) >= max_listed:
+            continue
         expected, found = want.describe(), got.describe()
         if spec.heads is not None and spec.kind != AUX:  # name the head slice: where it is, whose it holds
             expected = f"{expected} {spec.heads.where(want.word, page_bytes)}"
@@ -267,6 +277,7 @@ def verify_buffer(
                 bad_words=int(bad[page].sum()),
                 expected=expected,
                 found=found,
+                unwritten=unwritten,
             )
         )
 
