@@ -3,7 +3,9 @@
 Prefill A has served a room to the end and both sides cleared it; the decode then holds
 a room bound to A in every other state: Bootstrapping (its receiver made, its pages not yet
 requested), WaitingForInput, Transferring (its first chunk was sent) and concluded (Success
-on both sides, not yet cleared), and one room bound to prefill B.  A's process is killed
+on both sides, not yet cleared), and one room bound to prefill B.  One more room of A ends
+and is cleared on both sides while those are bound to A (clearing one room must not stop the
+heartbeat of a prefill other rooms are still bound to).  A's process is killed
 (SIGKILL: no goodbye).  A's open rooms must become Failed within the
 decode's heartbeat window plus 5 s, with a reason naming A (R-HB-1, R-REASON-1), the
 Bootstrapping one too, and whatever clearing the first room did to A's bookkeeping;
@@ -15,7 +17,8 @@ the generic every-trail-terminal), and its bytes stay in place.
 open and its health endpoint accepts connections but never answers, so each probe waits
 out its own timeout, and R-HB-1 allows 10 s of slack instead of 5.  A is thawed at the end,
 after the pools were verified: what it then sends for its failed rooms must not change them
-(R-TERM-1), and its threads must be alive (R-LIVE-2).
+(R-TERM-1), its threads must be alive (R-LIVE-2), and a new room to A must succeed with its
+bytes in place: a prefill that answers again is served again (R-HB-1).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from harness.spec.steps import (AwaitStatus, Clear, FreezeRole, InitSender, Kill
                                 StartRoles, ThawRole)
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, full_room, open_and_request, send_all, verify
 
-WIDE = replace(LAYOUT, num_pages=24, aux_slots=8)  # seven rooms, each its own pages and aux slot
+WIDE = replace(LAYOUT, num_pages=27, aux_slots=9)  # nine rooms, each its own pages and aux slot
 A, B = "prefill-a", "prefill-b"
 SLACK_S = 5.0  # after a kill: the probes are refused at once
 FROZEN_SLACK_S = 10.0  # after a freeze: each probe first waits out its own timeout (R-HB-1)
@@ -41,11 +44,12 @@ WAIT_S = 40.0  # polling bound; the check judges the latency against the window
 def _plan(seed: int):
     planner = RoomAllocator(seed, WIDE)
     return (planner.room(prefill=A), planner.room(prefill=A, chunks=2), planner.room(prefill=B),
-            planner.room(prefill=B), planner.room(prefill=A), planner.room(prefill=A), planner.room(prefill=A))
+            planner.room(prefill=B), planner.room(prefill=A), planner.room(prefill=A), planner.room(prefill=A),
+            planner.room(prefill=A), planner.room(prefill=A))
 
 
 def steps(seed: int, freeze: bool = False):
-    a_waiting, a_transferring, b_held, b_new, a_done, a_cleared, a_bootstrapping = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, a_done, a_cleared, a_bootstrapping, a_late_cleared, a_thawed = _plan(seed)
     return [
         StartRoles(prefills=(A, B), layout=WIDE),
         *full_room(a_cleared), Clear(a_cleared.room, A), Clear(a_cleared.room, "decode"),  # ended before the rest
@@ -59,6 +63,8 @@ def steps(seed: int, freeze: bool = False):
                     must_come=False),
         *open_and_request(b_held),
         AwaitStatus(b_held.room, "decode", (KVPoll.WaitingForInput,), timeout_s=5.0, must_come=False),
+        # ends and is cleared while the others are bound to A: A must stay watched
+        *full_room(a_late_cleared), Clear(a_late_cleared.room, A), Clear(a_late_cleared.room, "decode"),
         Sleep(0.3),  # the first chunk's write lands before the kill
         AwaitStatus(a_bootstrapping.room, "decode", (KVPoll.Bootstrapping,), timeout_s=0.0,
                     label="bootstrapping-before-kill", must_come=False),  # a record of the state it dies in
@@ -72,15 +78,17 @@ def steps(seed: int, freeze: bool = False):
                     must_come=False),  # read again: R-TERM-1 (every-trail-terminal) judges it
         *send_all(b_held), *await_done(b_held),
         *full_room(b_new),
-        verify([a_cleared, a_done, b_held, b_new], unchecked_kv=a_transferring.dst),
+        verify([a_cleared, a_done, b_held, b_new, a_late_cleared], unchecked_kv=a_transferring.dst),
         *([ThawRole(A), Sleep(1.0)] if freeze else []),
         *([AwaitStatus(r.room, "decode", (KVPoll.Failed,), timeout_s=0.0, label=f"{name}-after-thaw", must_come=False)
            for name, r in (("waiting", a_waiting), ("transferring", a_transferring))] if freeze else []),
+        *([*full_room(a_thawed), verify([a_cleared, a_done, b_held, b_new, a_late_cleared, a_thawed],
+                                        unchecked_kv=a_transferring.dst)] if freeze else []),
     ]
 
 
 def checks(seed: int, freeze: bool = False):
-    a_waiting, a_transferring, b_held, b_new, _, _, a_bootstrapping = _plan(seed)
+    a_waiting, a_transferring, b_held, b_new, _, _, a_bootstrapping, _, a_thawed = _plan(seed)
     slack, op = (FROZEN_SLACK_S, Op.FREEZE) if freeze else (SLACK_S, Op.KILL)
     return [
         c.Check("waiting-room-failed", "R-HB-1", failed_after_kill(a_waiting.room, "decode", A, slack, op)),
@@ -97,6 +105,8 @@ def checks(seed: int, freeze: bool = False):
         c.Check("no-dead-thread", "R-LIVE-2", c.no_dead_threads()),
         *([c.Check(f"{name}-stays-failed-after-thaw", "R-TERM-1", c.status_at(f"{name}-after-thaw", (KVPoll.Failed,)))
            for name in ("waiting", "transferring")] if freeze else []),
+        *([c.Check("new-room-after-thaw", "R-HB-1", c.reached_status(a_thawed.room, "decode", KVPoll.Success))]
+          if freeze else []),
     ]
 
 

@@ -83,8 +83,8 @@ def checks(seed: int):
                 c.reached_status(r["bootstrap-timeout"].room, "prefill", KVPoll.Failed)),
         c.Check("waiting-timeout-room", "R-TIMEOUT-2",
                 c.reached_status(r["waiting-timeout"].room, "decode", KVPoll.Failed)),
-        c.Check("prefill-no-residue", "R-RESIDUE-1", c.no_residue(("prefill",), rooms)),
-        c.Check("decode-no-residue", "R-RESIDUE-1", c.no_residue(("decode",), rooms)),
+        c.Check("prefill-no-residue", "R-RESIDUE-1", c.no_residue(("prefill",), rooms, memory_expired=True)),
+        c.Check("decode-no-residue", "R-RESIDUE-1", c.no_residue(("decode",), rooms, memory_expired=True)),
         *pair_healthy(bytes_exact=False),
     ]
 

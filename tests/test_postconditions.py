@@ -104,12 +104,14 @@ def _scenario(opt_out=()) -> Scenario:
 def test_generic_checks_are_added_unless_declared_or_opted_out():
     names = [check.name for check in pc.checks_of(_scenario(), 0)]
     assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear",
-                     "failure-reason-names-cause", "bytes-in-place-at-success", "ack-names-abort-generation"]
+                     "failure-reason-names-cause", "bytes-in-place-at-success", "ack-names-abort-generation",
+                     "every-abort-answered", "every-abort-sent"]
     opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
     assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal",
                                                                 "no-residue-after-clear", "failure-reason-names-cause",
                                                                 "bytes-in-place-at-success",
-                                                                "ack-names-abort-generation"]
+                                                                "ack-names-abort-generation", "every-abort-answered",
+                                                                "every-abort-sent"]
 
 
 def test_the_judge_fails_a_cell_on_a_generic_post_condition():
@@ -264,3 +266,63 @@ def test_an_abort_ack_must_echo_the_generation_of_an_abort_its_decode_sent():
     nameless = [{"room": 7, "generation": None, "sender": 0, "t": 1.0}]
     ok, detail, _ = pc.ack_names_abort_generation(_acks_history(nameless, sent).events)
     assert ok is True and "none to compare" in detail
+
+
+def _abort_history(sent: list[dict], acks: list[dict], deferred: bool = True, killed: bool = False,
+                   end_wall: float = 100.0) -> History:
+    h = History()
+    for role in ("prefill", "decode", "decode.tp1"):
+        op = "start_prefill" if role == "prefill" else "start_decode"
+        h.record("ok", op, role, 0, args={}, value={"deferred_release": deferred})
+    if killed:
+        h.record("nemesis", "kill", "prefill", 3, args={"signal": "SIGKILL"})
+    for role in ("decode", "decode.tp1"):
+        event = h.record("info", "aborts-sent", role, None, args={}, value=[a for a in sent if a["role"] == role])
+        event["wall"] = end_wall
+        h.record("info", "abort-acks", role, None, args={}, value=[a for a in acks if a["role"] == role])
+    return h
+
+
+def test_every_abort_a_decode_rank_sent_must_be_answered_at_that_rank():
+    """R-ABORT-2 (every-abort-answered): the prefill answers the ABORT of decode rank 0 only
+    (planted: its ACKs go to the room's first destination) and rank 1 waits for ever: caught;
+    both ranks answered passes; an ABORT sent less than ACK_DUE_S before the end, one after a
+    prefill kill, and one without deferred release are not judged."""
+    sent = [{"role": "decode", "room": 5, "generation": 2, "t": 10.0},
+            {"role": "decode.tp1", "room": 5, "generation": 2, "t": 10.0}]
+    first_only = [{"role": "decode", "room": 5, "generation": 2, "sender": 0, "t": 10.1}]
+    ok, detail, at = pc.every_abort_answered(_abort_history(sent, first_only).events)
+    assert ok is False and "decode.tp1 room 5: no ABORT_ACK for the ABORT of generation 2" in detail and at
+    both = first_only + [{"role": "decode.tp1", "room": 5, "generation": 2, "sender": 0, "t": 10.1}]
+    ok, detail, _ = pc.every_abort_answered(_abort_history(sent, both).events)
+    assert ok is True and "each of 2 ABORT(s)" in detail
+    young = pc.every_abort_answered(_abort_history(sent, first_only, end_wall=10.0 + pc.ACK_DUE_S / 2).events)
+    assert young[0] is True and "was due" in young[1]
+    assert pc.every_abort_answered(_abort_history(sent, first_only, killed=True).events)[0] is True
+    assert pc.every_abort_answered(_abort_history(sent, first_only, deferred=False).events)[0] is True
+
+
+def test_a_decode_abort_of_a_registered_room_must_send_its_abort_even_when_already_failed():
+    """R-ABORT-1 (every-abort-sent): the decode's room timed out (WaitingForInput -> Failed), then
+    the scheduler aborts it; planted: no ABORT goes out for an already-Failed room, so the
+    prefill keeps writing into its pages: caught.  The ABORT sent passes; a room never
+    registered (Bootstrapping only), one that read Success, and a cell without deferred release
+    are not judged."""
+    def history(trail: list[str], sent: list[dict], deferred: bool = True) -> History:
+        h = History()
+        h.record("ok", "start_decode", "decode", 0, args={}, value={"deferred_release": deferred})
+        _wait(h, "decode", 8, trail, reason="waiting timeout" if trail[-1] == "Failed" else None)
+        h.record("ok", "abort", "decode", 2, args={"room": 8})
+        h.record("info", "aborts-sent", "decode", None, args={}, value=sent)
+        return h
+
+    timed_out = ["WaitingForInput", "Failed"]
+    ok, detail, at = pc.every_abort_sent(history(timed_out, []).events)
+    assert ok is False and "decode room 8: abort() of a registered room that never read Success sent no ABORT" in detail
+    assert at is not None
+    ok, detail, _ = pc.every_abort_sent(history(timed_out, [{"room": 8, "generation": 1, "t": 5.0}]).events)
+    assert ok is True and "each of 1 abort() call(s)" in detail
+    assert "no decode aborted" in pc.every_abort_sent(history(["Bootstrapping"], []).events)[1]
+    assert "no decode aborted" in pc.every_abort_sent(history(["WaitingForInput", "Success"], []).events)[1]
+    ok, detail, _ = pc.every_abort_sent(history(timed_out, [], deferred=False).events)
+    assert ok is True and "none to judge" in detail

@@ -446,10 +446,11 @@ def no_log_matching(role: str, pattern: str) -> Checker:
     return fn
 
 
-def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None) -> Checker:
+def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None, memory_expired: bool = False) -> Checker:
     """At the last observation of each of ``roles``, the manager holds no per-room state
-    (for ``rooms`` when given); the bounded memory of ended generations is allowed
-    (R-RESIDUE-1, R-REUSE-1)."""
+    (for ``rooms`` when given); the bounded memory of ended generations (an observation's
+    ``remembered``) is allowed, unless ``memory_expired``: the scenario waited out its bound
+    (the bootstrap timeout, R-REUSE-1), so quiescence includes its expiry (R-RESIDUE-1)."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         observed, problems = observations(events)
@@ -461,6 +462,9 @@ def no_residue(roles: tuple[str, ...], rooms: tuple[int, ...] | None = None) -> 
             for room, paths in sorted(observed[role]["rooms"].items(), key=lambda kv: str(kv[0])):
                 if rooms is None or int(room) in rooms:
                     left.append(f"{role} room {room}: {', '.join(sorted(set(paths)))}")
+            for room, paths in (observed[role].get("remembered") or {}).items() if memory_expired else ():
+                if rooms is None or int(room) in rooms:
+                    left.append(f"{role} room {room}: {', '.join(sorted(set(paths)))} (ended generations, past bound)")
         if left:
             return False, "state left after clear: " + "; ".join(left[:8])
         partial = [f"{role}: {observed[role]['residue_incomplete']}" for role in roles

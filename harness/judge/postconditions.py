@@ -36,7 +36,13 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   judges those copies too, so a Success reported before its last byte landed fails even
   when the byte lands a moment later;
 * ``ack-names-abort-generation`` (R-ABORT-2): every ABORT_ACK a decode received echoes the
-  generation of an ABORT that decode sent for the room, at most once per sender.
+  generation of an ABORT that decode sent for the room, at most once per sender;
+* ``every-abort-answered`` (R-ABORT-2): with deferred KV release on, every ABORT generation a
+  decode (each decode rank on its own) sent got at least one ABORT_ACK naming it back at that
+  decode, once the ACK was due (see :func:`every_abort_answered`);
+* ``every-abort-sent`` (R-ABORT-1): with deferred KV release on, each decode ``abort()`` of a
+  room whose registration it sent and that never read Success sent an ABORT, whatever the
+  room's status (see :func:`every_abort_sent`).
 
 A scenario opts out of one only with a stated reason (harness.spec.scenario.Scenario
 ``opt_out``, in the scenario's source; ``pdconform list`` shows every opt-out).
@@ -51,6 +57,7 @@ from harness.spec.protocol import KVPoll, kvpoll_name
 TERMINAL = (kvpoll_name(KVPoll.Success), kvpoll_name(KVPoll.Failed))
 # a role's lifecycle starts again (its rooms are new) when it is started or restarted
 _RESTARTS = (Op.START_PREFILL, Op.START_DECODE, Op.RESTART)
+START_DECODE_OPS = (Op.START_DECODE,)
 
 
 def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
@@ -297,6 +304,152 @@ def ack_names_abort_generation(events: list[dict]) -> tuple[bool | None, str, in
     return True, f"each of {judged} ABORT_ACK(s) echoes a generation its decode's ABORT named, once", None
 
 
+#: seconds an ABORT_ACK may take after its ABORT when no engine fault delays the drain:
+#: R-ABORT-1's 2 s for the prefill to act on the ABORT, plus its answer's way back
+ACK_DUE_S = 5.0
+#: after the transfer timeout declared a stuck write lost (R-TIMEOUT-3), the drain is over
+LOST_WRITE_SLACK_S = 5.0
+#: nemesis steps after which a prefill may be unable to answer (dead, frozen, cut off, restarted)
+_PREFILL_SILENCED = (Op.KILL, Op.FREEZE, Op.RESTART, Op.NETWORK)
+
+
+def _ack_due_s(events: list[dict]) -> float:
+    """Seconds after an ABORT by which its ABORT_ACK is due in this cell: ACK_DUE_S, plus every
+    delay an engine fault plan adds to a write (the drain waits for it); with writes that never
+    complete, the prefill's waiting timeout (R-TIMEOUT-3 declares them lost) plus
+    LOST_WRITE_SLACK_S."""
+    due = ACK_DUE_S
+    for e in events:
+        if e["op"] != Op.ENGINE_FAULTS:
+            continue
+        plan = (e.get("args") or {}).get("plan") or e.get("args") or {}
+        if plan.get("never_complete"):
+            waits = [fact(events, r, "waiting_timeout_s") for r in {x["role"] for x in events if _is_prefill(x["role"])}]
+            waits = [w for w in waits if isinstance(w, (int, float)) and not isinstance(w, bool)]
+            due = max(due, (max(waits) if waits else float("inf")) + LOST_WRITE_SLACK_S + ACK_DUE_S)
+        due = max(due, ACK_DUE_S + sum(float(plan.get(k) or 0.0) for k in ("delay_s", "slow_s", "aux_delay_s")))
+    return due
+
+
+def prefill_silenced(events: list[dict]) -> bool:
+    """Whether a prefill was killed, frozen, restarted or cut off by a network fault in this
+    cell (any network fault counts: it may cut a prefill's way back)."""
+    return any(e["type"] == Event.NEMESIS and e["op"] in _PREFILL_SILENCED and (_is_prefill(e["role"]) or e["op"] == Op.NETWORK)
+               for e in events)
+
+
+def every_abort_answered(events: list[dict]) -> tuple[bool | None, str, int | None]:
+    """R-ABORT-2 on every ABORT every decode (and decode rank) sent: with deferred KV release on
+    (the decode's start fact ``deferred_release``), the prefill answers each ABORT generation
+    with an ABORT_ACK, once its writes for the room drained, and at once for a generation it
+    never served; so each (room, generation) in a decode's ``aborts_sent`` has an ABORT_ACK
+    naming it among that decode's ``abort_acks``, unless the ABORT was sent less than the ACK's
+    due time (:func:`_ack_due_s`, seconds) before the cell's end.  Not judged: ABORTs that name
+    no generation, rooms whose ABORT frames a scenario injected, cells in which a prefill
+    was killed, frozen, restarted or cut off by a network fault (it may be unable to answer),
+    and cells in which the engine failed a write (whether a failed write counts as drained is
+    R-ABORT-3's, a SHOULD, judged by the scenarios that fail one)."""
+    if prefill_silenced(events):
+        return True, "not judged: a prefill was killed, frozen, restarted or cut off in this cell, so no ABORT_ACK " \
+            "is owed", None
+    if any(e["op"] == Op.ENGINE_FAULT and (e.get("value") or {}).get("fault") == "fail" for e in events):
+        return True, "not judged: the engine failed a write in this cell (R-ABORT-3 judges its ACK)", None
+    injected = {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+    due = _ack_due_s(events)
+    acked: dict[str, set] = {}
+    for e in events:
+        if e["op"] == Op.ABORT_ACKS:
+            acked.setdefault(e["role"], set()).update((a.get("room"), a.get("generation")) for a in e.get("value") or ())
+    missing, judged, at = [], 0, None
+    for e in events:
+        if e["op"] != Op.ABORTS_SENT or fact(events, e["role"], "deferred_release") is not True:
+            continue
+        for a in e.get("value") or ():
+            room, generation, sent = a.get("room"), a.get("generation"), a.get("t")
+            if generation is None or room in injected or not isinstance(sent, (int, float)) \
+                    or e.get("wall", 0.0) - sent < due:
+                continue
+            judged += 1
+            if (room, generation) not in acked.get(e["role"], set()):
+                missing.append(f"{e['role']} room {room}: no ABORT_ACK for the ABORT of generation {generation} "
+                               f"{e.get('wall', 0.0) - sent:.1f} s before the end of the cell (due within {due:g} s)")
+                at = e["seq"] if at is None else at
+    if missing:
+        return False, "; ".join(missing[:4]), at
+    if not judged:
+        return True, "no ABORT a decode sent with deferred release on was due an ABORT_ACK by the end of the cell", None
+    return True, f"each of {judged} ABORT(s) got an ABORT_ACK naming its generation back at the decode that sent it", None
+
+
+def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, float, int]]:
+    """``(decode role, room, wall clock its lifecycle began, seq)`` of each decode ``abort()`` of
+    a room whose registration had been sent (read WaitingForInput or Transferring in this
+    lifecycle, on the decode or on a prefill, which has it then) and that the decode never read
+    Success; a decode lifecycle ends at its ``clear`` of the room or its restart."""
+    began: dict[tuple[str, int], float] = {}
+    seen: dict[tuple[str, int], set] = {}
+    registered: set[int] = set()  # rooms a prefill read WaitingForInput or Transferring since the decode's clear
+    owed = []
+    for e in events:
+        role, room = e.get("role"), (e.get("args") or {}).get("room")
+        if e["op"] in _RESTARTS and e["type"] in (Event.OK, Event.NEMESIS):
+            seen = {k: v for k, v in seen.items() if k[0] != role}
+            continue
+        if role is None or room is None or e["type"] != Event.OK:
+            continue
+        value = e.get("value") if isinstance(e.get("value"), dict) else {}
+        if e["op"] == Op.AWAIT_STATUS:
+            reads = set(value.get("trail") or ()).union(*[r.get("trail") or () for r in (value.get("ranks") or {}).values()
+                                                         if isinstance(r, dict)])
+            if _is_prefill(role):
+                registered |= {room} if reads & {"WaitingForInput", "Transferring"} else set()
+            else:
+                seen.setdefault((role, room), set()).update(reads)
+        elif e["op"] == Op.CLEAR and not _is_prefill(role):
+            registered.discard(room)
+            seen.pop((role, room), None)
+            began[(role, room)] = e.get("wall", 0.0)
+        elif e["op"] == Op.ABORT and not _is_prefill(role):
+            reads = seen.get((role, room), set()) | ({"WaitingForInput"} if room in registered else set())
+            if reads & {"WaitingForInput", "Transferring"} and "Success" not in reads:
+                owed.append((role, room, began.get((role, room), 0.0), e["seq"]))
+    return owed
+
+
+def every_abort_sent(events: list[dict]) -> tuple[bool | None, str, int | None]:
+    """R-ABORT-1 from the decode's side: with deferred KV release on, a decode's ``abort()`` of a
+    room whose registration it had sent and that it never read Success
+    (:func:`_aborts_of_registered_rooms`) sends an ABORT naming the lifecycle's generation,
+    whatever the room's status then (Failed by its own timer, the heartbeat or a failure it
+    heard of included): the prefill may still hold the room and write into its pages, and only
+    the ABORT_ACK makes them reusable (R-ABORT-2).  Judged on the decode's ``aborts_sent`` (any
+    of its ranks) since the lifecycle began; rooms whose ABORT a scenario injected are not."""
+    owed = _aborts_of_registered_rooms(events)
+    if not owed:
+        return True, "no decode aborted a registered room that had not succeeded", None
+    sent: dict[tuple[str, int], list[float]] = {}
+    deferred: set[str] = set()
+    for e in events:
+        if e["op"] == Op.ABORTS_SENT:
+            for a in e.get("value") or ():
+                sent.setdefault((e["role"].split(".")[0], a.get("room")), []).append(a.get("t") or 0.0)
+        elif e["op"] in START_DECODE_OPS and e["type"] == Event.OK and (e.get("value") or {}).get("deferred_release") is True:
+            deferred.add(str(e["role"]).split(".")[0])
+    injected = {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+    missing, judged = [], 0
+    for role, room, since, seq in owed:
+        if role.split(".")[0] not in deferred or room in injected:
+            continue
+        judged += 1
+        if not any(t >= since for t in sent.get((role.split(".")[0], room), ())):
+            missing.append((f"{role} room {room}: abort() of a registered room that never read Success sent no ABORT", seq))
+    if missing:
+        return False, "; ".join(m for m, _ in missing[:4]), missing[0][1]
+    if not judged:
+        return True, "no abort() of a registered room with deferred release on, so none to judge", None
+    return True, f"each of {judged} abort() call(s) of a registered, unsucceeded room sent its ABORT", None
+
+
 GENERIC = (
     ("every-trail-terminal", "R-TERM-1", lambda: every_trail_terminal),
     ("every-failure-has-reason", "R-REASON-1", lambda: every_failure_has_reason),
@@ -305,6 +458,8 @@ GENERIC = (
     ("failure-reason-names-cause", "R-REASON-1", lambda: failure_reason_names_cause),
     ("bytes-in-place-at-success", "R-XFER-2", lambda: bytes_in_place_at_success),
     ("ack-names-abort-generation", "R-ABORT-2", lambda: ack_names_abort_generation),
+    ("every-abort-answered", "R-ABORT-2", lambda: every_abort_answered),
+    ("every-abort-sent", "R-ABORT-1", lambda: every_abort_sent),
 )
 
 
