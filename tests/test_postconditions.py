@@ -326,3 +326,6 @@ def test_a_decode_abort_of_a_registered_room_must_send_its_abort_even_when_alrea
     assert "no decode aborted" in pc.every_abort_sent(history(["WaitingForInput", "Success"], []).events)[1]
     ok, detail, _ = pc.every_abort_sent(history(timed_out, [], deferred=False).events)
     assert ok is True and "none to judge" in detail
+    concluded_unread = history(["WaitingForInput"], [])  # it had concluded before the abort, unread
+    _wait(concluded_unread, "decode", 8, ["Success"])
+    assert "no decode aborted" in pc.every_abort_sent(concluded_unread.events)[1]

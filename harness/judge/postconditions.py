@@ -384,16 +384,21 @@ def every_abort_answered(events: list[dict]) -> tuple[bool | None, str, int | No
 def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, float, int]]:
     """``(decode role, room, wall clock its lifecycle began, seq)`` of each decode ``abort()`` of
     a room whose registration had been sent (read WaitingForInput or Transferring in this
-    lifecycle, on the decode or on a prefill, which has it then) and that the decode never read
-    Success; a decode lifecycle ends at its ``clear`` of the room or its restart."""
+    lifecycle on the decode, or on a prefill after the decode's RequestKV of it, which the
+    prefill then has) and that the decode never read Success, before the abort or after it (a
+    room that had concluded Success unread stays Success, R-TERM-1: its abort has nothing to
+    stop); a decode lifecycle ends at its ``clear`` of the room or its restart."""
     began: dict[tuple[str, int], float] = {}
     seen: dict[tuple[str, int], set] = {}
-    registered: set[int] = set()  # rooms a prefill read WaitingForInput or Transferring since the decode's clear
+    requested: set[tuple[str, int]] = set()  # the decode's RequestKV in its current lifecycle
+    since: dict[tuple[str, int], int] = {}  # seq of the decode's last clear of the room
+    registered: set[int] = set()  # of those, rooms a prefill read WaitingForInput or Transferring since
     owed = []
     for e in events:
         role, room = e.get("role"), (e.get("args") or {}).get("room")
         if e["op"] in _RESTARTS and e["type"] in (Event.OK, Event.NEMESIS):
             seen = {k: v for k, v in seen.items() if k[0] != role}
+            requested = {k for k in requested if k[0] != role}
             continue
         if role is None or room is None or e["type"] != Event.OK:
             continue
@@ -402,11 +407,21 @@ def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, floa
             reads = set(value.get("trail") or ()).union(*[r.get("trail") or () for r in (value.get("ranks") or {}).values()
                                                          if isinstance(r, dict)])
             if _is_prefill(role):
-                registered |= {room} if reads & {"WaitingForInput", "Transferring"} else set()
+                asked = any(k[1] == room for k in requested)
+                registered |= {room} if asked and reads & {"WaitingForInput", "Transferring"} else set()
             else:
                 seen.setdefault((role, room), set()).update(reads)
+                if "Success" in reads:
+                    owed = [o for o in owed if (o[0], o[1]) != (role, room) or o[3] < since.get((role, room), -1)]
+        elif e["op"] == Op.REQUEST_KV and not _is_prefill(role):
+            requested.add((role, room))
         elif e["op"] == Op.CLEAR and not _is_prefill(role):
+            before = value.get("before") if isinstance(value.get("before"), dict) else {}
+            if "Success" in (before.get("poll"), before.get("map")):  # read afresh just before the clear
+                owed = [o for o in owed if (o[0], o[1]) != (role, room) or o[3] < since.get((role, room), -1)]
+            since[(role, room)] = e["seq"]
             registered.discard(room)
+            requested.discard((role, room))
             seen.pop((role, room), None)
             began[(role, room)] = e.get("wall", 0.0)
         elif e["op"] == Op.ABORT and not _is_prefill(role):
