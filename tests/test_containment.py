@@ -75,7 +75,7 @@ def sampling(workdir):
         sampler.join()
 
 
-def _lingering(scenario_id: str, seconds: float = 1.0):
+def _lingering(scenario_id: str, seconds: float = 3.0):
     """The scenario with its roles kept up ``seconds`` longer at the end, so the 20 ms sampler
     sees every listener even when other tests load the machine (make test runs three workers)."""
     from dataclasses import replace
