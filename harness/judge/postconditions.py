@@ -57,7 +57,6 @@ from harness.spec.protocol import KVPoll, kvpoll_name
 TERMINAL = (kvpoll_name(KVPoll.Success), kvpoll_name(KVPoll.Failed))
 # a role's lifecycle starts again (its rooms are new) when it is started or restarted
 _RESTARTS = (Op.START_PREFILL, Op.START_DECODE, Op.RESTART)
-START_DECODE_OPS = (Op.START_DECODE,)
 
 
 def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
@@ -266,6 +265,11 @@ def bytes_in_place_at_success(events: list[dict]) -> tuple[bool | None, str, int
 _INJECTED_ABORTS = (Op.INJECT_ABORT, Op.INJECT_CAPTURED, Op.CAPTURE, Op.INJECT)
 
 
+def _injected_abort_rooms(events: list[dict]) -> set:
+    """The rooms whose ABORT frames a scenario injected (:data:`_INJECTED_ABORTS`)."""
+    return {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+
+
 def ack_names_abort_generation(events: list[dict]) -> tuple[bool | None, str, int | None]:
     """R-ABORT-2 on every ABORT_ACK every decode (and decode rank) received: it names the
     generation of an ABORT that decode sent for that room (its ``aborts_sent``, recorded at
@@ -273,7 +277,7 @@ def ack_names_abort_generation(events: list[dict]) -> tuple[bool | None, str, in
     answers one room generation twice.  ACKs that name no generation, rooms of a decode that
     recorded no generation for them, and rooms whose ABORT frames a scenario injected are
     not judged."""
-    injected = {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+    injected = _injected_abort_rooms(events)
     sent: dict[tuple[str, int], set] = {}
     for e in events:
         if e["op"] == Op.ABORTS_SENT:
@@ -322,7 +326,7 @@ def _ack_due_s(events: list[dict]) -> float:
     for e in events:
         if e["op"] != Op.ENGINE_FAULTS:
             continue
-        plan = (e.get("args") or {}).get("plan") or e.get("args") or {}
+        plan = e.get("args") or {}  # the EngineFaultPlan's fields (harness.drive.executors.nemesis)
         if plan.get("never_complete"):
             waits = [fact(events, r, "waiting_timeout_s") for r in {x["role"] for x in events if _is_prefill(x["role"])}]
             waits = [w for w in waits if isinstance(w, (int, float)) and not isinstance(w, bool)]
@@ -354,7 +358,7 @@ def every_abort_answered(events: list[dict]) -> tuple[bool | None, str, int | No
             "is owed", None
     if any(e["op"] == Op.ENGINE_FAULT and (e.get("value") or {}).get("fault") == "fail" for e in events):
         return True, "not judged: the engine failed a write in this cell (R-ABORT-3 judges its ACK)", None
-    injected = {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+    injected = _injected_abort_rooms(events)
     due = _ack_due_s(events)
     acked: dict[str, set] = {}
     for e in events:
@@ -394,6 +398,10 @@ def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, floa
     since: dict[tuple[str, int], int] = {}  # seq of the decode's last clear of the room
     registered: set[int] = set()  # of those, rooms a prefill read WaitingForInput or Transferring since
     owed = []
+
+    def concluded(role: str, room: int) -> list:  # read Success: this lifecycle's aborts owe nothing
+        return [o for o in owed if (o[0], o[1]) != (role, room) or o[3] < since.get((role, room), -1)]
+
     for e in events:
         role, room = e.get("role"), (e.get("args") or {}).get("room")
         if e["op"] in _RESTARTS and e["type"] in (Event.OK, Event.NEMESIS):
@@ -412,13 +420,13 @@ def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, floa
             else:
                 seen.setdefault((role, room), set()).update(reads)
                 if "Success" in reads:
-                    owed = [o for o in owed if (o[0], o[1]) != (role, room) or o[3] < since.get((role, room), -1)]
+                    owed = concluded(role, room)
         elif e["op"] == Op.REQUEST_KV and not _is_prefill(role):
             requested.add((role, room))
         elif e["op"] == Op.CLEAR and not _is_prefill(role):
             before = value.get("before") if isinstance(value.get("before"), dict) else {}
             if "Success" in (before.get("poll"), before.get("map")):  # read afresh just before the clear
-                owed = [o for o in owed if (o[0], o[1]) != (role, room) or o[3] < since.get((role, room), -1)]
+                owed = concluded(role, room)
             since[(role, room)] = e["seq"]
             registered.discard(room)
             requested.discard((role, room))
@@ -443,17 +451,13 @@ def every_abort_sent(events: list[dict]) -> tuple[bool | None, str, int | None]:
     if not owed:
         return True, "no decode aborted a registered room that had not succeeded", None
     sent: dict[tuple[str, int], list[float]] = {}
-    deferred: set[str] = set()
-    for e in events:
-        if e["op"] == Op.ABORTS_SENT:
-            for a in e.get("value") or ():
-                sent.setdefault((e["role"].split(".")[0], a.get("room")), []).append(a.get("t") or 0.0)
-        elif e["op"] in START_DECODE_OPS and e["type"] == Event.OK and (e.get("value") or {}).get("deferred_release") is True:
-            deferred.add(str(e["role"]).split(".")[0])
-    injected = {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+    for e in (e for e in events if e["op"] == Op.ABORTS_SENT):
+        for a in e.get("value") or ():
+            sent.setdefault((e["role"].split(".")[0], a.get("room")), []).append(a.get("t") or 0.0)
+    injected = _injected_abort_rooms(events)
     missing, judged = [], 0
     for role, room, since, seq in owed:
-        if role.split(".")[0] not in deferred or room in injected:
+        if fact(events, role, "deferred_release") is not True or room in injected:
             continue
         judged += 1
         if not any(t >= since for t in sent.get((role.split(".")[0], room), ())):
