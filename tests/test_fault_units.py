@@ -120,3 +120,31 @@ def test_an_engine_fault_plan_can_go_to_one_rank_of_a_role():
     assert d.calls == [("prefill.pp1", "set_engine_faults", 1), ("prefill", "set_engine_faults", 2)]
     with pytest.raises(CellAborted, match="runs 2 process"):
         nemesis.engine_faults(d, EngineFaults("prefill", slow_nth=1, slow_s=1.0, rank=2))
+
+
+class _Engine:
+    """The one call of sglang's MooncakeTransferEngine the wrapper forwards (it counts them)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def batch_transfer_sync(self, session_id, buffers, peer_buffer_addresses, lengths) -> int:
+        self.calls += 1
+        return 0
+
+
+@pytest.mark.parametrize("slow_s, returns, forwarded", [(0.2, 0, 1), (5.0, -1, 0)])
+def test_a_mooncake_batch_slower_than_the_engine_timeout_fails_at_the_timeout(monkeypatch, slow_s, returns, forwarded):
+    """The real engine gives up on a batch after MC_TRANSFER_TIMEOUT seconds: a planned slow
+    batch within it runs late; one beyond it returns -1 at the timeout and moves no bytes."""
+    from backends.mooncake.adapter import FaultyMooncakeEngine
+
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "0.5")
+    real = _Engine()
+    engine = FaultyMooncakeEngine(real, EngineFaultCounter(EngineFaultPlan(slow_nth=1, slow_s=slow_s)))
+    begin = time.monotonic()
+    assert engine.batch_transfer_sync("peer", [0], [0], [8]) == returns
+    assert real.calls == forwarded
+    assert min(slow_s, 0.5) - 0.05 <= time.monotonic() - begin < min(slow_s, 0.5) + 2.0
+    assert engine.batch_transfer_sync("peer", [0], [0], [8]) == 0  # the next batch is not slow
+    assert real.calls == forwarded + 1

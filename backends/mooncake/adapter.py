@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from backends.sglang_common import SglangCommonRole
-from harness.role.faults import FAIL, NEVER, NEVER_BLOCK_S, EngineFaultCounter
+from harness.role.faults import FAIL, NEVER, NEVER_BLOCK_S, SLOW, EngineFaultCounter
 
 
 def engine_transfer_timeout_s() -> float:
@@ -38,7 +39,9 @@ class FaultyMooncakeEngine:
     finish: it blocks for the engine's own wall-clock transfer timeout
     (``MC_TRANSFER_TIMEOUT`` seconds, 30 by default, read from the role's
     environment like the engine reads it) and returns -1 (sglang's
-    ``_poison_unsettled_send`` describes that return); no bytes move.
+    ``_poison_unsettled_send`` describes that return); no bytes move.  The plan's slow
+    transfer runs ``slow_s`` late, unless that is at or past the engine's timeout: then
+    it is a batch that does not finish in time, as above.
     """
 
     def __init__(self, real, counter: EngineFaultCounter):
@@ -49,12 +52,18 @@ class FaultyMooncakeEngine:
     def batch_transfer_sync(self, session_id, buffers, peer_buffer_addresses, lengths) -> int:
         group_fails = self._counter.next_group()
         what = f"batch_transfer_sync of {len(buffers)} block(s), {sum(lengths)} bytes, to {session_id}"
-        verdict = self._counter.next_transfer(what, group_fails)
+        verdict = self._counter.next_transfer(what, group_fails, defer_slow=True)
         if verdict == FAIL:
             return -1
         if verdict == NEVER:
             self._never.wait(min(NEVER_BLOCK_S, engine_transfer_timeout_s()))
             return -1
+        if verdict == SLOW:  # the real engine gives up on a batch at its own timeout, slow or not
+            limit = engine_transfer_timeout_s()
+            if self._counter.plan.slow_s >= limit:
+                self._never.wait(min(NEVER_BLOCK_S, limit))
+                return -1
+            time.sleep(self._counter.plan.slow_s)
         return self._real.batch_transfer_sync(session_id, buffers, peer_buffer_addresses, lengths)
 
     def __getattr__(self, name):
