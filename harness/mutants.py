@@ -14,6 +14,7 @@ other requirements is not caught: the suite found something, but not the bug pla
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,59 @@ def _catching(cell: CellResult, requirement: str, control_failed: set[tuple[str,
             and (cell.scenario, check["name"]) not in control_failed]
 
 
+class EarlyStop:
+    """A mutant needs one catching cell: once a finished cell of it fails a check citing its
+    requirement, its cells not yet started are skipped (the run's ``Callbacks``: ``on_cell``
+    judges each finished mutant cell, ``skip`` answers the scheduler, for the reruns alone too;
+    a cell that failed only on timing bounds while starved catches nothing here, since its rerun
+    alone decides).  :meth:`priority` puts
+    each mutant's cells of the scenarios citing its requirement first, so the cell likeliest
+    to catch it runs before the rest.  The verdicts and the score still come from the run's
+    result tree (:func:`outcomes`); this only decides what need not run.
+
+    ``planted``: impl name -> its ``planted`` dict; ``scenarios``: id -> Scenario; ``seed``:
+    the run's.  Thread-safe (the scheduler calls from its worker threads)."""
+
+    def __init__(self, planted: dict[str, dict], scenarios: dict, seed: int):
+        self.planted, self.scenarios, self.seed = planted, scenarios, seed
+        self.caught: set[str] = set()
+        self.skipped = 0
+        self._lock = threading.Lock()
+
+    def priority(self) -> dict[tuple[str, str], int]:
+        """(scenario id, impl) -> when a mutant's cell starts (lower first; the control's cells,
+        absent, start first): the scenarios citing its requirement before its others, and within
+        each the shortest first (tenths of a second of inherent wait), so a mutant a short cell
+        catches never waits out its long ones."""
+        return {(sid, impl): (0 if bug["requirement"] in sc.requirements else 1) * 10**6
+                + 1 + round(10 * sc.inherent_wait_s(self.seed))
+                for impl, bug in self.planted.items() for sid, sc in self.scenarios.items()}
+
+    def skip(self, impl: str, scenario: str) -> bool:
+        with self._lock:
+            if impl in self.caught:
+                self.skipped += 1
+                return True
+        return False
+
+    def on_cell(self, done: int, total: int, cell) -> None:
+        """Judge a finished mutant cell (harness.drive.runner.CellRun) and note a catch."""
+        from harness.judge.judge import judge_cell
+        from harness.judge.load import needs_alone
+        from harness.spec import history as hist
+
+        bug = self.planted.get(cell.impl)
+        path = Path(cell.workdir) / "history.jsonl"
+        if bug is None or cell.impl in self.caught or not path.is_file():
+            return
+        judged = judge_cell(self.scenarios[cell.scenario], self.seed, hist.load(path), cell.impl, None)
+        if needs_alone(judged):  # failed only on timing bounds while starved: its rerun alone decides
+            return
+        if _catching(judged, bug["requirement"], set()):
+            with self._lock:
+                self.caught.add(cell.impl)
+
+
 def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOutcome], list[dict]]:
     """Each mutant's outcome in ``result`` (``planted``: impl name -> its ``planted`` dict,
     harness.implementations.Implementation), in ``planted``'s order, and the control's
@@ -95,18 +149,24 @@ def score_line(found: list[MutantOutcome]) -> str:
 
 
 def write_mutants(folder: Path, found: list[MutantOutcome], control: list[dict], duration_s: float,
-                  jobs: int) -> tuple[Path, Path]:
+                  jobs: int, skipped: int | None = None) -> tuple[Path, Path]:
     """mutants.json (one entry per mutant: id, requirement, caught, the catching cells) and
-    mutants.md (the catalogue as a table, strings escaped) into ``folder``, atomically."""
+    mutants.md (the catalogue as a table, strings escaped) into ``folder``, atomically.
+    ``skipped``: cells not run because their mutant was already caught (None: every cell ran)."""
     caught = sum(m.caught for m in found)
     data = {"score": {"caught": caught, "total": len(found)}, "duration_s": duration_s, "jobs": jobs,
-            "control": control, "mutants": [asdict(m) for m in found]}
-    return write_json_and_markdown(folder, "mutants", data, mutants_markdown(found, control, duration_s, jobs))
+            "skipped_cells": skipped, "control": control, "mutants": [asdict(m) for m in found]}
+    return write_json_and_markdown(folder, "mutants", data,
+                                   mutants_markdown(found, control, duration_s, jobs, skipped))
 
 
-def mutants_markdown(found: list[MutantOutcome], control: list[dict], duration_s: float, jobs: int) -> str:
+def mutants_markdown(found: list[MutantOutcome], control: list[dict], duration_s: float, jobs: int,
+                     skipped: int | None = None) -> str:
     """The mutant catalogue and what caught each, as Markdown."""
     lines = [f"## pdconform: mutants, {score_line(found)} ({duration_s:.0f} s, --jobs {jobs})", ""]
+    if skipped is not None:
+        lines += [f"Each mutant stopped at its first catch: {skipped} cell(s) of caught mutants were not run, so "
+                  "\"caught by\" names the catching cells that ran (`--all-cells` runs every cell).", ""]
     if control:
         lines += ["The control (the unmutated implementation) did not pass everywhere, so a catch may not be "
                   "the mutant's:", ""]

@@ -48,7 +48,7 @@ class RunConfig:
     (which sglang), ``seed``, ``jobs`` at a time, ``fork`` (from fork servers),
     ``full_waits``, ``engine_settings`` (name -> value, harness.implementations.EngineSetting;
     an unnamed setting keeps its default), ``expectations`` (None: every cell expected to
-    PASS), ``duration_hint`` (harness.drive.scheduler.Schedule), ``reports`` (False: only
+    PASS), ``duration_hint`` and ``priority`` (harness.drive.scheduler.Schedule), ``reports`` (False: only
     results.json and the cells' cell.json, as bench wants), ``bind`` (the IPv4 address roles
     listen on; None: loopback, :func:`cell_network`), ``docs_url`` (the base the reports'
     links to docs/ are made absolute with; "" keeps them relative), ``baseline`` (a stored
@@ -69,6 +69,7 @@ class RunConfig:
     engine_settings: dict[str, int] = field(default_factory=dict)
     expectations: Expectations | None = None
     duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
+    priority: dict[tuple[str, str], int] = field(default_factory=dict)
     reports: bool = True
     bind: str | None = None
     docs_url: str = ""
@@ -160,7 +161,8 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                             for i, h in enumerate(config.hosts)], hosts_spec=config.hosts_spec,
                      hosts_listen=config.hosts_listen, pool_device=config.pool_device)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
-                        full_waits=config.full_waits, duration_hint=dict(config.duration_hint))
+                        full_waits=config.full_waits, duration_hint=dict(config.duration_hint),
+                        priority=dict(config.priority))
     again = _starved_cells(config, folder, callbacks) if config.alone_reruns else None
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks, again=again)
     meta.duration_s = duration
@@ -178,7 +180,8 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
 
 def _starved_cells(config: RunConfig, folder: Path, callbacks: Callbacks | None):
     """The ``again`` of harness.drive.scheduler.run_matrix: from the reported cells' histories,
-    the cells to run once more alone (harness.judge.load.needs_alone), said on ``on_note``."""
+    the cells to run once more alone (harness.judge.load.needs_alone), said on ``on_note``; not
+    one the callbacks' ``skip`` no longer wants (a mutant another cell has caught)."""
     scenarios = {s.id: s for s in config.scenarios}
 
     def again(cells: list[CellRun]) -> list[tuple[str, str]]:
@@ -188,7 +191,7 @@ def _starved_cells(config: RunConfig, folder: Path, callbacks: Callbacks | None)
             if not starved(cell_load(history)):  # the cheap test first: most cells are judged only once, later
                 continue
             judged = judge_cell(scenarios[cell.scenario], config.seed, history, cell.impl, config.expectations)
-            if needs_alone(judged):
+            if needs_alone(judged) and not (callbacks and callbacks.skip and callbacks.skip(cell.impl, cell.scenario)):
                 picked.append(judged)
         if picked and callbacks and callbacks.on_note:
             callbacks.on_note(f"{len(picked)} cell(s) worse than expected only on timing bounds while the machine "

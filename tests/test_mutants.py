@@ -132,3 +132,19 @@ def test_an_inherited_mutant_id_never_reaches_a_role(monkeypatch):
     assert seen == {"reference": None, "mutant.ack-twice": "ack-twice"}
     monkeypatch.delenv(implementations.MUTANTS_ENV)
     assert mutants.apply_from_env() is None  # and without a mutant run, nothing is applied
+
+
+def test_a_mutants_cells_stop_at_its_first_catch(tmp_path):
+    """EarlyStop: the cell of the scenario citing the mutant's requirement runs first (one job)
+    and catches it; its other cell is skipped and said so."""
+    args = [sys.executable, "-m", "harness.cli", "mutants", "--mutant", "ack-twice", "--scenario", "happy-path",
+            "--scenario", "abort-ack-after-drain", "--jobs", "1"]
+    out = subprocess.run([*args, "--out", str(tmp_path / "stop")], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    data = json.loads((tmp_path / "stop" / "latest" / "mutants.json").read_text())
+    assert data["skipped_cells"] == 1 and data["score"] == {"caught": 1, "total": 1}
+    cells = json.loads((tmp_path / "stop" / "latest" / "results.json").read_text())["cells"]
+    assert sorted((c["scenario"], c["impl"]) for c in cells if c["impl"] != "reference") == [
+        ("abort-ack-after-drain", "mutant.ack-twice")]
+    assert "1 cell(s) of caught mutants were not run" in out.stdout

@@ -264,3 +264,23 @@ def test_an_interrupt_while_the_fork_servers_import_stops_at_once(tmp_path):
 def test_more_jobs_than_cells_starts_one_worker_per_cell(tmp_path):
     run = run_cells(["selftest"], [get_scenario("selftest-noop")], tmp_path, jobs=10**12)
     assert [c.verdict for c in run.cells] == ["PASS"]
+
+
+def test_a_skipped_cell_is_not_run_and_priority_orders_the_start(tmp_path):
+    """Callbacks.skip leaves a cell unrun and out of the result; Schedule.priority starts
+    lower priorities first, whatever the expected durations."""
+    from harness.drive.scheduler import Callbacks
+
+    started: list[str] = []
+    run = run_cells(["selftest"], [get_scenario("selftest-noop"), get_scenario("selftest-clean")], tmp_path,
+                    jobs=1, priority={("selftest-clean", "selftest"): 0, ("selftest-noop", "selftest"): 1},
+                    callbacks=Callbacks(on_start=lambda i, n, impl, sc: started.append(sc.id),
+                                        skip=lambda impl, sid: sid == "selftest-noop"))
+    assert started == ["selftest-clean"]
+    assert [(c.scenario, c.verdict) for c in run.cells] == [("selftest-clean", "PASS")]
+    assert not (tmp_path / "cells" / "selftest-noop--selftest").exists()
+    started.clear()
+    run_cells(["selftest"], [get_scenario("selftest-clean"), get_scenario("selftest-noop")], tmp_path / "again",
+              jobs=1, priority={("selftest-clean", "selftest"): 1},
+              callbacks=Callbacks(on_start=lambda i, n, impl, sc: started.append(sc.id)))
+    assert started == ["selftest-noop", "selftest-clean"]

@@ -295,6 +295,22 @@ def soak(
     raise typer.Exit(code=1 if unexplained(done) or any(not f.explained for f in flips(done)) else 0)
 
 
+def _planted(mutant: Optional[List[str]]) -> dict[str, dict]:
+    """impl name -> ``planted`` of the mutants ``pdconform mutants`` runs: those named by
+    ``--mutant`` (a usage error for an unknown id), else all but the ones only a run across
+    hosts reaches (said, not counted as survivors)."""
+    planted = {name: impl.planted for name, impl in _registry().registered().items() if impl.planted}
+    for name, bug in list(planted.items()):
+        if bug.get("across_hosts") and bug["id"] not in (mutant or []):
+            err.print(f"[yellow]note:[/] {escape(bug['id'])} not run: {escape(bug['across_hosts'])}")
+            del planted[name]
+    by_id = {bug["id"]: name for name, bug in planted.items()}
+    unknown = [m for m in (mutant or []) if m not in by_id]
+    if unknown:
+        raise _usage_error(f"unknown --mutant {', '.join(unknown)} (known: {', '.join(by_id)})")
+    return {by_id[m]: planted[by_id[m]] for m in dict.fromkeys(mutant)} if mutant else planted
+
+
 @app.command()
 def mutants(
     mutant: Optional[List[str]] = typer.Option(None, "--mutant", help="Mutant id (repeatable; default all)."),
@@ -303,10 +319,13 @@ def mutants(
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of every scenario."),
     out: Path = typer.Option(Path("reports/out/mutants"), "--out", help="Folder for the runs: each writes "
                              "OUT/runs/<time>/ with the cells, results.json, mutants.json and mutants.md."),
+    all_cells: bool = typer.Option(False, "--all-cells", help="Run every cell of a caught mutant too (default: "
+                                   "a mutant's cells stop at its first catch)."),
 ) -> None:
     """Run the scenarios against every planted-bug mutant of the reference and say which
     check caught each (harness.mutants): a mutant is caught when a cell fails a check citing
-    the requirement the mutant breaks.
+    the requirement the mutant breaks.  A mutant's cells not yet started when one of them
+    caught it are skipped (harness.mutants.EarlyStop), unless ``--all-cells``.
 
     Exit 0 when every mutant was caught and the unmutated reference passed everywhere, 1
     otherwise, 2 on bad usage.
@@ -315,24 +334,14 @@ def mutants(
     import time
 
     from harness import implementations
-    from harness.mutants import outcomes, write_mutants
+    from harness.drive.scheduler import Callbacks
+    from harness.mutants import EarlyStop, outcomes, write_mutants
     from harness.report.safe import terminal
     from harness.session import RunConfig, run_into
     from harness.spec.protocol import REFERENCE
 
     implementations.list_mutants()  # the registry (here and in every cell) lists the mutants
-    registry = _registry()
-    planted = {name: impl.planted for name, impl in registry.registered().items() if impl.planted}
-    for name, bug in list(planted.items()):  # only a run across hosts reaches them: said, not counted as survivors
-        if bug.get("across_hosts") and bug["id"] not in (mutant or []):
-            err.print(f"[yellow]note:[/] {escape(bug['id'])} not run: {escape(bug['across_hosts'])}")
-            del planted[name]
-    by_id = {bug["id"]: name for name, bug in planted.items()}
-    unknown = [m for m in (mutant or []) if m not in by_id]
-    if unknown:
-        raise _usage_error(f"unknown --mutant {', '.join(unknown)} (known: {', '.join(by_id)})")
-    if mutant:
-        planted = {by_id[m]: planted[by_id[m]] for m in dict.fromkeys(mutant)}
+    planted = _planted(mutant)
     if not scenario:  # every scenario, and the cells that check the deployment shapes' requirements
         from harness.mutants import TOPOLOGY_CELLS
         from harness.spec.scenario import all_scenarios
@@ -343,13 +352,16 @@ def mutants(
     out = _out_dir(out)
     target = _target(None, None)
     controls = list(dict.fromkeys(bug["of"] for bug in planted.values()))  # each mutant's parent
+    stop = None if all_cells else EarlyStop(planted, {s.id: s for s in scenarios}, seed)
     config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
-                       jobs=jobs, reports=False)
+                       jobs=jobs, reports=False, priority=stop.priority() if stop else {})
+    callbacks = Callbacks(on_cell=stop.on_cell, skip=stop.skip) if stop else None
     begin = time.monotonic()
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:
-        result = run_into(config, folder)
+        result = run_into(config, folder, callbacks)
         found, control = outcomes(result, planted)
-        _, md_path = write_mutants(folder, found, control, round(time.monotonic() - begin, 1), jobs)
+        _, md_path = write_mutants(folder, found, control, round(time.monotonic() - begin, 1), jobs,
+                                   stop.skipped if stop else None)
     console.print(f"mutants.json, mutants.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
     console.print(terminal(md_path.read_text(), lines=True), markup=False, highlight=False)  # it ends with score_line
     raise typer.Exit(code=0 if all(m.caught for m in found) and not control else 1)

@@ -43,12 +43,16 @@ class Callbacks:
     ``on_start(i, total, impl, scenario)`` when a reported cell starts; ``on_cell(done,
     total, cell_run)`` when one ends; ``on_event(event)`` for each history event of the
     reported cells as it is recorded (use with one job); ``on_note(text)`` for what the
-    user should know (a fork server that could not start)."""
+    user should know (a fork server that could not start); ``skip(impl, scenario id)``,
+    asked just before a reported cell would start (or run once more alone): True leaves it
+    unrun and out of the result, or as first run (``pdconform mutants`` once the cell's
+    mutant was caught)."""
 
     on_start: Callable[[int, int, str, Scenario], None] | None = None
     on_cell: Callable[[int, int, CellRun], None] | None = None
     on_event: Callable[[dict], None] | None = None
     on_note: Callable[[str], None] | None = None
+    skip: Callable[[str, str], bool] | None = None
 
 
 class _Gate:
@@ -98,7 +102,8 @@ class Schedule:
     """One run's cells and how to run them: ``target`` (the sglang), ``seed``, ``jobs``
     at a time, ``fork`` (from fork servers) or fresh interpreters, ``full_waits``
     (harness.spec.steps.STALL_CUT_S), ``duration_hint`` (seconds per (scenario, impl):
-    longest first; default the scenarios' inherent waits)."""
+    longest first; default the scenarios' inherent waits), ``priority`` (per (scenario,
+    impl), default 0: lower starts first, then longest first)."""
 
     target: SglangTarget
     seed: int = 0
@@ -106,6 +111,7 @@ class Schedule:
     fork: bool = True
     full_waits: bool = False
     duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
+    priority: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def fork_group(impl: str) -> str:
@@ -236,8 +242,8 @@ class _Run:
             return None
 
     def work(self, task: _Task) -> CellRun | None:
-        """Run one cell; None when the run is being interrupted (nothing was started)."""
-        if self.stopping.is_set():
+        """Run one cell; None when the run is being interrupted or ``skip`` said so (nothing was started)."""
+        if self.stopping.is_set() or (task.reported and self.cb.skip and self.cb.skip(task.impl, task.scenario.id)):
             return None
         fork_server = self.zygote_for(task.impl)
         if self.stopping.is_set():  # interrupted while the fork server imported: start nothing
@@ -268,12 +274,15 @@ class _Run:
         return cell
 
     def order(self) -> list[int]:
-        """Task indices, longest expected first."""
-        hint = self.schedule.duration_hint
+        """Task indices: by priority, then longest expected first."""
+        hint, priority = self.schedule.duration_hint, self.schedule.priority
         seed = self.schedule.seed
-        return sorted(range(len(self.tasks)),
-                      key=lambda i: -hint.get((self.tasks[i].scenario.id, self.tasks[i].impl),
-                                              self.tasks[i].scenario.inherent_wait_s(seed)))
+
+        def key(i: int) -> tuple[int, float]:
+            cell = (self.tasks[i].scenario.id, self.tasks[i].impl)
+            return priority.get(cell, 0), -hint.get(cell, self.tasks[i].scenario.inherent_wait_s(seed))
+
+        return sorted(range(len(self.tasks)), key=key)
 
     def run_parallel(self) -> list[CellRun | None]:
         """Run every task, ``jobs`` at a time; an interrupt kills the running cells and starts no other."""
@@ -357,7 +366,10 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
         if schedule.fork:
             run.start_fork_servers()
         if schedule.jobs <= 1:  # (run_cell_isolated itself kills an interrupted cell's group)
-            results = [run.work(task) for task in tasks]
+            results: list[CellRun | None] = [None] * len(tasks)
+            for i in sorted(range(len(tasks)), key=lambda i: schedule.priority.get((tasks[i].scenario.id,
+                                                                                    tasks[i].impl), 0)):
+                results[i] = run.work(tasks[i])  # one at a time: in the listed order within a priority
         else:
             results = run.run_parallel()
         if again is not None:
