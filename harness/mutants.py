@@ -32,11 +32,12 @@ from harness.report.safe import md, md_code
 #: aborts where a room has several decode ranks, and the happy path of MLA with a prefill wider
 #: than its decode (its extra ranks send nothing), and registrations that come before their
 #: sender with several decode ranks or prefill stages (each rank parks its own; an ABORT reaches
-#: every stage)
+#: every stage), and aborts of bound rooms where a room has several decode ranks (each rank's ABORT is
+#: answered at that rank)
 TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1", "happy-path@p1-d2",
                   "happy-path@p1pp2-d1", "happy-path@p1-d1dp2", "write-out-of-order@p2-d1",
                   "write-out-of-order@p1pp2-d1", "abort-unguarded@p1-d2", "happy-path@p2-d1-mla",
-                  "decode-first@p1-d2", "decode-first@p1pp2-d1")
+                  "decode-first@p1-d2", "decode-first@p1pp2-d1", "abort-in-every-state@p1-d2")
 
 @dataclass
 class MutantOutcome:
