@@ -101,6 +101,10 @@ class EarlyStop:
                 return True
         return False
 
+    def on_alone(self, cell) -> None:
+        """A cell run once more alone ended: it may catch its mutant (and spare that mutant's other reruns)."""
+        self.on_cell(0, 0, cell)
+
     def on_cell(self, done: int, total: int, cell) -> None:
         """Judge a finished mutant cell (harness.drive.runner.CellRun) and note a catch."""
         from harness.judge.judge import judge_cell

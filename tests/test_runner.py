@@ -284,3 +284,26 @@ def test_a_skipped_cell_is_not_run_and_priority_orders_the_start(tmp_path):
               jobs=1, priority={("selftest-clean", "selftest"): 1},
               callbacks=Callbacks(on_start=lambda i, n, impl, sc: started.append(sc.id)))
     assert started == ["selftest-noop", "selftest-clean"]
+
+
+def test_a_rerun_alone_the_callbacks_skip_is_left_out_and_each_that_ran_is_heard(tmp_path):
+    """run_alone asks ``skip`` before each rerun (one an earlier rerun settled is not run) and
+    tells ``on_alone`` of each that ran."""
+    from types import SimpleNamespace
+
+    from harness.drive.runner import CellRun
+    from harness.drive.scheduler import Callbacks, run_alone
+
+    scenario = get_scenario("selftest-noop")
+    ran, heard = [], []
+
+    def work(task):
+        ran.append(task.impl)
+        return CellRun(task.scenario.id, task.impl, task.workdir, False)
+
+    settled = {"b"}
+    run = SimpleNamespace(tasks=[SimpleNamespace(scenario=scenario)], out_dir=tmp_path, work=work,
+                          cb=Callbacks(skip=lambda impl, sid: impl in settled,
+                                       on_alone=lambda cell: (heard.append(cell.impl), settled.add("c"))))
+    run_alone(run, [("selftest-noop", "a"), ("selftest-noop", "b"), ("selftest-noop", "c")])
+    assert ran == ["a"] and heard == ["a"]

@@ -315,7 +315,7 @@ def _planted(mutant: Optional[List[str]]) -> dict[str, dict]:
 def mutants(
     mutant: Optional[List[str]] = typer.Option(None, "--mutant", help="Mutant id (repeatable; default all)."),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Scenario id (repeatable; default all)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=MAX_JOBS, help="Cells run at once (default: 6 per core)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=MAX_JOBS, help="Cells run at once (default: 8 per core)."),
     seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Seed of every scenario."),
     out: Path = typer.Option(Path("reports/out/mutants"), "--out", help="Folder for the runs: each writes "
                              "OUT/runs/<time>/ with the cells, results.json, mutants.json and mutants.md."),
@@ -348,14 +348,14 @@ def mutants(
 
         scenario = [s.id for s in all_scenarios() if not s.nightly] + list(TOPOLOGY_CELLS)
     _, scenarios = _select([REFERENCE], scenario)
-    jobs = jobs or 6 * (os.cpu_count() or 1)  # reference cells mostly wait on timeouts
+    jobs = jobs or 8 * (os.cpu_count() or 1)  # reference cells mostly wait on timeouts (make matrix's share)
     out = _out_dir(out)
     target = _target(None, None)
     controls = list(dict.fromkeys(bug["of"] for bug in planted.values()))  # each mutant's parent
     stop = None if all_cells else EarlyStop(planted, {s.id: s for s in scenarios}, seed)
     config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs, reports=False, priority=stop.priority() if stop else {})
-    callbacks = Callbacks(on_cell=stop.on_cell, skip=stop.skip) if stop else None
+    callbacks = Callbacks(on_cell=stop.on_cell, skip=stop.skip, on_alone=stop.on_alone) if stop else None
     begin = time.monotonic()
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:
         result = run_into(config, folder, callbacks)

@@ -46,13 +46,14 @@ class Callbacks:
     user should know (a fork server that could not start); ``skip(impl, scenario id)``,
     asked just before a reported cell would start (or run once more alone): True leaves it
     unrun and out of the result, or as first run (``pdconform mutants`` once the cell's
-    mutant was caught)."""
+    mutant was caught); ``on_alone(cell_run)`` when a cell run once more alone ends."""
 
     on_start: Callable[[int, int, str, Scenario], None] | None = None
     on_cell: Callable[[int, int, CellRun], None] | None = None
     on_event: Callable[[dict], None] | None = None
     on_note: Callable[[str], None] | None = None
     skip: Callable[[str, str], bool] | None = None
+    on_alone: Callable[[CellRun], None] | None = None
 
 
 class _Gate:
@@ -335,10 +336,15 @@ def _stop_workers(futures: list) -> None:
 
 def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
     """Run each ``(scenario, impl)`` of ``keys`` once more, one after the other (every other cell
-    has ended), into ``OUT/alone/SCENARIO--IMPL/``; not reported as cells of the run."""
+    has ended), into ``OUT/alone/SCENARIO--IMPL/``; not reported as cells of the run.  One the
+    callbacks' ``skip`` no longer wants is left out; ``on_alone`` hears of each that ran."""
     by_id = {t.scenario.id: t.scenario for t in run.tasks}
     for scenario_id, impl in keys:
-        run.work(_Task(by_id[scenario_id], impl, alone_dir(run.out_dir, scenario_id, impl), False))
+        if run.cb.skip and run.cb.skip(impl, scenario_id):  # an earlier rerun settled what this one would
+            continue
+        cell = run.work(_Task(by_id[scenario_id], impl, alone_dir(run.out_dir, scenario_id, impl), False))
+        if cell is not None and run.cb.on_alone:
+            run.cb.on_alone(cell)
 
 
 def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, schedule: Schedule,
