@@ -69,9 +69,10 @@ def _catching(cell: CellResult, requirement: str, control_failed: set[tuple[str,
 class EarlyStop:
     """A mutant needs one catching cell: once a finished cell of it fails a check citing its
     requirement, its cells not yet started are skipped (the run's ``Callbacks``: ``on_cell``
-    judges each finished mutant cell, ``skip`` answers the scheduler, for the reruns alone too;
-    a cell that failed only on timing bounds while starved catches nothing here, since its rerun
-    alone decides).  :meth:`priority` puts
+    judges each finished cell, ``skip`` answers the scheduler, for the reruns alone too): a
+    mutant's cell catches only once the control's cell of its scenario has ended, on a check the
+    control did not fail, as :func:`outcomes` counts; one that failed only on timing bounds while
+    starved catches nothing until its rerun alone does.  :meth:`priority` puts
     each mutant's cells of the scenarios citing its requirement first, so the cell likeliest
     to catch it runs before the rest.  The verdicts and the score still come from the run's
     result tree (:func:`outcomes`); this only decides what need not run.
@@ -82,7 +83,7 @@ class EarlyStop:
     def __init__(self, planted: dict[str, dict], scenarios: dict, seed: int):
         self.planted, self.scenarios, self.seed = planted, scenarios, seed
         self.caught: set[str] = set()
-        self.skipped = 0
+        self.control_failed: dict[str, set[str]] = {}  # scenario -> the checks its control cell failed
         self._lock = threading.Lock()
 
     def priority(self) -> dict[tuple[str, str], int]:
@@ -96,30 +97,37 @@ class EarlyStop:
 
     def skip(self, impl: str, scenario: str) -> bool:
         with self._lock:
-            if impl in self.caught:
-                self.skipped += 1
-                return True
-        return False
+            return impl in self.caught
 
     def on_alone(self, cell) -> None:
         """A cell run once more alone ended: it may catch its mutant (and spare that mutant's other reruns)."""
-        self.on_cell(0, 0, cell)
+        self._judge(cell, alone=True)
 
     def on_cell(self, done: int, total: int, cell) -> None:
-        """Judge a finished mutant cell (harness.drive.runner.CellRun) and note a catch."""
+        """A cell (harness.drive.runner.CellRun) ended: the control's failures are noted, a mutant's catch too."""
+        self._judge(cell, alone=False)
+
+    def _judge(self, cell, alone: bool) -> None:
         from harness.judge.judge import judge_cell
         from harness.judge.load import needs_alone
         from harness.spec import history as hist
 
         bug = self.planted.get(cell.impl)
         path = Path(cell.workdir) / "history.jsonl"
-        if bug is None or cell.impl in self.caught or not path.is_file():
+        if cell.impl in self.caught or not path.is_file():
             return
         judged = judge_cell(self.scenarios[cell.scenario], self.seed, hist.load(path), cell.impl, None)
-        if needs_alone(judged):  # failed only on timing bounds while starved: its rerun alone decides
-            return
-        if _catching(judged, bug["requirement"], set()):
+        if bug is None:  # the control: a check it fails catches nothing in that scenario (as in outcomes)
             with self._lock:
+                self.control_failed[cell.scenario] = {c["name"] for c in judged.checks if c["ok"] is not True}
+            return
+        if needs_alone(judged) and not alone:  # failed only on timing bounds while starved: its rerun decides
+            return
+        with self._lock:
+            control = self.control_failed.get(cell.scenario)
+            if control is None:  # the control's cell has not ended: a catch cannot be told yet
+                return
+            if _catching(judged, bug["requirement"], {(cell.scenario, name) for name in control}):
                 self.caught.add(cell.impl)
 
 
@@ -129,14 +137,14 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
     problems: every cell of an unmutated implementation that is not PASS
     (``{"scenario", "impl", "verdict", "reason"}``).  A check that also failed (or could
     not tell) in the control's cell of the same scenario catches nothing."""
-    control_cells = [c for c in result.cells if c.impl not in planted]
+    control_cells = [c.alone or c for c in result.cells if c.impl not in planted]
     control_failed = {(c.scenario, check["name"]) for c in control_cells for check in c.checks
                       if check["ok"] is not True}
     found = []
     for impl, bug in planted.items():
         out = MutantOutcome(id=bug["id"], impl=impl, requirement=bug["requirement"], bug=bug["bug"],
                             like=bug["like"])
-        for cell in (c for c in result.cells if c.impl == impl):
+        for cell in (c.alone or c for c in result.cells if c.impl == impl):  # a rerun alone settles its cell
             hits = _catching(cell, out.requirement, control_failed)
             out.catching += hits
             if not hits and cell.verdict != Verdict.PASS:

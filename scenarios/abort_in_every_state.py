@@ -11,7 +11,7 @@ decode ranks, prefill TP ranks, PP stages or DP engines:
   decode's scheduler aborts it.
 * Room ``half``: the first of its two chunks sent and given time to land; then aborted.
 
-Both must read Failed on the decode at once and on the prefill within 2 s of the abort
+Both must read Failed on the decode, and on the prefill within 2 s of the abort
 (R-ABORT-1).  With deferred KV release (sglang's default, and the reference's) every decode
 rank that sent an ABORT is owed its ABORT_ACK, which the generic every-abort-answered judges
 rank by rank (R-ABORT-2).  A new room then completes with every byte in place.

@@ -6,8 +6,10 @@ ABORT_ACK, which clear-then-abort and abort-ack-after-drain judge).
 Both sides read the room Failed and clear it while the prefill's engine still holds its
 write, so the write outlives every manager's record of the room:
 
-* Room ``late``: every prefill write is delayed 1 s; the decode aborts 0.2 s after the
-  first chunk and both sides clear.  The write then completes and its bytes (and whatever
+* Room ``late``: its first write completes 3 s late (EngineFaults ``slow_nth``: one write,
+  so an engine that runs a chunk as several transfers, or one after another, is not held
+  longer); the decode aborts 0.2 s after the first chunk and both sides clear, well inside
+  the 3 s even on a loaded machine.  The write then completes and its bytes (and whatever
   the backend sends with them) reach a decode that no longer holds the room: no loop or
   worker of either side may die of it (R-LIVE-2), and once it has landed no state of the
   room may remain (R-RESIDUE-1).  A new room then completes.
@@ -21,8 +23,8 @@ The scenario judges both rooms' residue itself (``released-rooms-left-nothing``,
 generic no-residue-after-clear does for every cleared room) and the threads (no-dead-thread);
 its other checks say that the aborts failed both rooms on both sides and that the pair
 still serves a room.  The roles run with the waiting timeout of
-one-write-never-completes (4 s), which is also the reference's transfer timeout, and its
-``MC_TRANSFER_TIMEOUT``.
+one-write-never-completes (4 s), which is also the reference's transfer timeout, and
+``MC_TRANSFER_TIMEOUT`` 6 s, Mooncake's engine's own limit for a batch.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, Clear, EngineFaults, InitSender, SendChunk, Sleep, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, room_succeeds, verify
-from scenarios.one_write_never_completes import ENV as TIMEOUT_ENV
 from scenarios.one_write_never_completes import SLACK_S, TIMEOUT_S
 
-ENV = (*TIMEOUT_ENV, ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "0"))
+# Mooncake's engine gives up on the held batch at its own timeout, inside the wait below
+ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)), ("MC_TRANSFER_TIMEOUT", "6"),
+       ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "0"))
 
-DELAY_S = 1.0  # each write of room late completes this long after it was issued
+DELAY_S = 3.0  # room late's first write completes this long after it was issued: after both clears
 SLOW_S = 60.0  # room stuck's held write completes long after the cell has ended
 PROMPT_S = 2.0  # an ABORT fails the prefill's room within this (R-ABORT-1)
 
@@ -66,9 +69,9 @@ def steps(seed: int):
     late, after, stuck = _plan(seed)
     return [
         StartRoles(layout=LAYOUT, env=ENV),
-        EngineFaults("prefill", delay_s=DELAY_S),
+        EngineFaults("prefill", slow_nth=1, slow_s=DELAY_S),
         *_abort_and_release(late),
-        Sleep(DELAY_S * 2),  # the delayed write lands at a decode that cleared the room
+        Sleep(DELAY_S + 1.0),  # the delayed write lands at a decode that cleared the room
         EngineFaults("prefill"),
         *full_room(after),
         verify([after], unchecked_kv=late.dst + stuck.dst, unchecked_aux=(late.aux_dst, stuck.aux_dst)),

@@ -145,6 +145,8 @@ def test_a_mooncake_batch_slower_than_the_engine_timeout_fails_at_the_timeout(mo
     begin = time.monotonic()
     assert engine.batch_transfer_sync("peer", [0], [0], [8]) == returns
     assert real.calls == forwarded
+    faults = [entry["fault"] for entry in engine._counter.snapshot()]
+    assert faults == (["slow"] if returns == 0 else ["slow", "fail"])  # a batch the engine gave up on is a failed write
     assert min(slow_s, 0.5) - 0.05 <= time.monotonic() - begin < min(slow_s, 0.5) + 2.0
     assert engine.batch_transfer_sync("peer", [0], [0], [8]) == 0  # the next batch is not slow
     assert real.calls == forwarded + 1

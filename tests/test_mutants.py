@@ -148,3 +148,18 @@ def test_a_mutants_cells_stop_at_its_first_catch(tmp_path):
     assert sorted((c["scenario"], c["impl"]) for c in cells if c["impl"] != "reference") == [
         ("abort-ack-after-drain", "mutant.ack-twice")]
     assert "1 cell(s) of caught mutants were not run" in out.stdout
+
+
+def test_a_cell_run_again_alone_is_judged_by_its_rerun():
+    """outcomes reads a cell's rerun alone where there is one: a starved timing failure that
+    passes alone catches nothing, and a catch the rerun alone shows counts."""
+    planted = {"mutant.a": {"id": "a", "of": "reference", "requirement": "R-XFER-1", "bug": "b", "like": "l"},
+               "mutant.b": {"id": "b", "of": "reference", "requirement": "R-XFER-1", "bug": "b", "like": "l"}}
+    first_a = _cell("mutant.a", "happy-path", "FAIL", [("decode-success", "R-XFER-1", False)])
+    first_a.alone = _cell("mutant.a", "happy-path", "PASS", [("decode-success", "R-XFER-1", True)])
+    first_b = _cell("mutant.b", "happy-path", "PASS", [("decode-success", "R-XFER-1", True)])
+    first_b.alone = _cell("mutant.b", "happy-path", "FAIL", [("decode-success", "R-XFER-1", False)])
+    run = RunResult(sglang=SglangInfo(version=None, path=None), seed=0, cells=[
+        _cell("reference", "happy-path", "PASS", [("decode-success", "R-XFER-1", True)]), first_a, first_b])
+    found, control = outcomes(run, planted)
+    assert [(m.id, m.caught) for m in found] == [("a", False), ("b", True)] and control == []

@@ -41,7 +41,8 @@ class FaultyMooncakeEngine:
     environment like the engine reads it) and returns -1 (sglang's
     ``_poison_unsettled_send`` describes that return); no bytes move.  The plan's slow
     transfer runs ``slow_s`` late, unless that is at or past the engine's timeout: then
-    it is a batch that does not finish in time, as above.
+    it is a batch that does not finish in time, as above, logged as a failed write (the
+    real engine may still finish such a batch later; this one moves no bytes).
     """
 
     def __init__(self, real, counter: EngineFaultCounter):
@@ -62,6 +63,7 @@ class FaultyMooncakeEngine:
             limit = engine_transfer_timeout_s()
             if self._counter.plan.slow_s >= limit:
                 self._never.wait(min(NEVER_BLOCK_S, limit))
+                self._counter.note_gave_up(what, limit)
                 return -1
             time.sleep(self._counter.plan.slow_s)
         return self._real.batch_transfer_sync(session_id, buffers, peer_buffer_addresses, lengths)

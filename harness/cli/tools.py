@@ -360,8 +360,9 @@ def mutants(
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:
         result = run_into(config, folder, callbacks)
         found, control = outcomes(result, planted)
+        ran = sum(1 for c in result.cells if c.impl in planted)
         _, md_path = write_mutants(folder, found, control, round(time.monotonic() - begin, 1), jobs,
-                                   stop.skipped if stop else None)
+                                   len(planted) * len(scenarios) - ran if stop else None)
     console.print(f"mutants.json, mutants.md: {md_path.parent}  (latest: {out / 'latest'})", highlight=False)
     console.print(terminal(md_path.read_text(), lines=True), markup=False, highlight=False)  # it ends with score_line
     raise typer.Exit(code=0 if all(m.caught for m in found) and not control else 1)

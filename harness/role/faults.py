@@ -239,6 +239,12 @@ class EngineFaultCounter:
             time.sleep(self.plan.slow_s)
         return None
 
+    def note_gave_up(self, what: str, after_s: float) -> None:
+        """Log that the engine failed ``what``, the plan's slow transfer, at its own timeout of
+        ``after_s`` seconds (a real engine's limit on a call, as Mooncake's MC_TRANSFER_TIMEOUT):
+        a failed write, as ``fail_nth``'s, for whoever reads the log."""
+        self._note(0, "fail", what, after_s=after_s)
+
     def note_aux_delay(self, what: str) -> None:
         """Log that ``what`` (an aux write or message) is held ``plan.aux_delay_s`` seconds."""
         self._note(0, "aux-delay", what, delay_s=self.plan.aux_delay_s)
