@@ -19,11 +19,11 @@ rank by rank (R-ABORT-2).  A new room then completes with every byte in place.
 
 from __future__ import annotations
 
-from harness.judge import checks as c
 from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, InitSender, SendChunk, Sleep, StartRoles
-from scenarios._flows import LAYOUT, RoomAllocator, full_room, open_and_request, pair_healthy, room_succeeds, verify
+from scenarios._flows import (LAYOUT, RoomAllocator, aborted_rooms_fail, full_room, open_and_request, pair_healthy,
+                              room_succeeds, verify)
 
 PROMPT_S = 2.0  # an ABORT fails the prefill's room within this (R-ABORT-1)
 LAND_S = 0.5  # the first chunk's writes complete on an idle pair well within this
@@ -60,12 +60,7 @@ def steps(seed: int):
 
 def checks(seed: int):
     bound, half, after = _plan(seed)
-    out = []
-    for name, room in (("bound", bound), ("half", half)):
-        out += [c.Check(f"{name}-decode-failed", "R-ABORT-1", c.reached_status(room.room, "decode", KVPoll.Failed)),
-                c.Check(f"{name}-prefill-failed-promptly", "R-ABORT-1",
-                        c.failed_within(room.room, "prefill", "abort", "decode", 0, PROMPT_S, need_reason=False))]
-    return [*out, *room_succeeds(after, "R-ABORT-1", "room-after-aborts"), *pair_healthy()]
+    return [*aborted_rooms_fail({"bound": bound, "half": half}, PROMPT_S), *room_succeeds(after, "R-ABORT-1", "room-after-aborts"), *pair_healthy()]
 
 
 SCENARIO = register(
