@@ -180,8 +180,8 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
 
 def _starved_cells(config: RunConfig, folder: Path, callbacks: Callbacks | None):
     """The ``again`` of harness.drive.scheduler.run_matrix: from the reported cells' histories,
-    the cells to run once more alone (harness.judge.load.needs_alone), said on ``on_note``; not
-    one the callbacks' ``skip`` no longer wants (a mutant another cell has caught)."""
+    the cells to run once more alone (harness.judge.load.needs_alone), said on ``on_note``
+    (run_alone leaves out, just before it would start, one the callbacks' ``skip`` no longer wants)."""
     scenarios = {s.id: s for s in config.scenarios}
 
     def again(cells: list[CellRun]) -> list[tuple[str, str]]:
@@ -191,7 +191,7 @@ def _starved_cells(config: RunConfig, folder: Path, callbacks: Callbacks | None)
             if not starved(cell_load(history)):  # the cheap test first: most cells are judged only once, later
                 continue
             judged = judge_cell(scenarios[cell.scenario], config.seed, history, cell.impl, config.expectations)
-            if needs_alone(judged) and not (callbacks and callbacks.skip and callbacks.skip(cell.impl, cell.scenario)):
+            if needs_alone(judged):
                 picked.append(judged)
         if picked and callbacks and callbacks.on_note:
             callbacks.on_note(f"{len(picked)} cell(s) worse than expected only on timing bounds while the machine "

@@ -49,9 +49,6 @@ NEMESIS_GROUP_OPS = frozenset({"arm_point", "release_point", "set_engine_faults"
 #: (seconds) has passed, so work still draining is not taken for residue; a round of
 #: observations that started in time runs to its end (each call bounded at 10 s)
 RESIDUE_SETTLE_S = 2.0
-#: how long the end of a cell waits for the ABORT_ACKs still due for its decodes' ABORTs
-#: (harness.judge.postconditions.ACK_DUE_S: every-abort-answered judges an ABORT that old)
-ACK_SETTLE_S = 5.0
 RESIDUE_POLL_S = 0.25
 
 
@@ -313,7 +310,7 @@ class CellDriver:
         """Copy every fault that fired inside the roles (engine faults, point hits)
         into the history as nemesis events, the ABORT_ACKs each decode received and the ABORT
         generations it sent (one ``abort-acks`` / ``aborts-sent`` info event per role with any),
-        once every ABORT is answered or ACK_SETTLE_S old (bounded: ACK_SETTLE_S in all)."""
+        once every ABORT is answered or old enough to be judged (see :meth:`_settle_acks`)."""
         self._settle_acks()
         for name, client in self.clients.items():
             if not self.handles[name].alive() or client.broken:
@@ -334,16 +331,17 @@ class CellDriver:
                     self.history.record(Event.INFO, what, name, None, args={}, value=value)
 
     def _settle_acks(self) -> None:
-        """Wait (at most ACK_SETTLE_S) until each live decode with deferred release has an
-        ABORT_ACK for every ABORT generation it sent, or that ABORT is ACK_SETTLE_S old, so a
-        cell that ends right after an ABORT still sees its ACK (R-ABORT-2).  Not after a
-        prefill was killed, frozen, restarted or cut off: its ACKs are not owed."""
-        from harness.judge.postconditions import prefill_silenced
+        """Wait (at most harness.judge.postconditions.ACK_DUE_S seconds, the age at which
+        every-abort-answered judges an ABORT) until each live decode with deferred release has
+        an ABORT_ACK for every ABORT generation it sent, or that ABORT is that old, so a cell
+        that ends right after an ABORT still sees its ACK (R-ABORT-2).  Not after a prefill was
+        killed, frozen, restarted or cut off: its ACKs are not owed."""
+        from harness.judge.postconditions import ACK_DUE_S, answered, prefill_silenced
 
         events = self.history.events
         if prefill_silenced(events):
             return
-        deadline = time.monotonic() + ACK_SETTLE_S
+        deadline = time.monotonic() + ACK_DUE_S
         while time.monotonic() < deadline:
             waiting = False
             for name, client in self.clients.items():
@@ -353,9 +351,9 @@ class CellDriver:
                     sent, acks = client.call("aborts_sent", 10), client.call("abort_acks", 10)
                 except RoleError:
                     continue
-                acked = {(a.get("room"), a.get("generation")) for a in acks or ()}
+                acked = answered(acks)
                 waiting = waiting or any(a.get("generation") is not None and (a.get("room"), a.get("generation")) not in acked
-                                         and time.time() - a.get("t", 0.0) < ACK_SETTLE_S for a in sent or ())
+                                         and time.time() - a.get("t", 0.0) < ACK_DUE_S for a in sent or ())
             if not waiting:
                 return
             time.sleep(0.05)

@@ -274,14 +274,17 @@ class _Run:
                 self.cb.on_cell(self.done, self.reported, cell)
         return cell
 
+    def priority(self, i: int) -> int:
+        """Task ``i``'s ``Schedule.priority`` (lower starts first; 0 when not given)."""
+        return self.schedule.priority.get((self.tasks[i].scenario.id, self.tasks[i].impl), 0)
+
     def order(self) -> list[int]:
         """Task indices: by priority, then longest expected first."""
-        hint, priority = self.schedule.duration_hint, self.schedule.priority
-        seed = self.schedule.seed
+        hint, seed = self.schedule.duration_hint, self.schedule.seed
 
         def key(i: int) -> tuple[int, float]:
-            cell = (self.tasks[i].scenario.id, self.tasks[i].impl)
-            return priority.get(cell, 0), -hint.get(cell, self.tasks[i].scenario.inherent_wait_s(seed))
+            task = self.tasks[i]
+            return self.priority(i), -hint.get((task.scenario.id, task.impl), task.scenario.inherent_wait_s(seed))
 
         return sorted(range(len(self.tasks)), key=key)
 
@@ -373,9 +376,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
             run.start_fork_servers()
         if schedule.jobs <= 1:  # (run_cell_isolated itself kills an interrupted cell's group)
             results: list[CellRun | None] = [None] * len(tasks)
-            for i in sorted(range(len(tasks)), key=lambda i: schedule.priority.get((tasks[i].scenario.id,
-                                                                                    tasks[i].impl), 0)):
-                results[i] = run.work(tasks[i])  # one at a time: in the listed order within a priority
+            for i in sorted(range(len(tasks)), key=run.priority):  # one at a time: listed order within a priority
+                results[i] = run.work(tasks[i])
         else:
             results = run.run_parallel()
         if again is not None:

@@ -335,6 +335,11 @@ def _ack_due_s(events: list[dict]) -> float:
     return due
 
 
+def answered(acks) -> set[tuple]:
+    """The ``(room, generation)`` pairs a decode's ``abort_acks`` (list of dicts) answer."""
+    return {(a.get("room"), a.get("generation")) for a in acks or ()}
+
+
 def prefill_silenced(events: list[dict]) -> bool:
     """Whether a prefill was killed, frozen, restarted or cut off by a network fault in this
     cell (any network fault counts: it may cut a prefill's way back)."""
@@ -363,7 +368,7 @@ def every_abort_answered(events: list[dict]) -> tuple[bool | None, str, int | No
     acked: dict[str, set] = {}
     for e in events:
         if e["op"] == Op.ABORT_ACKS:
-            acked.setdefault(e["role"], set()).update((a.get("room"), a.get("generation")) for a in e.get("value") or ())
+            acked.setdefault(e["role"], set()).update(answered(e.get("value")))
     missing, judged, at = [], 0, None
     for e in events:
         if e["op"] != Op.ABORTS_SENT or fact(events, e["role"], "deferred_release") is not True:
