@@ -329,3 +329,6 @@ def test_a_decode_abort_of_a_registered_room_must_send_its_abort_even_when_alrea
     concluded_unread = history(["WaitingForInput"], [])  # it had concluded before the abort, unread
     _wait(concluded_unread, "decode", 8, ["Success"])
     assert "no decode aborted" in pc.every_abort_sent(concluded_unread.events)[1]
+    killed = history(timed_out, [])  # killed after its abort: no record of what it sent survives
+    killed.record("nemesis", "kill", "decode", 3, args={"signal": "SIGKILL"})
+    assert pc.every_abort_sent(killed.events)[0] is True
