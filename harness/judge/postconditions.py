@@ -450,14 +450,11 @@ def every_abort_sent(events: list[dict]) -> tuple[bool | None, str, int | None]:
     (:func:`_aborts_of_registered_rooms`) sends an ABORT naming the lifecycle's generation,
     whatever the room's status then (Failed by its own timer, the heartbeat or a failure it
     heard of included): the prefill may still hold the room and write into its pages, and only
-    the ABORT_ACK makes them reusable (R-ABORT-2).  Judged on the decode's ``aborts_sent`` (any
-    of its ranks) since the lifecycle began, as the end of the cell records it; rooms whose ABORT
-    a scenario injected are not, nor the aborts of a decode killed or restarted since (its record
-    of what it sent died with its process)."""
-    gone: dict[str, int] = {}  # decode -> seq of its last kill or restart
-    for e in events:
-        if e["type"] == Event.NEMESIS and e["op"] in (Op.KILL, Op.RESTART) and not _is_prefill(e["role"]):
-            gone[e["role"].split(".")[0]] = e["seq"]
+    the ABORT_ACK makes them reusable (R-ABORT-2).  Judged on the decode's ``aborts_sent`` (any of
+    its ranks) since the lifecycle began, as the cell's end records it; not for rooms whose ABORT a
+    scenario injected, nor a decode killed or restarted since (its record died with it)."""
+    gone = {e["role"].split(".")[0]: e["seq"] for e in events  # decode -> seq of its last kill or restart
+            if e["type"] == Event.NEMESIS and e["op"] in (Op.KILL, Op.RESTART) and not _is_prefill(e["role"])}
     owed = [o for o in _aborts_of_registered_rooms(events) if gone.get(o[0].split(".")[0], -1) < o[3]]
     if not owed:
         return True, "no decode aborted a registered room that had not succeeded", None
