@@ -57,7 +57,7 @@ class CommonHooks:
         An unarmed point costs one lock round trip per call."""
         from sglang.srt.disaggregation.common.utils import FastQueue
 
-        points, host = self.points, self.host
+        host = self.host  # self.points is looked up at each hit: begin_program gives a long-lived role new points
         manager_cls = getattr(self.conn, self.manager_class)
         # sglang >= 0.5.22 hands every ABORT_ACK to handle_abort_ack_message
         # (common/conn.py); 0.5.17 - 0.5.18 have no such method: Mooncake's decode
@@ -74,7 +74,7 @@ class CommonHooks:
                 if tap_acks and _point == "decode-control-started":
                     mgr.server_socket = ReceiveTap(mgr.server_socket, self._note_if_ack)
                 result = _original(mgr, *args, **kwargs)
-                points.hit(_point, endpoint=f"tcp://{host}:{mgr.rank_port}", method=_name)
+                self.points.hit(_point, endpoint=f"tcp://{host}:{mgr.rank_port}", method=_name)
                 return result
 
             started.__pdconform_point__ = True
@@ -96,7 +96,7 @@ class CommonHooks:
                 if room is None:  # sglang 0.5.17 - 0.5.18 Mori queues _TransferChunk(sender, ...) (mori/conn.py)
                     room = getattr(getattr(item, "sender", None), "bootstrap_room", None)
                 if room is not None:
-                    points.hit(self.WORKER_POINT, room=room)
+                    self.points.hit(self.WORKER_POINT, room=room)
                 return item
 
             get.__pdconform_point__ = True

@@ -83,6 +83,7 @@ class CellDriver:
         self.dp: dict[str, int] = {}  # a role started as DP engines -> how many (its group: engine k at k)
         # a decode of DP engines: the destination pages and aux slots each engine's rooms asked for
         self.dp_requested: dict[str, tuple[set[int], set[int]]] = {}
+        self.room_shift = None  # a cell on a warm role pair: how its rooms move (harness.drive.room_shift)
 
     def address_of(self, name: str) -> str:
         """The address role process ``name`` listens on (its launcher knows its host)."""

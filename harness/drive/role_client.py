@@ -18,7 +18,9 @@ class RoleClient:
 
     After a timeout the REQ socket cannot be reused: the client marks itself
     broken and every later call raises RoleError at once; a role whose process
-    exits while a call is pending is noticed within ``POLL_SLICE_S``.
+    exits while a call is pending is noticed within ``POLL_SLICE_S``.  ``shift``: a cell on a
+    warm role pair moves its rooms on the way in and back on the way out
+    (harness.drive.room_shift); None: rooms go as they are.
     """
 
     POLL_SLICE_S = 0.1
@@ -34,6 +36,7 @@ class RoleClient:
         self.broken: str | None = None
         self.timed_out = False  # a call got no answer within its bound (then ``broken`` says which)
         self._pending: str | None = None
+        self.shift = None  # harness.drive.room_shift.RoomShift of the cell now served, or None
 
     def call(self, op: str, deadline_s: float, **kwargs: Any) -> Any:
         """Run ``op(**kwargs)`` on the role; RoleTimeout after ``deadline_s`` seconds,
@@ -56,7 +59,7 @@ class RoleClient:
         if self._pending is not None:
             raise RoleError(f"{self.name}: {op} sent while the reply to {self._pending} is unread")
         check_call(op, kwargs)  # a harness bug, raised here, not in the role
-        self._socket.send_pyobj({"op": op, "kwargs": kwargs})
+        self._socket.send_pyobj({"op": op, "kwargs": self.shift.out(kwargs) if self.shift else kwargs})
         self._pending = op
 
     def result(self, deadline_s: float) -> Any:
@@ -75,6 +78,8 @@ class RoleClient:
                 self.timed_out = True  # the harness's own bound expired (harness.judge.load counts it as timing)
                 raise RoleTimeout(f"{self.name}: {self.broken}")
         reply = self._socket.recv_pyobj()
+        if self.shift is not None:
+            reply = self.shift.back(reply)
         self._pending = None
         if reply.get("ok"):
             return reply.get("value")

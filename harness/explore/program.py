@@ -38,7 +38,7 @@ from harness.explore.program_checks import KILL_SLACK_S, lifecycle_checks
 from harness.judge import checks as c
 from harness.spec import frames
 from harness.spec.protocol import KVPoll, Layout
-from harness.spec.rooms import DONE
+from harness.spec.rooms import DONE, MAX_SHIFTS, ROOM_STRIDE  # noqa: F401 (MAX_SHIFTS: explore's)
 from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, KillRole,
                                 OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, StartRoles, Step, ThawRole,
                                 VerifyPools)
@@ -76,8 +76,6 @@ AFTER_KILL = ("", "fail", "end", "sender-fail", "sender-end", "spared")
 ANY_STATUS = tuple(KVPoll)  # a poll that takes whatever it reads
 PROGRAM_TIMEOUT_S = 120.0  # a program cell's deadline (seconds); its waits are bounded far below it
 ROOM_MIN = 2**40  # the smallest room id a program uses (they are drawn up to 2^62)
-ROOM_STRIDE = 840 * 2**21  # a shifted program's rooms move by multiples of this (840: divisible by 1..8)
-MAX_SHIFTS = (2**62 - 1) // ROOM_STRIDE  # shifted rooms stay below 2^63
 WAITING_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
                ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
 DEFERRED_ENV = (*WAITING_ENV, ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"))

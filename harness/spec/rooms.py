@@ -13,6 +13,10 @@ from harness.spec.steps import AwaitStatus, InitSender, OpenRoom, RequestKV, Sen
 LAYOUT = Layout(num_layers=3, num_pages=16, page_size=4, page_bytes=256, aux_slots=4, aux_bytes=64)
 DONE = (KVPoll.Success, KVPoll.Failed)
 ANY_STATUS = tuple(KVPoll)  # a poll that reads whatever the room says now
+#: a room moved for a long-lived role pair (harness.drive.pair) moves by multiples of this: 840 is
+#: divisible by every DP size up to 8, so each room keeps its DP engine (R-DP-1)
+ROOM_STRIDE = 840 * 2**21
+MAX_SHIFTS = (2**62 - 1) // ROOM_STRIDE  # rooms below 2^62 stay below 2^63 when moved
 LATE_SETTLE_S = 0.5  # after a late message is delivered, before the room is read (its handling takes milliseconds)
 
 

@@ -163,6 +163,7 @@ def connect(d: "CellDriver", name: str, handle: RoleHandle, timeout_s: float, **
     # the pid ties the runner's per-process run-queue wait (cell-exit "load") to the role
     d.record(Event.OK, Op.LAUNCH, name, args=args, value={"endpoint": endpoint, "pid": handle.pid})
     d.clients[name] = RoleClient(d.ctx, name, endpoint, handle=handle)
+    d.clients[name].shift = d.room_shift  # a restarted role of a cell on a pair: the cell's rooms still move
 
 
 def start_prefill(d: "CellDriver", name: str, layout: dict, port: int) -> None:

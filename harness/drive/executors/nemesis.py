@@ -157,8 +157,9 @@ def _inject(d: "CellDriver", role: str, messages: list, what: Op, **args: Any) -
     endpoints = [d.control_endpoint.get(t) for t in targets]
     if None in endpoints:
         raise CellAborted(f"{role} published no control socket to inject frames into", unsupported=True)
+    wire = d.room_shift.out(messages) if d.room_shift else messages  # a cell on a pair: its rooms as the roles know them
     for endpoint in endpoints:
-        push_frames(endpoint, messages, d.ctx)
+        push_frames(endpoint, wire, d.ctx)
     where = {"endpoint": endpoints[0]} if len(endpoints) == 1 else {"endpoints": endpoints}
     d.record(Event.NEMESIS, what, role, args={**where, "messages": len(messages), **args,
                                               "sample": [[f[:40].hex() for f in m] for m in messages[:5]]})
