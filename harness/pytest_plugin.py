@@ -183,7 +183,8 @@ def run_cell_test(cell: CellSpec, config: pytest.Config, target, expectations) -
 
     out = config.stash[_SETUP][2] / cell_dir_name(cell.scenario, cell.impl)
     run = session.run(session.RunConfig(impls=[cell.impl], scenarios=[get_scenario(cell.scenario)], out_dir=out,
-                                        target=target, seed=config.getoption("--seed"), expectations=expectations))
+                                        target=target, seed=config.getoption("--seed"), expectations=expectations,
+                                        isolated=True))  # one cell: no pair to share
     result = run.cells[0]
     lines = [f"{result.verdict} (expected {result.expected}): {result.reason}"]
     if result.divergence:

@@ -30,7 +30,7 @@ from harness.judge.expectations import Expectations
 from harness.judge.judge import judge_cell, judge_run
 from harness.judge.load import cell_load, needs_alone, starved
 from harness.judge.results import (RUNS, RunResult, cell_dir, dump_cell, dump_run, load_alone_histories, load_histories,
-                                   load_run)
+                                   load_run, on_pair_dir)
 from harness.report.files import write_reports
 from harness.report.outdir import OutDirError, RunFolder, run_folder_of, take_lock
 from harness.spec import history as hist
@@ -56,7 +56,9 @@ class RunConfig:
     agents of a run across hosts, by rank: ``endpoint``, ``address``, ``host``; () every role
     local; ``bind`` is then the coordinator's address, harness.hosts.cluster), ``alone_reruns``
     (run a cell that failed only on timing bounds while starved once more alone at the end:
-    harness.judge.load)."""
+    harness.judge.load), ``isolated`` (every cell in a fresh process of its own; default: cells
+    on warm role pairs where they can be, each whose result is not the expected one confirmed
+    in a fresh cell, harness.drive.warm)."""
 
     impls: list[str]
     scenarios: list[Scenario]
@@ -81,6 +83,7 @@ class RunConfig:
     # a cell worse than expected only on timing bounds while starved runs once more alone at the end
     # (harness.judge.load.needs_alone); False where only the first verdicts count (bench, soak)
     alone_reruns: bool = True
+    isolated: bool = False
 
     def settings(self) -> dict[str, int]:
         """Every registered engine setting's value for this run (the defaults, then ``engine_settings``)."""
@@ -162,7 +165,9 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                      hosts_listen=config.hosts_listen, pool_device=config.pool_device)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint),
-                        priority=dict(config.priority))
+                        priority=dict(config.priority), pairs=not config.isolated)
+    if not config.isolated:
+        callbacks = _with_confirm(config, callbacks)
     again = _starved_cells(config, folder, callbacks) if config.alone_reruns else None
     cells, duration = run_matrix(config.impls, config.scenarios, folder, schedule, callbacks, again=again)
     meta.duration_s = duration
@@ -176,6 +181,22 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                            "marks": baseline_marks(baseline, result)}
     write_tree(result, folder, histories, reports=config.reports)
     return result
+
+
+def _with_confirm(config: RunConfig, callbacks: Callbacks | None) -> Callbacks:
+    """``callbacks`` with the ``confirm`` of harness.drive.scheduler.Callbacks: a cell that ran on
+    a warm role pair whose verdict or failing checks are not the expected ones
+    (CellResult.as_expected) runs once more in a fresh isolated cell."""
+    from dataclasses import replace
+
+    scenarios = {s.id: s for s in config.scenarios}
+
+    def confirm(cell: CellRun) -> bool:
+        path = cell.workdir / "history.jsonl"
+        history = hist.load(path) if path.is_file() else []
+        return not judge_cell(scenarios[cell.scenario], config.seed, history, cell.impl, config.expectations).as_expected
+
+    return replace(callbacks or Callbacks(), confirm=confirm)
 
 
 def _starved_cells(config: RunConfig, folder: Path, callbacks: Callbacks | None):
@@ -250,8 +271,8 @@ def judge_tree(meta: RunResult, out_dir: Path, cells: list[tuple[str, str]], sce
     """Judge every cell of a run from the histories under ``out_dir`` (read once, here);
     the result tree and the histories (the reports show them)."""
     histories = load_histories(out_dir, cells)
-    alone = load_alone_histories(out_dir, cells)
-    return judge_run(meta, out_dir, cells, scenarios, histories, expectations, alone=alone), histories
+    alone, on_pair = load_alone_histories(out_dir, cells), load_alone_histories(out_dir, cells, on_pair_dir)
+    return judge_run(meta, out_dir, cells, scenarios, histories, expectations, alone=alone, on_pair=on_pair), histories
 
 
 def write_tree(result: RunResult, out_dir: Path, histories: dict[tuple[str, str], list[dict]],

@@ -248,7 +248,7 @@ def _replay(paths: list[Path], impls: list[str], target, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     scenarios = [load_file(p) for p in paths]
     result = session.run_into(session.RunConfig(impls=impls, scenarios=scenarios, out_dir=folder, target=target,
-                                                jobs=2), folder)
+                                                jobs=2, isolated=True), folder)
     bad = [c for c in result.cells if c.verdict != "PASS"]
     console.print(f"replayed {len(result.cells)} cell(s), {len(bad)} failing as found: {escape(str(folder))}"
                   f"/index.html")

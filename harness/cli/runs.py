@@ -168,6 +168,12 @@ JOIN_TIMEOUT_OPTION = typer.Option(120.0, "--join-timeout", min=1.0, max=3600.0,
                                    "join.")
 
 
+ISOLATED_OPTION = typer.Option(False, "--isolated", help="Every cell in fresh role processes of its own (as repro runs "
+                               "one). Default: cells share warm role pairs per implementation and StartRoles, and a "
+                               "cell whose result is not the expected one is confirmed in a fresh cell before it is "
+                               "reported (docs/performance.md).")
+
+
 @app.command()
 def run(
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementation (repeatable); see `pdconform doctor`."),
@@ -199,6 +205,7 @@ def run(
     listen: Optional[str] = LISTEN_OPTION,
     join_timeout: float = JOIN_TIMEOUT_OPTION,
     pool_device: str = POOL_DEVICE_OPTION,
+    isolated: bool = ISOLATED_OPTION,
 ) -> None:
     """Run the selected cells (default: every implementation x every scenario), print the matrix
     and write results.json, junit.xml, summary.md and index.html into a new run folder under --out."""
@@ -216,7 +223,7 @@ def run(
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs or default_jobs(), fork=fork, full_waits=full_waits,
                        engine_settings=_settings(engine_setting), expectations=loaded, duration_hint=hint,
-                       bind=bind, docs_url=_docs_url(docs_url), pool_device=pool_device,
+                       bind=bind, docs_url=_docs_url(docs_url), pool_device=pool_device, isolated=isolated,
                        baseline=(baseline, _load_results(baseline)) if baseline is not None else None)
     with _hosts(hosts, listen, bind, join_timeout) as (host_bind, agents):
         config.bind, config.hosts, config.hosts_spec = host_bind or config.bind, agents, hosts or ""
@@ -311,7 +318,7 @@ def repro(
     console.print("[bold]history[/] (t in s since the cell started)")
     config = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=target, seed=seed, full_waits=full_waits,
                        engine_settings=_settings(engine_setting), bind=bind, expectations=loaded,
-                       pool_device=pool_device)
+                       pool_device=pool_device, isolated=True)  # a reproduction is a fresh cell of its own
     result = _run_session(config, Callbacks(
         on_event=lambda event: console.print("  " + event_line(event), markup=False, highlight=False)))
     cell = result.cells[0]

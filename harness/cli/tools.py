@@ -354,7 +354,8 @@ def mutants(
     controls = list(dict.fromkeys(bug["of"] for bug in planted.values()))  # each mutant's parent
     stop = None if all_cells else EarlyStop(planted, {s.id: s for s in scenarios}, seed)
     config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
-                       jobs=jobs, reports=False, priority=stop.priority() if stop else {})
+                       jobs=jobs, reports=False, priority=stop.priority() if stop else {},
+                       isolated=True)  # a catch is told from one run of each cell (harness.mutants.EarlyStop)
     callbacks = Callbacks(on_cell=stop.on_cell, skip=stop.skip, on_alone=stop.on_alone) if stop else None
     begin = time.monotonic()
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:

@@ -116,6 +116,11 @@ def _summed(tids: dict[int, tuple[int, int]]) -> dict:
             "wait_s": round(sum(w for _, w in tids.values()) / 1e9, 3), "threads": len(tids)}
 
 
+def _since(tids: dict[int, tuple[int, int]], before: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """``tids``' figures less what each thread had already spent in ``before`` (tid -> (run ns, wait ns))."""
+    return {tid: (run - before.get(tid, (0, 0))[0], wait - before.get(tid, (0, 0))[1]) for tid, (run, wait) in tids.items()}
+
+
 def process_figures(pid: int) -> dict | None:
     """Process ``pid`` now: ``{"run_s", "wait_s", "threads"}`` (seconds on a core and waiting
     for one, summed over its live threads); None when it is gone."""
@@ -135,11 +140,14 @@ class GroupSampler:
     """Samples, on a thread of its own, the load average and the run-queue wait of every thread
     of process group ``pgid`` (a cell process and its roles) every ``every_s`` seconds, from
     :meth:`start` to :meth:`stop`, which takes a last sample and returns the record the runner
-    stores in ``cell-exit`` (:meth:`record`)."""
+    stores in ``cell-exit`` (:meth:`record`).  ``since_now``: count only what the group's threads
+    do from :meth:`start` on (a long-lived role pair's program, harness.drive.pair), not since
+    each thread began."""
 
-    def __init__(self, pgid: int, every_s: float = SAMPLE_S):
-        self.pgid, self.every_s = pgid, every_s
+    def __init__(self, pgid: int, every_s: float = SAMPLE_S, since_now: bool = False):
+        self.pgid, self.every_s, self.since_now = pgid, every_s, since_now
         self.threads: dict[int, dict[int, tuple[int, int]]] = {}  # pid -> tid -> (run ns, wait ns), last seen
+        self.before: dict[int, dict[int, tuple[int, int]]] = {}  # since_now: the same, at start
         self.start_load = load_average()
         self.peak_1m = self.start_load[0] if self.start_load else 0.0
         self._stop = threading.Event()
@@ -162,6 +170,9 @@ class GroupSampler:
             wait = min(wait * 2, self.every_s)  # sooner at first: a short cell's roles are read at least once
 
     def start(self) -> "GroupSampler":
+        if self.since_now:
+            self.sample()
+            self.before = {pid: dict(tids) for pid, tids in self.threads.items()}
         self._thread.start()
         return self
 
@@ -184,6 +195,6 @@ class GroupSampler:
         and waiting for one, summed over the threads seen of each process of the group (the
         cell's own pid is the group's; the roles' pids are in their ``launch`` events)."""
         end = load_average()
-        processes = {str(pid): _summed(tids) for pid, tids in sorted(self.threads.items())}
+        processes = {str(pid): _summed(_since(tids, self.before.get(pid, {}))) for pid, tids in sorted(self.threads.items())}
         return {"cores": cores(), "cell_pid": self.pgid, "load_start": self.start_load, "load_end": end,
                 "load_peak_1m": max([self.peak_1m, *end[:1]]), "sample_s": self.every_s, "processes": processes}

@@ -47,6 +47,13 @@ from harness.spec.history import Event, History, Op, append_event, last_observat
 #: Anything else (a restart, a kill, a write that never completes, a partition) ends the pair.
 TRUSTED_STEPS = (s.OpenRoom, s.RequestKV, s.AwaitStatus, s.InitSender, s.SendChunk, s.Abort, s.Clear,
                  s.VerifyPools, s.Sleep, s.FreezeRole, s.ThawRole, s.InjectFrames, s.EngineFaults)
+#: the steps after which a matrix cell's pair (harness.drive.warm) is retired whatever the roles
+#: show: a kill or restart (a role replaced), an interleaving point (a thread may still be held at
+#: it).  After any other step the pair is kept when :func:`kept` vouches for its roles: every
+#: process the same and alive, no dead loop or thread, and (:func:`held_writes`) no write or
+#: message an engine fault held still in flight.  Each unexpected result is confirmed in a fresh
+#: cell, and tests/test_warm.py compares the default set on pairs with the same run isolated.
+MATRIX_RETIRING = (s.KillRole, s.RestartRole, s.ArmPoint, s.AwaitPoint, s.ReleasePoint, s.NetworkFault)
 SOCKET_NAME = "pair.sock"
 REQUEST_WAIT_S = 0.5  # how often a pair waiting for its next program checks its parent (seconds)
 STOP_WAIT_S = 5.0  # a pair asked to stop: how long it may take before its process group is killed (seconds)
@@ -54,13 +61,17 @@ REPLY_POLL_S = 0.1  # how often a program's run checks the pair's process and wh
 DIR_PREFIX = "pdconform-pair-"  # the temporary folder of each pair (its socket, an owner file as a fork server's)
 
 
-def kept(steps: list[s.Step], outcome: dict, observations: dict[str, dict], alive: bool) -> str:
+def kept(steps: list[s.Step], outcome: dict, observations: dict[str, dict], alive: bool,
+         matrix: bool = False) -> str:
     """Why a pair cannot serve another program after one with ``steps`` ended with ``outcome``
     (run_cell's), its roles' last ``observations`` (role -> event) and ``alive`` (every role
-    process running, its client unbroken, the processes those it started); "" when it can."""
+    process running, its client unbroken, the processes those it started); "" when it can.
+    ``matrix``: a matrix cell's steps, judged by :data:`MATRIX_RETIRING` rather than
+    :data:`TRUSTED_STEPS` (the caller checks :func:`held_writes` too)."""
     if outcome.get("outcome") != "completed":
         return f"the program's cell {outcome.get('outcome')}"
-    odd = next((step for step in steps[1:] if not isinstance(step, TRUSTED_STEPS)
+    odd = next((step for step in steps[1:] if (isinstance(step, MATRIX_RETIRING) if matrix
+                                                 else not isinstance(step, TRUSTED_STEPS))
                 or (isinstance(step, s.EngineFaults) and step.never_complete)), None)
     if odd is not None:
         return f"a step after which the roles cannot be vouched for: {type(odd).__name__}"
@@ -73,6 +84,15 @@ def kept(steps: list[s.Step], outcome: dict, observations: dict[str, dict], aliv
         if value.get("dead_threads") or not all((value.get("loops") or {}).values()):
             return f"a thread of {role} died"
     return ""
+
+
+def held_writes(events: list[dict], now: float) -> str:
+    """Why a write or message an engine fault held may still be in flight at wall clock ``now``
+    (seconds), from the fault records of ``events`` (each injected at ``t``, held ``delay_s``:
+    harness.role.faults.EngineFaultCounter); "" when every one has landed or was given up."""
+    late = [r for e in events if e["op"] == Op.ENGINE_FAULT and isinstance(r := e.get("value"), dict)
+            and r.get("fault") != "fail" and r.get("t", 0.0) + r.get("delay_s", 0.0) > now]
+    return f"{len(late)} write(s) an engine fault held still in flight" if late else ""
 
 
 class PairServer:
@@ -91,24 +111,35 @@ class PairServer:
         self.handles: dict[str, Any] = {}
         self.served = 0
 
-    def serve(self, scenario_id: str, workdir: Path) -> dict:
-        """Run one program (a scenario, by id or path) in ``workdir``, recording its history there;
-        ``{"kept": True}`` or ``{"kept": False, "why": ...}`` (then this pair serves no more)."""
+    def serve(self, scenario_id: str, workdir: Path, seed: int = 0, full_waits: bool = False,
+              matrix: bool = False) -> dict:
+        """Run one program (a scenario, by id or path, with ``seed`` and ``full_waits`` as
+        harness.drive.cell.run_cell takes them) in ``workdir``, recording its history there;
+        ``{"kept": True}`` or ``{"kept": False, "why": ...}`` (then this pair serves no more).
+        ``matrix``: a matrix cell (harness.drive.warm): its rooms move by one stride per program
+        served before it (harness.drive.room_shift; a program of explore comes moved already)
+        and the pair is kept as :func:`kept` and :func:`held_writes` say for a matrix cell."""
+        from harness.drive.room_shift import RoomShift
         from harness.spec.scenario import get_scenario
 
         workdir.mkdir(parents=True, exist_ok=True)
         history = History(workdir / "history.jsonl")
         scenario = get_scenario(scenario_id)
-        steps = scenario.steps(0)
+        steps = scenario.steps(seed)
         key = repr(steps[0])
         reused = self.driver is not None
+        rooms = {step.room for step in steps if isinstance(getattr(step, "room", None), int)}
+        shift = RoomShift(rooms, self.served) if matrix and reused else None
         history.record(Event.INFO, Op.CELL_START, None, None,
-                       value={"impl": self.impl, "scenario": scenario.id, "seed": 0, "full_waits": False,
-                              "network": self.network, "pair": {"program": self.served, "reused": reused}})
+                       value={"impl": self.impl, "scenario": scenario.id, "seed": seed, "full_waits": full_waits,
+                              "network": self.network, "pair": {"program": self.served, "reused": reused,
+                                                                "room_shift": shift.k if shift else 0}})
         if self.driver is None:
             self.driver = self.make_driver(self.impl, self.launcher, history, self.base_port)
         d, outcome = self.driver, {"outcome": "completed"}
-        d.history, d.stalled_step, d.dp_requested = history, None, {}
+        d.history, d.stalled_step, d.dp_requested, d.full_waits, d.room_shift = history, None, {}, full_waits, shift
+        for client in d.clients.values():
+            client.shift = shift
         try:
             if reused and key != self.start_key:
                 raise CellAborted(f"this pair's roles were started by another StartRoles ({self.start_key[:80]})")
@@ -119,7 +150,8 @@ class PairServer:
         except Exception as exc:  # CellAborted; anything else is a harness bug: this program's cell crashed
             outcome = ended_early(exc, d.step_index)
         self.served += 1
-        why = kept(steps, outcome, last_observations(history.events), self._alive(d))
+        why = kept(steps, outcome, last_observations(history.events), self._alive(d), matrix) or (
+            held_writes(history.events, time.time()) if matrix else "")
         outcome["pair"] = {"program": self.served - 1, "reused": reused, "kept": not why, "why": why}
         history.record(Event.INFO, Op.CELL_END, None, None, value=outcome)
         history.close()
@@ -172,7 +204,8 @@ def serve_pair(impl: str, workdir: Path, base_port: int, network: str, socket_pa
                 sock.send_json({"stopped": True})
                 break
             try:
-                reply = server.serve(request["scenario"], Path(request["workdir"]))
+                reply = server.serve(request["scenario"], Path(request["workdir"]), request.get("seed", 0),
+                                     request.get("full_waits", False), request.get("matrix", False))
             except Exception as exc:  # an unreadable program: this pair ends, the parent is told
                 reply = {"kept": False, "why": f"{type(exc).__name__}: {exc}", "error": True}
             sock.send_json(reply)
@@ -230,25 +263,30 @@ class RolePair:
             self.close(grace_s=0)
             raise
 
-    def run(self, scenario_id: str, workdir: Path, deadline_s: float) -> dict:
+    def run(self, scenario_id: str, workdir: Path, deadline_s: float, **request: Any) -> dict:
         """Run one program (scenario id or path) in ``workdir`` within ``deadline_s`` seconds and
-        append its :attr:`Op.CELL_EXIT` (as harness.drive.runner does); the pair's reply, or
+        append its :attr:`Op.CELL_EXIT` (as harness.drive.runner does, with the load it ran under
+        and the CPU seconds its threads spent, from their run-queue figures); ``request``: what
+        else :meth:`PairServer.serve` takes (``seed``, ``full_waits``, ``matrix``); the pair's reply, or
         ``{"kept": False, "why": ...}`` when it missed the deadline, its process ended or it was
         killed (:meth:`kill`: then this returns within :data:`REPLY_POLL_S` seconds); in those
         cases it is closed."""
         self.busy = True
         try:
-            return self._run(scenario_id, workdir, deadline_s)
+            return self._run(scenario_id, workdir, deadline_s, request)
         finally:
             self.busy = False
 
-    def _run(self, scenario_id: str, workdir: Path, deadline_s: float) -> dict:
+    def _run(self, scenario_id: str, workdir: Path, deadline_s: float, request: dict) -> dict:
+        from harness.drive.load import GroupSampler
+
         shutil.rmtree(workdir, ignore_errors=True)  # an earlier program's cell in the same folder
         workdir.mkdir(parents=True)
         nofollow.open_write(workdir / "history.jsonl", append=True).close()  # CELL_EXIT has a file to go into
         start = time.monotonic()
         reply: dict | None = None
-        self.sock.send_json({"scenario": scenario_id, "workdir": str(workdir)})
+        sampler = GroupSampler(self.process.pid, since_now=True).start()  # this program's share of the pair's threads
+        self.sock.send_json({"scenario": scenario_id, "workdir": str(workdir), **request})
         while time.monotonic() - start < deadline_s and not self.killed and self.process.poll() is None:
             if self.sock.poll(int(REPLY_POLL_S * 1000)):
                 reply = self.sock.recv_json()
@@ -259,12 +297,15 @@ class RolePair:
             how = "interrupted"  # the judge's word for a cell an interrupted run killed
         else:
             how = "deadline" if self.process.poll() is None else "pair-exited"
+        load = sampler.stop()
         if reply is None:
             reply = {"kept": False, "why": {"deadline": "the program passed its deadline",
                                             "interrupted": "the pair was killed (an interrupt)"}.get(
                 how, f"the pair's process ended ({self.process.poll()})")}
-        exit_ = {"impl": self.impl, "scenario": scenario_id, "seed": 0, "how": how, "returncode": self.process.poll(),
-                 "deadline_s": deadline_s, "duration_s": round(time.monotonic() - start, 3), "cpu_s": None,
+        exit_ = {"impl": self.impl, "scenario": scenario_id, "seed": request.get("seed", 0), "how": how,
+                 "returncode": self.process.poll(), "deadline_s": deadline_s,
+                 "duration_s": round(time.monotonic() - start, 3),
+                 "cpu_s": round(sum(p["run_s"] for p in load["processes"].values()), 3), "load": load,
                  "log_tail": "", "pair": True}
         if not reply["kept"]:
             self.close()
@@ -292,7 +333,7 @@ class RolePair:
             if grace_s > 0 and not self.killed and self.process is not None and self.process.poll() is None:
                 self.sock.send_json({"stop": True}, flags=zmq.NOBLOCK)
                 end = time.monotonic() + grace_s
-                while not self.killed and time.monotonic() < end:  # a kill meanwhile ends the wait
+                while not self.killed and time.monotonic() < end and self.process.poll() is None:  # a kill ends it
                     if self.sock.poll(int(REPLY_POLL_S * 1000)):
                         self.sock.recv_json()
                         self.process.wait(timeout=grace_s)
@@ -312,4 +353,4 @@ class RolePair:
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-__all__ = ["PairServer", "RolePair", "serve_pair", "kept", "TRUSTED_STEPS", "DIR_PREFIX"]
+__all__ = ["PairServer", "RolePair", "serve_pair", "kept", "held_writes", "TRUSTED_STEPS", "MATRIX_RETIRING", "DIR_PREFIX"]

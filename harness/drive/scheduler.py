@@ -10,8 +10,9 @@ it judges nothing.
 
 from __future__ import annotations
 
-import threading
 import os
+import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -25,7 +26,9 @@ from harness.drive.forkserver_client import ForkServer, OwnForkServer, ForkServe
 from harness.drive.ports import PortBlocks
 from harness.drive.runner import CellRun, kill_running_cells, run_cell_isolated
 from harness.implementations import implementation
-from harness.judge.results import alone_dir, cell_dir, reference_for_diff_dir
+from harness.drive.warm import WarmPairs
+from harness.judge.results import alone_dir, cell_dir, on_pair_dir, reference_for_diff_dir
+from harness.spec import history as hist
 from harness.judge.verdict import Verdict
 from harness.spec.protocol import REFERENCE
 from harness.spec.scenario import Scenario
@@ -33,6 +36,7 @@ from harness.spec.steps import STEP_TIMEOUT_S
 from harness.target.role_context import BIND_ENV
 from harness.target.sglang import SglangTarget
 
+MIN_IDLE_PAIRS = 4  # idle warm pairs a run keeps at least (harness.drive.warm), whatever its --jobs
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted run keeps killing cells its workers start
 
 
@@ -46,7 +50,11 @@ class Callbacks:
     user should know (a fork server that could not start); ``skip(impl, scenario id)``,
     asked just before a reported cell would start (or run once more alone): True leaves it
     unrun and out of the result, or as first run (``pdconform mutants`` once the cell's
-    mutant was caught); ``on_alone(cell_run)`` when a cell run once more alone ends."""
+    mutant was caught); ``on_alone(cell_run)`` when a cell run once more alone ends;
+    ``confirm(cell_run)``, asked of a reported cell that ran on a warm role pair
+    (harness.drive.warm): True when its result is not the expected one, so that it runs once
+    more in a fresh isolated cell, which is what is reported (the pair's run is kept under
+    ``OUT/on-pair/``)."""
 
     on_start: Callable[[int, int, str, Scenario], None] | None = None
     on_cell: Callable[[int, int, CellRun], None] | None = None
@@ -54,6 +62,7 @@ class Callbacks:
     on_note: Callable[[str], None] | None = None
     skip: Callable[[str, str], bool] | None = None
     on_alone: Callable[[CellRun], None] | None = None
+    confirm: Callable[[CellRun], bool] | None = None
 
 
 class _Gate:
@@ -96,6 +105,7 @@ class _Task:
     impl: str
     workdir: Path
     reported: bool
+    isolated: bool = False  # never on a warm pair (a rerun alone)
 
 
 @dataclass
@@ -104,7 +114,8 @@ class Schedule:
     at a time, ``fork`` (from fork servers) or fresh interpreters, ``full_waits``
     (harness.spec.steps.STALL_CUT_S), ``duration_hint`` (seconds per (scenario, impl):
     longest first; default the scenarios' inherent waits), ``priority`` (per (scenario,
-    impl), default 0: lower starts first, then longest first)."""
+    impl), default 0: lower starts first, then longest first), ``pairs`` (cells on warm role
+    pairs where they can be, harness.drive.warm; False: every cell isolated)."""
 
     target: SglangTarget
     seed: int = 0
@@ -113,6 +124,7 @@ class Schedule:
     full_waits: bool = False
     duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
     priority: dict[tuple[str, str], int] = field(default_factory=dict)
+    pairs: bool = False
 
 
 def fork_group(impl: str) -> str:
@@ -214,6 +226,9 @@ class _Run:
         self.noted: set[str] = set()
         self.stopping = threading.Event()
         self.gate = _Gate(self.stopping)
+        # idle pairs at most: one per cell at once (at least MIN_IDLE_PAIRS), so a run holds about twice its cells' roles
+        self.warm = (WarmPairs(schedule.target, out_dir, self.stopping, max(schedule.jobs, MIN_IDLE_PAIRS))
+                     if schedule.pairs else None)
 
     def note(self, text: str) -> None:
         if self.cb.on_note:
@@ -260,19 +275,48 @@ class _Run:
             return None
         base = self.ports.acquire()
         try:
-            cell = run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir,
-                                     target=self.schedule.target,
-                                     on_event=self.cb.on_event if task.reported else None, fork_server=fork_server,
-                                     base_port=base, full_waits=self.schedule.full_waits)
+            if not self.execute(task, fork_server, base):
+                return None
         finally:
             self.ports.release(base)
             self.gate.leave(alone)
-        cell = CellRun(cell.scenario, cell.impl, cell.workdir, task.reported)
+        cell = CellRun(task.scenario.id, task.impl, task.workdir, task.reported)
         if task.reported and self.cb.on_cell:
             with self.lock:
                 self.done += 1
                 self.cb.on_cell(self.done, self.reported, cell)
         return cell
+
+    def execute(self, task: _Task, fork_server: ForkServer | None, base: int) -> bool:
+        """Run ``task``'s cell on a warm pair when it can (and confirm it isolated when its
+        result is not the expected one), else isolated on port block ``base``; False when the
+        run stopped before a pair could start."""
+        on_event = self.cb.on_event if task.reported else None
+        if self.warm is None or task.isolated or self.warm.why_isolated(task.scenario, self.schedule.seed):
+            run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir, target=self.schedule.target,
+                              on_event=on_event, fork_server=fork_server, base_port=base,
+                              full_waits=self.schedule.full_waits)
+            return True
+        try:
+            self.warm.run(task.impl, task.scenario, self.schedule.seed, task.workdir, self.schedule.full_waits,
+                          fork_server)
+        except KeyboardInterrupt:
+            if self.stopping.is_set():  # the run was interrupted before the pair started
+                return False
+            raise
+        if on_event is not None:  # a pair's cell is followed once it has ended
+            for event in hist.load(task.workdir / "history.jsonl"):
+                on_event(event)
+        if task.reported and self.cb.confirm and not self.stopping.is_set() and self.cb.confirm(
+                CellRun(task.scenario.id, task.impl, task.workdir, True)):
+            confirmed = on_pair_dir(self.out_dir, task.scenario.id, task.impl)
+            shutil.rmtree(confirmed, ignore_errors=True)
+            confirmed.parent.mkdir(parents=True, exist_ok=True)
+            task.workdir.rename(confirmed)
+            run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir, target=self.schedule.target,
+                              on_event=on_event, fork_server=fork_server, base_port=base,
+                              full_waits=self.schedule.full_waits)
+        return True
 
     def priority(self, i: int) -> int:
         """Task ``i``'s ``Schedule.priority`` (lower starts first; 0 when not given)."""
@@ -294,10 +338,17 @@ class _Run:
         pending = self.order()
 
         def next_task() -> int | None:
-            """The longest pending cell whose fork server is ready; else the longest of all."""
+            """The longest pending cell an idle warm pair can serve; else the longest whose fork
+            server is ready; else the longest of all."""
             with self.lock:
                 if self.stopping.is_set() or not pending:
                     return None
+                warm = self.warm
+                for i in pending if warm is not None else ():
+                    task = self.tasks[i]
+                    if warm.idle_for(warm.key(task.impl, task.scenario, self.schedule.seed)):
+                        pending.remove(i)
+                        return i
                 for i in pending:
                     z = self.fork_servers.get(fork_group(self.tasks[i].impl))
                     if z is None or z.ready_now():
@@ -345,7 +396,7 @@ def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
     for scenario_id, impl in keys:
         if run.cb.skip and run.cb.skip(impl, scenario_id):  # an earlier rerun settled what this one would
             continue
-        cell = run.work(_Task(by_id[scenario_id], impl, alone_dir(run.out_dir, scenario_id, impl), False))
+        cell = run.work(_Task(by_id[scenario_id], impl, alone_dir(run.out_dir, scenario_id, impl), False, isolated=True))
         if cell is not None and run.cb.on_alone:
             run.cb.on_alone(cell)
 
@@ -383,6 +434,8 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
         if again is not None:
             run_alone(run, again([c for task, c in zip(tasks, results) if task.reported and c is not None]))
     finally:
+        if run.warm is not None:
+            run.warm.close()
         close_fork_servers(run.fork_servers)
         for stray in kill_descendants(keep=ours_before):
             run.note(f"ended a process a cell left behind: {stray}")

@@ -32,7 +32,7 @@ from harness.judge.load import cell_load, starved, timing_only
 from harness.judge.checks import CheckResult
 from harness.judge.expectations import Expectation, Expectations
 from harness.judge.expectations import apply as apply_expectation
-from harness.judge.results import CellResult, RunResult, alone_dir, cell_dir
+from harness.judge.results import CellResult, RunResult, alone_dir, cell_dir, on_pair_dir
 from harness.judge.verdict import Level, Verdict
 from harness.spec.text import clean, clean_tree
 from harness.spec.history import START_OPS, Event, Op
@@ -145,6 +145,7 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
         reason=reason, checks=[r.to_dict() for r in checks], workdir=workdir,
     )
     result.load = cell_load(history)
+    result.pair = (start or {}).get("pair")
     result.starved, result.timing_only = starved(result.load), verdict != Verdict.PASS and timing_only(
         history, result.checks)
     if reference and impl != REFERENCE and not scenario.test_only and verdict != Verdict.UNSUPPORTED:
@@ -167,14 +168,16 @@ def judge_cell(scenario: Scenario, seed: int, history: list[dict], impl: str, ex
 
 def judge_run(run: RunResult, out_dir: str | Path, cells: list[tuple[str, str]], scenarios: dict[str, Scenario],
               histories: dict[tuple[str, str], list[dict]], expectations: Expectations | None = None,
-              alone: dict[tuple[str, str], list[dict]] | None = None) -> RunResult:
+              alone: dict[tuple[str, str], list[dict]] | None = None,
+              on_pair: dict[tuple[str, str], list[dict]] | None = None) -> RunResult:
     """``run`` (its run-level fields) with a judged cell for each ``(scenario id, impl)`` of
     ``cells``, in that order.  ``histories`` maps ``(scenario, impl)`` to events, with
     ``(scenario, "reference")`` for the divergence (harness.judge.results.load_histories);
     ``alone`` the histories of the cells run once more alone (harness.judge.load.needs_alone;
     harness.judge.results.load_alone_histories), each judged the same way into its cell's
-    ``alone``.  Pure apart from reading nothing: every input is passed in."""
-    alone = alone or {}
+    ``alone``; ``on_pair`` those of the cells' runs on a warm pair that were confirmed isolated,
+    judged into the cell's ``on_pair``.  Pure apart from reading nothing: every input is passed in."""
+    alone, on_pair = alone or {}, on_pair or {}
     judged = []
     for scenario_id, impl in cells:
         judge_one = partial(judge_cell, scenarios[scenario_id], run.seed, impl=impl, expectations=expectations,
@@ -182,6 +185,8 @@ def judge_run(run: RunResult, out_dir: str | Path, cells: list[tuple[str, str]],
         cell = judge_one(histories.get((scenario_id, impl), []), workdir=str(cell_dir(out_dir, scenario_id, impl)))
         if (scenario_id, impl) in alone:
             cell.alone = judge_one(alone[(scenario_id, impl)], workdir=str(alone_dir(out_dir, scenario_id, impl)))
+        if (scenario_id, impl) in on_pair:
+            cell.on_pair = judge_one(on_pair[(scenario_id, impl)], workdir=str(on_pair_dir(out_dir, scenario_id, impl)))
         judged.append(cell)
     out = RunResult(**{f: getattr(run, f) for f in run.__struct_fields__ if f != "cells"}, cells=judged)
     out.expectations = expectations.path if expectations else run.expectations

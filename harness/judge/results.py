@@ -71,6 +71,12 @@ class CellResult(msgspec.Struct, kw_only=True):
     # the same cell run once more alone at the end of the run, judged the same way, when it was worse
     # than expected only on timing bounds and ran starved (harness.judge.load.needs_alone); None otherwise
     alone: Optional["CellResult"] = None
+    # the warm role pair it ran on (harness.drive.warm): ``program`` (how many cells the pair served
+    # before it), ``reused``, ``room_shift``; None when it ran isolated
+    pair: Optional[dict[str, Any]] = None
+    # its run on a warm pair, judged the same way, when that result was not the expected one and the
+    # cell ran once more isolated (this cell's own fields are the isolated run's); None otherwise
+    on_pair: Optional["CellResult"] = None
 
     @property
     def as_expected(self) -> bool:
@@ -199,6 +205,7 @@ LOCK = ".pdconform.lock"
 CELLS_DIR = "cells"  # RUN/cells/SCENARIO--IMPL/: a reported cell's work directory
 REFERENCE_FOR_DIFF_DIR = "reference-for-diff"  # RUN/reference-for-diff/SCENARIO/: a reference cell for the diff only
 ALONE_DIR = "alone"  # RUN/alone/SCENARIO--IMPL/: a cell run once more alone (harness.judge.load.needs_alone)
+ON_PAIR_DIR = "on-pair"  # RUN/on-pair/SCENARIO--IMPL/: a cell's run on a warm pair, confirmed isolated after
 TREND_PAGE = "trend.html"  # OUT/trend.html: every stored run side by side (harness.report.trend)
 #: every file a run writes into its run folder beside the cell folders
 REPORT_FILES = ("results.json", "junit.xml", "summary.md", "index.html")
@@ -226,15 +233,23 @@ def reference_for_diff_dir(out_dir: str | Path, scenario: str) -> Path:
     return Path(out_dir) / REFERENCE_FOR_DIFF_DIR / scenario
 
 
+def on_pair_dir(out_dir: str | Path, scenario: str, impl: str) -> Path:
+    """Where a cell's run on a warm role pair is kept when its result was not the expected one
+    and the cell ran once more isolated (harness.drive.scheduler; the isolated run is reported)."""
+    return Path(out_dir) / ON_PAIR_DIR / cell_dir_name(scenario, impl)
+
+
 def alone_dir(out_dir: str | Path, scenario: str, impl: str) -> Path:
     """Where a cell that ran starved runs once more alone, at the end of its run."""
     return Path(out_dir) / ALONE_DIR / cell_dir_name(scenario, impl)
 
 
-def load_alone_histories(out_dir: str | Path, cells: list[tuple[str, str]]) -> dict[tuple[str, str], list[dict]]:
-    """The histories of the cells of ``cells`` that were run once more alone (:func:`alone_dir`),
-    keyed ``(scenario, impl)``; a cell without one gives no key.  Never raises."""
-    paths = {key: alone_dir(out_dir, *key) / "history.jsonl" for key in cells}
+def load_alone_histories(out_dir: str | Path, cells: list[tuple[str, str]],
+                         where=alone_dir) -> dict[tuple[str, str], list[dict]]:
+    """The histories of the cells of ``cells`` that were run once more alone (:func:`alone_dir`;
+    ``where=on_pair_dir``: the runs on a warm pair confirmed isolated), keyed ``(scenario,
+    impl)``; a cell without one gives no key.  Never raises."""
+    paths = {key: where(out_dir, *key) / "history.jsonl" for key in cells}
     return {key: hist.load(path) for key, path in paths.items() if path.is_file()}
 
 

@@ -1,0 +1,123 @@
+"""Matrix cells on warm role pairs (harness.drive.warm): rooms moved per cell
+(harness.drive.room_shift), which cells may share a pair, when a pair is retired, and what the
+shared run gives up, checked against the same cells run isolated (same verdicts, same failing
+checks); a cell whose result is not the expected one is confirmed in a fresh cell."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from cellruns import run_cells
+
+from harness.drive.pair import held_writes, kept
+from harness.drive.room_shift import MIN_DIGITS, RoomShift, shiftable
+from harness.drive.warm import WarmPairs
+from harness.spec import steps as s
+from harness.spec.history import Event, Op
+from harness.spec.rooms import ROOM_STRIDE
+from harness.spec.scenario import get_scenario
+from harness.target.sglang import installed_target
+
+ROOM = 3922118255432057885
+OK_OBS = {"prefill": {"type": Event.OK, "value": {"loops": {"control": True}, "dead_threads": []}}}
+
+
+def test_a_room_moves_in_every_value_that_names_it_and_back():
+    shift = RoomShift([ROOM, 12345678901], 3)
+    moved = ROOM + 3 * ROOM_STRIDE
+    call = {"room": ROOM, "rooms": [ROOM, 7], "pages": [1, 2, 3], "frames": [(b"ABORT", str(ROOM).encode(), b"9")],
+            "flag": True, "note": f"room {ROOM} failed; port 12345"}
+    out = shift.out(call)
+    assert out["room"] == moved and out["rooms"] == [moved, 7] and out["pages"] == [1, 2, 3] and out["flag"] is True
+    assert out["frames"] == [(b"ABORT", str(moved).encode(), b"9")] and out["note"] == f"room {moved} failed; port 12345"
+    assert shift.back(out) == call
+    reply = {"rooms": {moved: {"held": [f"manager.transfer_infos[{moved}]"]}}, "other": moved + 1}
+    assert shift.back(reply) == {"rooms": {ROOM: {"held": [f"manager.transfer_infos[{ROOM}]"]}}, "other": moved + 1}
+    long_run = b"9" * 2_000_000  # a malformed frame's digits name no room, and cost no big-int parse
+    assert shift.out(long_run) == long_run
+    assert moved % 840 == ROOM % 840  # every room keeps its DP engine (R-DP-1)
+
+
+def test_only_long_rooms_move():
+    assert shiftable([ROOM]) and not shiftable([7]) and not shiftable([10 ** (MIN_DIGITS - 1) - 1])
+    assert not shiftable([2**62])
+    with pytest.raises(ValueError):
+        RoomShift([42], 1)
+    with pytest.raises(ValueError):
+        RoomShift([ROOM], 0)
+
+
+def test_a_matrix_pair_is_retired_after_a_kill_restart_or_point_and_vouched_for_otherwise():
+    done = {"outcome": "completed"}
+    plain = [s.StartRoles(), s.OpenRoom(ROOM), s.EngineFaults("prefill", delay_s=0.5),
+             s.InjectFrames("prefill", ((b"x",),)), s.FreezeRole("prefill"), s.ThawRole("prefill")]
+    assert kept(plain, done, OK_OBS, alive=True, matrix=True) == ""
+    for odd in (s.KillRole("prefill"), s.RestartRole("prefill"), s.ArmPoint("prefill", "worker-take-chunk")):
+        assert type(odd).__name__ in kept(plain + [odd], done, OK_OBS, alive=True, matrix=True)
+    assert "never" not in kept(plain, done, OK_OBS, True, matrix=True)
+    assert "EngineFaults" in kept(plain + [s.EngineFaults("prefill", never_complete=True)], done, OK_OBS, True, True)
+    # explore's rule is unchanged: a step outside its trusted list ends its pair
+    assert "OpenSender" in kept([s.StartRoles(), s.OpenSender(ROOM)], done, OK_OBS, alive=True)
+
+
+def test_a_write_an_engine_fault_still_holds_retires_the_pair():
+    fault = {"op": Op.ENGINE_FAULT, "value": {"fault": "slow", "t": 100.0, "delay_s": 60.0}}
+    assert "in flight" in held_writes([fault], now=130.0)
+    assert held_writes([fault], now=161.0) == ""
+    gave_up = {"op": Op.ENGINE_FAULT, "value": {"fault": "fail", "t": 100.0, "after_s": 6.0}}
+    assert held_writes([gave_up], now=101.0) == ""
+
+
+def test_which_cells_run_isolated():
+    warm = WarmPairs(installed_target(), Path("/nonexistent"), threading.Event(), 1)
+    assert warm.why_isolated(get_scenario("happy-path"), 0) == ""
+    assert "constructors" in warm.why_isolated(get_scenario("early-watermark"), 0)
+    assert "TransferLayouts" in warm.why_isolated(get_scenario("draft-kv-layout"), 0)
+    happy = get_scenario("happy-path")
+    short = replace(happy, id="happy-short", steps=lambda seed: [happy.steps(seed)[0], s.OpenRoom(5)])
+    assert "too short" in warm.why_isolated(short, 0)
+    assert "no other cell" in warm.why_isolated(replace(happy, alone="a network fault"), 0)
+    assert warm.key("mooncake", happy, 0) == warm.key("mooncake", get_scenario("decode-first"), 0)
+    assert warm.key("mooncake", happy, 0) != warm.key("mooncake", get_scenario("bootstrap-timeout"), 0)
+
+
+# cells that share one StartRoles (and so pairs), with late messages, ABORTs and an engine fault
+SHARED = ["happy-path", "decode-first", "late-old-status", "abort-unguarded", "slow-aux", "stale-chunk-after-clear"]
+
+
+def _failing(cell) -> list[str]:
+    return sorted(c["name"] for c in cell.checks if not c.get("ok"))
+
+
+@pytest.mark.e2e
+def test_cells_on_warm_pairs_judge_as_they_do_isolated(tmp_path):
+    """The isolation pairs give up, checked: the same cells on pairs and isolated give the same
+    verdicts and failing checks, and pairs were reused (nightly: the whole default set)."""
+    scenarios = [get_scenario(x) for x in SHARED]
+    impls = ["reference", "mooncake"]
+    paired = run_cells(impls, scenarios, tmp_path / "pairs", jobs=4)
+    isolated = run_cells(impls, scenarios, tmp_path / "isolated", jobs=4, isolated=True)
+    assert [(c.scenario, c.impl, c.verdict, _failing(c)) for c in paired.cells] == \
+        [(c.scenario, c.impl, c.verdict, _failing(c)) for c in isolated.cells]
+    assert any(c.pair and c.pair["reused"] for c in paired.cells if c.impl == "mooncake")
+    assert all(c.pair is None and c.on_pair is None for c in isolated.cells)
+
+
+@pytest.mark.e2e
+def test_an_unexpected_result_on_a_pair_is_confirmed_in_a_fresh_cell(tmp_path):
+    from harness.judge.expectations import load_expectations
+
+    planted = tmp_path / "expect.toml"  # a planted wrong expectation: happy-path x reference FAILs
+    planted.write_text('sglang = "0"\n[[expect]]\nscenario = "happy-path"\nimpl = "reference"\nverdict = "FAIL"\n'
+                       'reason = "planted"\nlink = "tests/test_warm.py"\n')
+    expectations = load_expectations(planted, ["reference"], ["happy-path", "decode-first"])
+    run = run_cells(["reference"], [get_scenario("decode-first"), get_scenario("happy-path")], tmp_path / "out",
+                    expectations=expectations)
+    confirmed = {c.scenario: c for c in run.cells}["happy-path"]
+    assert confirmed.verdict == "PASS" and confirmed.pair is None  # the reported run is the fresh cell's
+    assert confirmed.on_pair is not None and confirmed.on_pair.verdict == "PASS" and confirmed.on_pair.pair
+    assert (tmp_path / "out" / "on-pair" / "happy-path--reference" / "history.jsonl").is_file()
+    assert {c.scenario: c for c in run.cells}["decode-first"].on_pair is None  # as expected: not run twice
