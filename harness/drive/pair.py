@@ -123,6 +123,7 @@ class PairServer:
         from harness.spec.scenario import get_scenario
 
         workdir.mkdir(parents=True, exist_ok=True)
+        logs_at = self._log_sizes()
         history = History(workdir / "history.jsonl")
         scenario = get_scenario(scenario_id)
         steps = scenario.steps(seed)
@@ -155,7 +156,26 @@ class PairServer:
         outcome["pair"] = {"program": self.served - 1, "reused": reused, "kept": not why, "why": why}
         history.record(Event.INFO, Op.CELL_END, None, None, value=outcome)
         history.close()
+        self._copy_logs(logs_at, workdir, shift)
         return {"kept": not why, "why": why}
+
+    def _log_sizes(self) -> dict[str, int]:
+        """Each role log's size in bytes now (the roles write ``NAME.log`` into the pair's folder)."""
+        return {p.name: p.stat().st_size for p in self.workdir.glob("*.log") if p.name != "cell.log" and p.is_file()}
+
+    def _copy_logs(self, since: dict[str, int], workdir: Path, shift) -> None:
+        """Into ``workdir``, under each role log's own name, what the roles wrote while one
+        program ran (from ``since``'s sizes), with its rooms moved back (``shift``): the cell
+        folder holds its role logs as an isolated cell's does (the cell page and the judge's
+        readers look there)."""
+        if workdir.resolve() == self.workdir.resolve():
+            return
+        for name, size in self._log_sizes().items():
+            with open(self.workdir / name, "rb") as src:
+                src.seek(since.get(name, 0))
+                text = src.read()
+            with nofollow.open_write(workdir / name) as out:
+                out.write(shift.back(text) if shift else text)
 
     def _start(self, d, step: s.Step, key: str, reused: bool) -> None:
         """Step 0: start the roles (first program), or record what their start recorded and begin
