@@ -12,8 +12,10 @@ JOBS ?= $(shell echo $$(( 8 * $$(nproc) )))
 setup:
 	@SGLANG_VERSION=$(SGLANG_VERSION) VENV=$(VENV) scripts/setup.sh
 
+# p1-d1 and the default topology set (TP, PP, DP shapes), cells on warm role pairs (harness/drive/warm.py;
+# --isolated runs each in a fresh process, as repro does)
 matrix: setup
-	$(PDCONFORM) run --jobs $(JOBS) $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
+	$(PDCONFORM) run --jobs $(JOBS) --topology p1-d1 --topology default $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 
 # three workers (pytest-xdist): the tests mostly wait on role processes and timers; the tests
 # marked nightly (minute-long runs across network namespaces, bench's own test) run in `make nightly`

@@ -15,6 +15,10 @@ from cellruns import run_cells
 from harness.drive.pair import held_writes, kept
 from harness.drive.room_shift import MIN_DIGITS, RoomShift, shiftable
 from harness.drive.warm import WarmPairs
+from harness.report.files import summary_markdown
+from harness.report.html import render_index_html
+from harness.report.load import pair_line, pairs_sentence
+from harness.report.terminal import reasons
 from harness.spec import steps as s
 from harness.spec.history import Event, Op
 from harness.spec.rooms import ROOM_STRIDE
@@ -121,3 +125,49 @@ def test_an_unexpected_result_on_a_pair_is_confirmed_in_a_fresh_cell(tmp_path):
     assert confirmed.on_pair is not None and confirmed.on_pair.verdict == "PASS" and confirmed.on_pair.pair
     assert (tmp_path / "out" / "on-pair" / "happy-path--reference" / "history.jsonl").is_file()
     assert {c.scenario: c for c in run.cells}["decode-first"].on_pair is None  # as expected: not run twice
+    said = pair_line(confirmed)  # every report says the reported run is the fresh one
+    assert said.startswith("confirmed in a fresh cell: PASS on a warm pair") and said.endswith("PASS fresh")
+    assert said in summary_markdown(run).replace("\\", "") and "confirmed fresh" in render_index_html(run)
+    assert "1 not as expected there ran again in a fresh cell" in pairs_sentence(run)
+
+
+def test_reports_say_a_cell_ran_on_a_reused_pair_and_escape_what_the_history_holds():
+    from harness.judge.results import CellResult, RunResult
+    from harness.target.sglang import SglangInfo
+
+    reused = CellResult(impl="mooncake", scenario="happy-path", verdict="FAIL", reason="r",
+                        pair={"program": "<b>7</b>", "reused": True, "room_shift": 7})
+    first = CellResult(impl="nixl", scenario="happy-path", verdict="PASS", pair={"program": 0, "reused": False})
+    run = RunResult(sglang=SglangInfo(version="0.5.23", path="", source="installed"), seed=0, cells=[reused, first])
+    assert pair_line(reused) == "ran on a warm role pair (its program <b>7</b>, rooms moved 7 strides)"
+    assert pair_line(first) == ""  # a pair's first program starts its roles as an isolated cell does
+    assert pairs_sentence(run).startswith("1 of 2 cells ran on a warm role pair after an earlier cell")
+    assert any("rooms moved 7 strides" in line for line in reasons(run))
+    assert "<b>7</b>" not in summary_markdown(run) and "&lt;b&gt;" not in pairs_sentence(run)
+
+
+@pytest.mark.nightly
+def test_the_whole_default_set_judges_the_same_on_pairs_and_isolated(tmp_path):
+    """Issue 37's comparison: ``make matrix``'s cells (p1-d1 and the default topology set, every
+    implementation, the shipped expectations) once on warm pairs and once ``--isolated`` give
+    the same verdict and failing checks in every cell, and pairs served most cells."""
+    import json
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    expectations = Path(__file__).parent.parent / "expectations" / f"sglang-{version('sglang')}.toml"
+    runs, reused = {}, 0
+    for how in ("pairs", "isolated"):
+        args = [str(Path(sys.executable).parent / "pdconform"), "run", "--topology", "p1-d1", "--topology", "default", "--jobs", "16",
+                "--out", str(tmp_path / how)] + (["--isolated"] if how == "isolated" else [])
+        args += ["--expectations", str(expectations)] if expectations.is_file() else []
+        subprocess.run(args, timeout=900, check=False, capture_output=True)
+        cells = json.loads((tmp_path / how / "latest" / "results.json").read_text())["cells"]
+        reused += sum(bool((c.get("pair") or {}).get("reused")) for c in cells)
+        runs[how] = {(c["scenario"], c["impl"]): (c["verdict"], sorted(ch["name"] for ch in c["checks"]
+                                                                        if ch.get("ok") is False)) for c in cells}
+    assert len(runs["pairs"]) > 300 and runs["pairs"].keys() == runs["isolated"].keys()
+    differ = {k: (runs["pairs"][k], runs["isolated"][k]) for k in runs["pairs"] if runs["pairs"][k] != runs["isolated"][k]}
+    assert not differ
+    assert reused > len(runs["pairs"]) / 4  # the isolated run reuses nothing: these are the pairs' run's

@@ -29,8 +29,9 @@ from typing import Mapping
 from harness import ROOT, nofollow
 from harness.judge.divergence import describe_parts
 from harness.judge.divergence import normalize
-from harness.judge.results import CellResult, RunResult, cell_dir, write_atomic
+from harness.judge.results import ON_PAIR_DIR, CellResult, RunResult, cell_dir, cell_dir_name, write_atomic
 from harness.report import timeline as tl
+from harness.report.load import pair_line
 from harness.report.templates_env import env
 from harness.report.terminal import expectation_gap, known_label, reproduce_command
 from harness.spec.history import Event, Op
@@ -273,6 +274,8 @@ def cell_view(run: RunResult, cell: CellResult, events: list[dict] | None, refer
         "has_reference": bool(reference),
         "rows": rows, "left_out": left_out, "history_total": len(events),
         "reproduce": reproduce_command(run, cell),
+        "pair": pair_line(cell),  # a warm role pair's cell, or one confirmed in a fresh cell (harness.drive.warm)
+        "pair_href": f"../../{ON_PAIR_DIR}/{cell_dir_name(cell.scenario, cell.impl)}/history.jsonl",
         "baseline": (run.baseline or {}).get("marks", {}).get(f"{cell.scenario} x {cell.impl}"),
     }
 

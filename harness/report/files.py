@@ -27,7 +27,7 @@ from harness.judge.divergence import describe as describe_divergence
 from harness.judge.expectations import fixes, is_fix, regressions, under_load
 from harness.judge.results import VERDICTS, CellResult, RunResult, write_atomic
 from harness.report.html import write_index_html
-from harness.report.load import alone_line, load_warning, starved_line
+from harness.report.load import alone_line, load_warning, pair_line, pairs_sentence, starved_line
 from harness.report.safe import cut, md, md_code
 from harness.report.run_diff import baseline_rows
 from harness.report.terminal import bug_id, engine_settings_line, expectation_gap, known_label, reproduce_command
@@ -169,6 +169,8 @@ def _matrix_markdown(run: RunResult) -> list[str]:
                 text += f" known {md(known_label(cell))}"
             if cell.alone is not None:  # run again alone (harness.judge.load)
                 text += f"<br>{cell.alone.verdict} alone" + (": timing under load" if cell.under_load else "")
+            if cell.on_pair is not None:  # its run on a warm pair was not as expected (harness.drive.warm)
+                text += f"<br>confirmed fresh ({cell.on_pair.verdict} on a pair)"
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
     return lines
@@ -184,6 +186,8 @@ def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
         lines.append(f"  - {md(cut(describe_divergence(cell.divergence)))}")
     if alone_line(cell) or starved_line(cell):  # the load it ran under (harness.judge.load)
         lines.append(f"  - load: {md(alone_line(cell) or starved_line(cell))}")
+    if pair_line(cell):  # a warm role pair's cell, or one confirmed in a fresh cell (harness.drive.warm)
+        lines.append(f"  - ran: {md(pair_line(cell))}")
     if cell.expected_reason:
         link = doc_link(run, cell.expected_link)
         shown = f"[{md(bug_id(cell.expected_link))}]({link})" if re.match(r"^(https?://|docs/)", link) else md(link)
@@ -226,6 +230,8 @@ def summary_markdown(run: RunResult) -> str:
         lines[-1:-1] = ["", md(engine_settings_line(run))]
     if load_warning(run):
         lines += [f"> **Warning**: {md(load_warning(run))}", ""]
+    if pairs_sentence(run):
+        lines += [md(pairs_sentence(run)), ""]
     lines += _matrix_markdown(run)
     lines += _baseline_markdown(run)
     if regs or fixed:

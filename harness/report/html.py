@@ -20,7 +20,7 @@ from typing import Mapping
 
 from harness.judge.results import VERDICTS, CellResult, RunResult, cell_dir_name, write_atomic
 from harness.report.cell_page import CELL_PAGE, docs_href, requirement_link, write_cell_pages
-from harness.report.load import alone_line, load_warning, starved_line
+from harness.report.load import alone_line, load_warning, pair_line, pairs_sentence, starved_line
 from harness.report.templates_env import env
 from harness.report.terminal import bug_id, engine_settings_line, expectation_gap, known_label, reproduce_command
 from harness.spec.requirements import requirements
@@ -50,6 +50,7 @@ def _cell_view(run: RunResult, cell: CellResult) -> dict:
                                                                          if mark["checks"] else "")) if mark else "",
         "reproduce": reproduce_command(run, cell),
         "load": alone_line(cell) or starved_line(cell),  # the load it ran under, the alone run (harness.judge.load)
+        "pair": pair_line(cell),  # a warm role pair's cell, or one confirmed in a fresh cell (harness.drive.warm)
     }
 
 
@@ -96,7 +97,7 @@ def render_index_html(run: RunResult, trend_href: str | None = None) -> str:
     return env.get_template("index.html.j2").render(
         run=run, columns=columns, scenarios=scenarios, views=views, counts=counts, all_pass=all_pass,
         unexpected=sum(1 for c in run.cells if not c.as_expected), engine_settings=engine_settings_line(run),
-        under_load=sum(c.under_load for c in run.cells), load_warning=load_warning(run),
+        under_load=sum(c.under_load for c in run.cells), load_warning=load_warning(run), pairs=pairs_sentence(run),
         non_pass=[views[(c.scenario, c.impl)] for c in run.cells if c.verdict != "PASS"],
         requirements=requirement_view(run), trend_href=trend_href,
         baseline_counts=baseline_rows(run)[0] if run.baseline else {},

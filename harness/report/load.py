@@ -4,8 +4,10 @@ Each cell's entry carries the load it ran under and whether it ran starved
 (harness.judge.load: the rule, and the alone run of a cell worse than expected only on
 timing bounds).  The terminal, summary.md and index.html say the same from here:
 :func:`load_warning` for the run, :func:`starved_line` for a cell, :func:`alone_line`
-for a cell run again alone.  Strings here hold only numbers and verdicts; the callers
-escape for their medium all the same.
+for a cell run again alone.  How a cell ran is said here too: :func:`pair_line` for a cell
+that ran on a warm role pair or was confirmed in a fresh cell (harness.drive.warm),
+:func:`pairs_sentence` for the run.  Strings here hold only numbers and verdicts; the
+callers escape for their medium all the same.
 """
 
 from __future__ import annotations
@@ -67,3 +69,35 @@ def alone_line(cell: CellResult) -> str:
     alone = f"{cell.alone.verdict} alone" + (f" (itself starved: {cell.alone.starved})" if cell.alone.starved else "")
     verdict = "timing under load" if cell.under_load else "not as expected alone either"
     return f"{first}, {alone}: {verdict}"
+
+
+def pair_line(cell: CellResult) -> str:
+    """How ``cell`` ran when not in a fresh process of its own (harness.drive.warm): ``ran on a
+    warm role pair (its program 4, rooms moved 3 strides)``; for a cell whose run on a pair was
+    not as expected and ran once more isolated, ``confirmed in a fresh cell: FAIL on a warm
+    pair (its program 4), FAIL fresh`` (the fresh run is the one reported); "" for a cell that
+    ran isolated."""
+    if cell.on_pair is not None:
+        first = cell.on_pair.pair or {}
+        return (f"confirmed in a fresh cell: {cell.on_pair.verdict} on a warm pair (its program "
+                f"{first.get('program', '?')}), {cell.verdict} fresh")
+    if not cell.pair or not cell.pair.get("reused"):
+        return ""  # a pair's first program runs as an isolated cell does: nothing to say
+    return (f"ran on a warm role pair (its program {cell.pair.get('program', '?')}, "
+            f"rooms moved {cell.pair.get('room_shift', '?')} strides)")
+
+
+def pairs_sentence(run: RunResult) -> str:
+    """For the run: how many cells ran on a warm role pair after another cell (the rest ran as
+    isolated cells do) and how many of those were confirmed in a fresh cell; "" when none did
+    (``run --isolated``, repro, or a run made before pairs)."""
+    reused = [c for c in run.cells if (c.pair or {}).get("reused") or c.on_pair is not None]
+    if not reused:
+        return ""
+    confirmed = [c for c in run.cells if c.on_pair is not None]
+    same = sum(c.on_pair.verdict == c.verdict and c.on_pair.failing_checks == c.failing_checks for c in confirmed)
+    text = f"{len(reused)} of {len(run.cells)} cells ran on a warm role pair after an earlier cell"
+    if confirmed:
+        text += (f"; {len(confirmed)} not as expected there ran again in a fresh cell (reported), "
+                 f"{same} with the same verdict and failing checks")
+    return text + " (harness/drive/warm.py; run --isolated runs every cell fresh)"

@@ -16,7 +16,7 @@ from rich.text import Text
 from harness.implementations import registered
 from harness.judge.divergence import describe as describe_divergence
 from harness.judge.results import CellResult, RunResult
-from harness.report.load import alone_line, starved_line
+from harness.report.load import alone_line, pair_line, starved_line
 from harness.report.safe import cut, terminal
 
 VERDICT_STYLE = {"PASS": "bold green", "FAIL": "bold red", "WARN": "yellow",
@@ -45,6 +45,8 @@ def cell_text(cell: CellResult) -> Text:
     if cell.alone is not None:  # run again alone (harness.judge.load): both results, the second on its own line
         text.append(f"\n{cell.alone.verdict} alone" + (": timing under load" if cell.under_load else ""),
                     style="yellow" if cell.under_load else "bold red")
+    if cell.on_pair is not None:  # its run on a warm pair was not as expected: the fresh run is shown
+        text.append(f"\nconfirmed fresh ({cell.on_pair.verdict} on a pair)", style="dim")
     details = [d for d in (cell.engine, _size(cell.bytes_verified) if cell.bytes_verified else None) if d]
     if details:
         text.append("\n" + terminal(", ".join(details)), style="dim")
@@ -205,6 +207,8 @@ def reasons(run: RunResult, prog: str | None = None) -> list[str]:
             lines.append(f"    not as expected: {expectation_gap(c)}")
         if alone_line(c) or starved_line(c):  # the load it ran under, and the alone run's verdict
             lines.append(f"    {alone_line(c) or starved_line(c)}")
+        if pair_line(c):  # a warm role pair's cell, or one confirmed in a fresh cell (harness.drive.warm)
+            lines.append(f"    {pair_line(c)}")
         if c.divergence:
             lines.append(f"    {cut(describe_divergence(c.divergence))}")
         lines.append(f"    reproduce: {reproduce_command(run, c, prog=prog)}")
