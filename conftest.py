@@ -13,6 +13,10 @@
   distribution) and plain imports get .pyc files too.  Without it every pytest process (each
   xdist worker, and the pytest runs some tests start) rewrites ~300 modules again, 6 s of
   CPU each.  Child processes keep the environment's setting.
+* Runs made in a test process share fork servers (harness.drive.kept_servers): each run's own
+  would import sglang again, about 40 % of the suite's CPU.  A test that is about a run's own
+  fork server (its log, its death, an interrupt while it imports) is marked
+  ``fresh_fork_servers`` and starts and ends its own, as ``pdconform`` does.
 * The suite never writes into the checkout's reports/ (a user's `make matrix` results
   live there): the session fails when anything under reports/ changed.
 """
@@ -21,6 +25,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 os.environ["PDCONFORM_TEST_SCENARIOS"] = "1"
@@ -29,6 +34,18 @@ sys.dont_write_bytecode = False  # pytest's rewrite cache (see above); the envir
 settings.register_profile("ci", deadline=None, max_examples=150, stateful_step_count=40, database=None)
 settings.register_profile("nightly", deadline=None, max_examples=5000, stateful_step_count=100)
 settings.load_profile(os.environ.get("PDCONFORM_HYPOTHESIS_PROFILE", "ci"))
+
+
+
+@pytest.fixture(autouse=True)
+def _kept_fork_servers(request):
+    """Runs of this test share the process's kept fork servers, unless it is marked fresh_fork_servers."""
+    from harness.drive import kept_servers
+
+    kept_servers.keep(request.node.get_closest_marker("fresh_fork_servers") is None
+                      and not os.environ.get("PDCONFORM_TEST_FRESH_FORK_SERVERS"))
+    yield
+
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 

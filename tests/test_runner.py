@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from cellruns import run_cells
 from procs import harness_processes, harness_processes_after
@@ -183,6 +184,7 @@ def test_sigterm_with_parallel_jobs_stops_every_running_cell_at_once(tmp_path):
     assert not harness_processes_after(tmp_path)
 
 
+@pytest.mark.fresh_fork_servers  # it kills the run's own fork server, found by its log in the run's folder
 def test_a_dead_fork_server_does_not_end_the_run(tmp_path):
     from harness.drive.scheduler import Callbacks
 

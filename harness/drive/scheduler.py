@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness import nofollow
+from harness.drive import kept_servers
 from harness.drive.contain import become_subreaper, children, kill_descendants
 from harness.drive.forkserver_client import ForkServer, OwnForkServer, ForkServerError
 from harness.drive.ports import PortBlocks
@@ -146,29 +147,49 @@ def fork_groups(impls: list[str]) -> dict[str, list[str]]:
 
 
 def start_fork_servers(impls: list[str], target: SglangTarget, out_dir: Path,
-                       note: Callable[[str], None]) -> dict[str, ForkServer | OwnForkServer]:
+                       note: Callable[[str], None], kept: bool = False) -> dict[str, ForkServer | OwnForkServer]:
     """The fork servers ``impls`` need, by group (:func:`fork_group`), started together and
     not waited for; a group that cannot start is noted (its cells start fresh interpreters).
-    The caller closes them, last first (an implementation's own server before its base)."""
+    The caller closes them, last first (an implementation's own server before its base).
+    With ``kept``, while this process keeps fork servers (harness.drive.kept_servers: the test
+    suite), a live kept one of the same interpreter, environment and group is taken instead of
+    starting one, and a started one is kept."""
     servers: dict[str, ForkServer | OwnForkServer] = {}
+    kept = kept and kept_servers.on()
+    env = target.cell_env()
     for group, names in fork_groups(impls).items():
-        try:
-            base = ForkServer(target.python, target.cell_env(), log_dir=out_dir, impls=names,
-                              wait=False, log_name=f"forkserver-{group}.log")
-        except (ForkServerError, OSError) as exc:
-            note(f"{group} cells start as fresh interpreters: {exc}")
-            continue
+        k = kept_servers.key(target.python, env, group)
+        base = kept_servers.take(k) if kept else None
+        if base is None:
+            try:
+                base = ForkServer(target.python, env, log_dir=kept_servers.log_dir() if kept else out_dir, impls=names,
+                                  wait=False, log_name=f"forkserver-{group}.log")
+            except (ForkServerError, OSError) as exc:
+                note(f"{group} cells start as fresh interpreters: {exc}")
+                continue
+            if kept:
+                kept_servers.put(k, base)
         servers[group] = base
         for impl in names:  # forked from base once it is ready (OwnForkServer.wait_ready)
             if fork_group(impl) != group:
-                servers[fork_group(impl)] = OwnForkServer(base, impl, log_dir=out_dir)
+                own = kept_servers.take(k + (impl,)) if kept else None
+                if own is None or own.base is not base:
+                    own = OwnForkServer(base, impl, log_dir=kept_servers.log_dir() if kept else out_dir)
+                    if kept:
+                        kept_servers.put(k + (impl,), own)
+                servers[fork_group(impl)] = own
     return servers
 
 
-def close_fork_servers(servers: dict[str, ForkServer | OwnForkServer]) -> None:
+def close_fork_servers(servers: dict[str, ForkServer | OwnForkServer], interrupted: bool = False) -> None:
     """Close what :func:`start_fork_servers` started, last first: an implementation's own
-    fork server before the base it was forked from (close is idempotent)."""
+    fork server before the base it was forked from (close is idempotent).  A kept one
+    (harness.drive.kept_servers) stays running, unless ``interrupted``."""
     for server in reversed(servers.values()):
+        if kept_servers.is_kept(server):
+            if not interrupted:
+                continue
+            kept_servers.drop(server)
         server.close()
 
 
@@ -237,7 +258,7 @@ class _Run:
     def start_fork_servers(self) -> None:
         """One per group, started together and not waited for (the cells wait for theirs)."""
         self.fork_servers = start_fork_servers(sorted({t.impl for t in self.tasks}), self.schedule.target,
-                                               self.out_dir, self.note)
+                                               self.out_dir, self.note, kept=True)
 
     def zygote_for(self, impl: str) -> ForkServer | None:
         """The ready fork server of ``impl``'s group (waits while it imports); None: fresh interpreters."""
@@ -369,7 +390,7 @@ class _Run:
                 future.result()
         except BaseException:  # an interrupt: stop every running cell now, start no other
             self.stopping.set()
-            close_fork_servers(self.fork_servers)  # workers waiting on an importing one give up at once
+            close_fork_servers(self.fork_servers, interrupted=True)  # workers waiting on an importing one give up at once
             _stop_workers(futures)
             raise
         finally:
@@ -437,7 +458,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
         if run.warm is not None:
             run.warm.close()
         close_fork_servers(run.fork_servers)
-        for stray in kill_descendants(keep=ours_before):
+        for stray in kill_descendants(keep=ours_before | kept_servers.pids()):
             run.note(f"ended a process a cell left behind: {stray}")
     cells = [cell for task, cell in zip(tasks, results) if task.reported and cell is not None]
     return cells, round(time.monotonic() - started, 3)
