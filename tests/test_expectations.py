@@ -286,6 +286,7 @@ def test_every_shipped_bug_link_has_a_class():
     assert not unclassed, f"entries of docs/sglang-bugs.md without a **Class:** line: {sorted(unclassed)}"
 
 
+@pytest.mark.nightly  # half a minute; the planted-state tests above prove the same rule on a stored cell
 @pytest.mark.e2e
 def test_judge_of_a_real_known_cell_names_a_check_its_entry_does_not_list(tmp_path):
     """malformed-frame x nixl (known B3): judged against the shipped file, exit 0; against a copy

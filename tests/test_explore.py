@@ -352,6 +352,29 @@ def test_a_failure_is_disputed_only_by_the_same_check_twice_and_every_oracle_fai
     assert explorer._reference_fails_too(program, "reference", ImplReport("reference", of_oracle=True), same) is False
 
 
+def test_the_table_puts_an_oracle_failure_on_its_own_line_with_its_reproduce_line(tmp_path, monkeypatch):
+    """explore's table (harness.cli.explore._print_reports) for the reference exploring itself
+    with a failure: an "oracle failure" line naming the check, the count line and the
+    reproduce line naming the oracle folder; what the nightly end-to-end test below checks
+    of a real planted oracle bug, without its minute of exploring."""
+    from harness.cli import console
+    from harness.cli.explore import _print_reports
+    from harness.explore.outcome import EXIT_ORACLE, Failure, ImplReport, exit_code
+    from harness.explore.program import Program
+
+    found = tmp_path / "found" / "oracle" / "found-reference-ab12.json"
+    failure = Failure(_sig("bytes-exact", "R-LAYOUT-1", "reference"), 2, Program((), ()), path=found, oracle=True)
+    report = ImplReport("reference", of_oracle=True, programs=9, failures={"k": failure})
+    monkeypatch.setattr(console, "width", 400)
+    with console.capture() as out:
+        _print_reports([report])
+    text = out.get()
+    assert "oracle failure: the reference fails bytes-exact (R-LAYOUT-1)" in text and report.oracle_failures == [failure]
+    assert "1 oracle failure(s)" in text and f"PDCONFORM_FOUND_DIRS={found.parent}" in text
+    assert "repro found-reference-ab12 --impl reference" in text and exit_code([report]) == EXIT_ORACLE
+
+
+@pytest.mark.nightly  # a minute of exploring a planted oracle bug; the table test above checks what it prints
 @pytest.mark.e2e
 def test_a_planted_oracle_bug_is_reported_as_an_oracle_failure(tmp_path, monkeypatch):
     """The oracle with a planted bug (mutant aux-slot-off-by-one standing in for the reference:
