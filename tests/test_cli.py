@@ -108,6 +108,7 @@ def test_bench_reports_every_figure_with_its_samples(tmp_path):
     bench = tmp_path / "latest"
     figures = {f["name"]: f for f in json.loads((bench / "bench.json").read_text())["figures"]}
     assert len(figures["matrix_wall_s"]["samples"]) == 2 and figures["matrix_wall_s"]["goal"] == ["<=", 60.0]
+    assert figures["matrix_wall_s"]["note"].startswith("cells as expected per run: [1, 1] of 1")  # the shipped expectations
     assert len(figures["cell_overhead_s"]["samples"]) == 2  # one cell per run
     assert len(figures["matrix_cpu_s"]["samples"]) == 2 and all(s > 0 for s in figures["matrix_cpu_s"]["samples"])
     assert figures["simulator_runs_per_min"]["median"] > 0

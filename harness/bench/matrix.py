@@ -110,11 +110,16 @@ def bench_matrix(config: "RunConfig", repeat: int, on_progress: Callable[[str], 
         overhead.samples.extend(c.overhead_s for c in run.cells)
         if all(c.cpu_s is not None for c in run.cells):
             cpu.samples.append(round(sum(c.cpu_s for c in run.cells), 3))
+    expected = [sum(c.as_expected for c in r.cells) for r in runs]
+    reused = [sum(bool((c.pair or {}).get("reused")) for c in r.cells) for r in runs]
+    confirmed = [sum(c.on_pair is not None for c in r.cells) for r in runs]
+    wall.note = (f"cells as expected per run: {expected} of {cells}; on a reused warm pair: {reused}, "
+                 f"confirmed fresh: {confirmed}")
     verdict_sets = {tuple(c.verdict for c in r.cells) for r in runs}
     if len(verdict_sets) > 1:
         changed = sorted({f"{a.scenario} x {a.impl}" for r in runs[1:] for a, b in zip(runs[0].cells, r.cells)
                           if a.verdict != b.verdict})
-        wall.note = f"verdicts differed between repeats: {', '.join(changed)}"
+        wall.note += f"; verdicts differed between repeats: {', '.join(changed)}"
     return wall, overhead, cpu, runs
 
 

@@ -54,13 +54,16 @@ class BenchUsageError(ValueError):
 
 
 def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: list, skip: set[str], seeds: int,
-               engine_mib: int, engine_settings: dict[str, int], target: Callable[[], object]) -> BenchPlan:
+               engine_mib: int, engine_settings: dict[str, int], target: Callable[[], object],
+               isolated: bool = False) -> BenchPlan:
     """The BenchPlan ``pdconform bench``'s options ask for: ``skip`` some of :data:`PARTS`;
     ``target()`` gives the sglang of the timed matrix, whose cells start in the order a
-    clean clone's ``make matrix`` uses (the shipped expectations' failing cells first).
+    clean clone's ``make matrix`` uses (the shipped expectations' failing cells first) and are
+    judged against those expectations, as ``make matrix``'s are (on warm role pairs a cell not
+    as expected runs again fresh: harness.drive.warm); ``isolated``: every cell fresh.
     BenchUsageError for an unknown part, nothing left to measure, or engine buffers beyond
     the free memory."""
-    from harness.session import RunConfig, clean_clone_order
+    from harness.session import RunConfig, clean_clone_order, resolve_expectations
 
     unknown = skip - set(PARTS)
     if unknown:
@@ -81,7 +84,8 @@ def plan_bench(out: Path, repeat: int, jobs: int, impls: list[str], scenarios: l
     if "matrix" not in skip:
         sglang = target()
         plan.matrix = RunConfig(impls=impls, scenarios=scenarios, out_dir=out, target=sglang, jobs=jobs,
-                                engine_settings=engine_settings,
+                                engine_settings=engine_settings, isolated=isolated,
+                                expectations=resolve_expectations(None, sglang.info.version),
                                 duration_hint=clean_clone_order(sglang.info.version, scenarios, impls))
     return plan
 

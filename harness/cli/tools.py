@@ -152,6 +152,8 @@ def bench(
                                           help="Seconds of generated programs per implementation and sample."),
     out: Path = typer.Option(Path("reports/out/bench"), "--out", help="Directory for the runs and bench.json."),
     engine_setting: Optional[List[str]] = ENGINE_SETTING_OPTION,
+    isolated: bool = typer.Option(False, "--isolated", help="The timed matrix with every cell in fresh role processes "
+                                  "of its own, as `run --isolated` (default: on warm role pairs, as `make matrix`)."),
 ) -> None:
     """Measure the matrix wall time, per-cell overhead, simulator rate, engine throughput and
     explore's rate (median and spread of --repeat samples), against the project's goals;
@@ -164,7 +166,7 @@ def bench(
     out = _out_dir(out)
     try:  # every option is checked before a file is written
         plan = plan_bench(out, repeat, jobs, impls, scenarios, set(skip or []), seeds, engine_mib,
-                          _settings(engine_setting), target=lambda: _target(None, None))
+                          _settings(engine_setting), target=lambda: _target(None, None), isolated=isolated)
     except BenchUsageError as exc:
         raise _usage_error(str(exc))
     plan.explore_s = explore_seconds
