@@ -16,7 +16,8 @@
 * Runs made in a test process share fork servers (harness.drive.kept_servers): each run's own
   would import sglang again, about 40 % of the suite's CPU.  A test that is about a run's own
   fork server (its log, its death, an interrupt while it imports) is marked
-  ``fresh_fork_servers`` and starts and ends its own, as ``pdconform`` does.
+  ``fresh_fork_servers`` and starts and ends its own, as ``pdconform`` does;
+  PDCONFORM_TEST_FRESH_FORK_SERVERS=1 does that for every test (to measure what keeping saves).
 * The suite never writes into the checkout's reports/ (a user's `make matrix` results
   live there): the session fails when anything under reports/ changed.
 """
