@@ -250,6 +250,8 @@ class _Run:
         # idle pairs at most: one per cell at once (at least MIN_IDLE_PAIRS), so a run holds about twice its cells' roles
         self.warm = (WarmPairs(schedule.target, out_dir, self.stopping, max(schedule.jobs, MIN_IDLE_PAIRS))
                      if schedule.pairs else None)
+        if self.warm is not None:  # a pair starts only where a later cell can reuse it
+            self.warm.expect([(t.impl, t.scenario) for t in tasks], schedule.seed)
 
     def note(self, text: str) -> None:
         if self.cb.on_note:
@@ -313,7 +315,9 @@ class _Run:
         result is not the expected one), else isolated on port block ``base``; False when the
         run stopped before a pair could start."""
         on_event = self.cb.on_event if task.reported else None
-        if self.warm is None or task.isolated or self.warm.why_isolated(task.scenario, self.schedule.seed):
+        seed = self.schedule.seed
+        if (self.warm is None or task.isolated or self.warm.why_isolated(task.scenario, seed)
+                or not self.warm.claim(task.impl, task.scenario, seed)):
             run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir, target=self.schedule.target,
                               on_event=on_event, fork_server=fork_server, base_port=base,
                               full_waits=self.schedule.full_waits)

@@ -20,6 +20,7 @@ cell whose result is not the expected one in a fresh isolated cell before it is 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,26 @@ class WarmPairs:
         self.numbers = itertools.count()
         self._steps: dict[tuple[str, int], list] = {}
         self.started = self.reused = 0  # pairs started, cells served on a pair that served one before
+        self.demand: collections.Counter = collections.Counter()  # per key: its cells not started yet (expect)
+
+    def expect(self, cells: list[tuple[str, Scenario]], seed: int) -> None:
+        """The run's cells (implementation, scenario) that a pair may serve: per key, how many
+        are still to start.  Without it every cell that may runs on a pair."""
+        for impl, scenario in cells:
+            if not self.why_isolated(scenario, seed):
+                self.demand[self.key(impl, scenario, seed)] += 1
+
+    def claim(self, impl: str, scenario: Scenario, seed: int) -> bool:
+        """As a cell of an expected key starts: whether it runs on a pair, i.e. an idle pair of its
+        key waits or another cell of its key is still to start (which may reuse the pair started
+        now).  A pair no later cell can reuse costs more than an isolated cell: its own process,
+        and its roles held while idle (measured, docs/performance.md)."""
+        key = self.key(impl, scenario, seed)
+        with self.lock:
+            if key not in self.demand:
+                return True  # not expected (expect was not called): pair it
+            self.demand[key] -= 1
+            return self.demand[key] > 0 or any(k == key for k, _ in self.idle)
 
     def why_isolated(self, scenario: Scenario, seed: int) -> str:
         """Why ``scenario``'s cell runs isolated rather than on a pair ("" when a pair may serve it)."""
@@ -113,10 +134,12 @@ class WarmPairs:
 
     def _give_back(self, key: tuple[str, str], pair: RolePair) -> None:
         with self.lock:
-            self.idle.append((key, pair))
+            done = key in self.demand and self.demand[key] <= 0  # no cell of its key is left to start
+            if not done:
+                self.idle.append((key, pair))
             evicted = self.idle[:-self.max_idle] if len(self.idle) > self.max_idle else []
             del self.idle[:len(evicted)]
-        for _, old in evicted:
+        for old in [p for _, p in evicted] + ([pair] if done else []):
             old.close()
 
     def idle_for(self, key: tuple[str, str]) -> bool:
