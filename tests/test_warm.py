@@ -182,3 +182,19 @@ def test_the_whole_default_set_judges_the_same_on_pairs_and_isolated(tmp_path):
     differ = {k: (runs["pairs"][k], runs["isolated"][k]) for k in runs["pairs"] if runs["pairs"][k] != runs["isolated"][k]}
     assert not differ
     assert reused > len(runs["pairs"]) / 5  # the isolated run reuses nothing: these are the pairs' run's
+
+
+def test_a_pair_starts_only_where_a_later_cell_of_its_key_can_reuse_it(tmp_path):
+    """WarmPairs.expect / claim: a cell runs on a pair when another cell of its key is still to
+    start (or an idle pair waits); the last cell of a key with no idle pair runs isolated, as
+    does a key's only cell (a pair no later cell reuses costs more than an isolated cell)."""
+    import threading
+
+    from harness.target.sglang import installed_target
+
+    warm = WarmPairs(installed_target(), tmp_path, threading.Event(), 4)
+    happy = get_scenario("happy-path")
+    warm.expect([("reference", happy), ("reference", happy), ("mooncake", happy)], 0)
+    assert warm.claim("reference", happy, 0) is True  # the second reference cell may reuse its pair
+    assert warm.claim("mooncake", happy, 0) is False  # its key's only cell
+    assert warm.claim("reference", happy, 0) is False  # the last of its key, and no idle pair waits
