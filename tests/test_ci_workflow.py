@@ -807,7 +807,8 @@ def _listeners_while(proc: subprocess.Popen, uid: int) -> set[str]:
     return seen
 
 
-@pytest.mark.e2e
+@pytest.mark.nightly  # half a minute of CPU; make test runs the wrapper in the no-root workflow's steps and
+@pytest.mark.e2e  # tests/test_containment.py's listener checks
 def test_without_a_namespace_mooncake_listens_on_every_interface_and_the_workflow_wrapper_hides_it():
     """docs/ci.md, Runners without root: an unprivileged run shares the host's network and
     Mooncake's engine listens on 0.0.0.0 / [::] even with --bind 127.0.0.1; run through the
