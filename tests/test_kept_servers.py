@@ -1,6 +1,7 @@
 """Fork servers kept across a process's runs (harness.drive.kept_servers): the test suite's runs share them."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from harness.spec.scenario import get_scenario
 
 
 def _bases() -> dict:
-    return {k: s for k, s in kept_servers._kept.items() if len(k) == 3}
+    return {k: s for k, s in kept_servers._kept.items() if len(k) == 4}
 
 
 @pytest.mark.fresh_fork_servers  # its own keeping, started and ended here
@@ -24,7 +25,8 @@ def test_a_kept_fork_server_serves_the_next_run_until_it_dies_and_close_all_ends
         (server,) = _bases().values()
         pid = server.process.pid
         assert _running(pid)  # the run ended; its fork server did not
-        assert not list((tmp_path / "a").glob("forkserver-*.log"))  # it logs in the kept servers' folder
+        assert not list((tmp_path / "a").glob("forkserver-*.log"))  # it logs in its own socket folder
+        assert server.log_path.parent == Path(server.socket_path).parent and server.log_path.is_file()
         second = run_cells(["selftest"], scenarios, tmp_path / "b", jobs=2)
         assert [c.verdict for c in first.cells] == [c.verdict for c in second.cells] == ["PASS", "PASS"]
         assert list(_bases().values()) == [server]  # the same process forked the second run's cells
@@ -39,11 +41,12 @@ def test_a_kept_fork_server_serves_the_next_run_until_it_dies_and_close_all_ends
         third = run_cells(["selftest"], scenarios[1:], tmp_path / "e", jobs=1)
         assert third.cells[0].verdict == "PASS"
         assert server not in _bases().values() and len(_bases()) == 2  # the dead one replaced
-        folder, pids = kept_servers.log_dir(), [s.process.pid for s in _bases().values()]
-        assert folder is not None and any(folder.glob("forkserver-*.log"))
+        folders, pids = [s.log_path.parent for s in _bases().values()], [s.process.pid for s in _bases().values()]
+        other = run_cells(["reference"], [get_scenario("happy-path")], tmp_path / "f", jobs=1)
+        assert other.cells[0].verdict == "PASS" and len(_bases()) == 3  # another preload: another server
     finally:
         kept_servers.close_all()
-    assert not folder.exists() and not any(_running(p) for p in pids) and not kept_servers._kept
+    assert not any(f.exists() for f in folders) and not any(_running(p) for p in pids) and not kept_servers._kept
 
 
 def test_keeping_is_capped_and_the_oldest_is_closed():

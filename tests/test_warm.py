@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cellruns import run_cells
 
-from harness.drive.pair import held_writes, kept
+from harness.drive.pair import held_writes, kept, retires_pair
 from harness.drive.room_shift import MIN_DIGITS, RoomShift, shiftable
 from harness.drive.warm import WarmPairs
 from harness.report.files import summary_markdown
@@ -54,15 +54,16 @@ def test_only_long_rooms_move():
         RoomShift([ROOM], 0)
 
 
-def test_a_matrix_pair_is_retired_after_a_kill_restart_or_point_and_vouched_for_otherwise():
+def test_a_matrix_pair_is_retired_after_a_kill_restart_point_freeze_injected_frame_or_failed_write():
     done = {"outcome": "completed"}
-    plain = [s.StartRoles(), s.OpenRoom(ROOM), s.EngineFaults("prefill", delay_s=0.5),
-             s.InjectFrames("prefill", ((b"x",),)), s.FreezeRole("prefill"), s.ThawRole("prefill")]
-    assert kept(plain, done, OK_OBS, alive=True, matrix=True) == ""
-    for odd in (s.KillRole("prefill"), s.RestartRole("prefill"), s.ArmPoint("prefill", "worker-take-chunk")):
-        assert type(odd).__name__ in kept(plain + [odd], done, OK_OBS, alive=True, matrix=True)
-    assert "never" not in kept(plain, done, OK_OBS, True, matrix=True)
-    assert "EngineFaults" in kept(plain + [s.EngineFaults("prefill", never_complete=True)], done, OK_OBS, True, True)
+    plain = [s.StartRoles(), s.OpenRoom(ROOM), s.EngineFaults("prefill", delay_s=0.5), s.Sleep(0.1)]
+    assert kept(plain, done, OK_OBS, alive=True, matrix=True) == "" and retires_pair(plain) is None
+    for odd in (s.KillRole("prefill"), s.RestartRole("prefill"), s.ArmPoint("prefill", "worker-take-chunk"),
+                s.InjectFrames("prefill", ((b"x",),)), s.FreezeRole("prefill"),
+                s.EngineFaults("prefill", never_complete=True), s.EngineFaults("prefill", fail_nth=1),
+                s.EngineFaults("prefill", fail_group=2)):
+        assert type(odd).__name__ in kept(plain + [odd], done, OK_OBS, alive=True, matrix=True), odd
+        assert retires_pair(plain + [odd]) == odd
     # explore's rule is unchanged: a step outside its trusted list ends its pair
     assert "OpenSender" in kept([s.StartRoles(), s.OpenSender(ROOM)], done, OK_OBS, alive=True)
 
@@ -102,7 +103,7 @@ def test_cells_on_warm_pairs_judge_as_they_do_isolated(tmp_path):
     verdicts and failing checks, and pairs were reused (nightly: the whole default set)."""
     scenarios = [get_scenario(x) for x in SHARED]
     impls = ["reference", "mooncake"]
-    paired = run_cells(impls, scenarios, tmp_path / "pairs", jobs=4)
+    paired = run_cells(impls, scenarios, tmp_path / "pairs", jobs=2)  # cells of one key at once start pairs of their own
     isolated = run_cells(impls, scenarios, tmp_path / "isolated", jobs=4, isolated=True)
     assert [(c.scenario, c.impl, c.verdict, _failing(c)) for c in paired.cells] == \
         [(c.scenario, c.impl, c.verdict, _failing(c)) for c in isolated.cells]
@@ -160,11 +161,14 @@ def test_the_whole_default_set_judges_the_same_on_pairs_and_isolated(tmp_path):
     import sys
     from importlib.metadata import version
 
-    def outcome(cell: dict):
+    def outcome(cell: dict) -> tuple[str, set[str], set[str]]:
         shown = cell.get("alone") or cell
-        sometimes = set(cell.get("expected_sometimes") or [])
-        failing = {ch["name"] for ch in shown["checks"] if ch.get("ok") is False}
-        return (None if failing & sometimes else shown["verdict"]), sorted(failing - sometimes)
+        return shown["verdict"], {ch["name"] for ch in shown["checks"] if ch.get("ok") is False}, \
+            set(cell.get("expected_sometimes") or [])
+
+    def same(a, b) -> bool:  # a sometimes check failing on one side only may change the verdict with it
+        raced = (a[1] ^ b[1]) & (a[2] | b[2])
+        return a[1] - raced == b[1] - raced and (bool(raced) or a[0] == b[0])
 
     expectations = Path(__file__).parent.parent / "expectations" / f"sglang-{version('sglang')}.toml"
     env = {k: v for k, v in os.environ.items() if k != "PDCONFORM_TEST_SCENARIOS"}  # make matrix's set, as shipped
@@ -179,7 +183,7 @@ def test_the_whole_default_set_judges_the_same_on_pairs_and_isolated(tmp_path):
         runs[how] = {(c["scenario"], c["impl"]): outcome(c) for c in cells}
     assert len(runs["pairs"]) > 300 and runs["pairs"].keys() == runs["isolated"].keys()
     assert not any(scenario.startswith("selftest") for scenario, _ in runs["pairs"])
-    differ = {k: (runs["pairs"][k], runs["isolated"][k]) for k in runs["pairs"] if runs["pairs"][k] != runs["isolated"][k]}
+    differ = {k: (runs["pairs"][k], runs["isolated"][k]) for k in runs["pairs"] if not same(runs["pairs"][k], runs["isolated"][k])}
     assert not differ
     assert reused > len(runs["pairs"]) / 5  # the isolated run reuses nothing: these are the pairs' run's
 
@@ -198,3 +202,7 @@ def test_a_pair_starts_only_where_a_later_cell_of_its_key_can_reuse_it(tmp_path)
     assert warm.claim("reference", happy, 0) is True  # the second reference cell may reuse its pair
     assert warm.claim("mooncake", happy, 0) is False  # its key's only cell
     assert warm.claim("reference", happy, 0) is False  # the last of its key, and no idle pair waits
+    late = get_scenario("late-old-status")  # it injects a frame: its pair is retired after it
+    assert retires_pair(warm.steps(late, 0)) is not None
+    warm.expect([("reference", late), ("reference", late)], 0)
+    assert warm.claim("reference", late, 0) is False  # no later cell could reuse a pair it started

@@ -10,20 +10,19 @@ same interpreter, environment and group when it is still alive, and leaves it ru
 end.  What a cell sees does not change: a fork server only forks, and each cell is a fresh
 child of the state it had when it finished importing.
 
-At most :data:`MAX_KEPT` are kept (the oldest is closed first: each holds a few hundred MB);
-they log into one temporary folder of their own; :func:`close_all` (registered with atexit)
-ends them and removes it, and a fork server also ends when its parent process does
-(harness.drive.forkserver.serve).
+At most :data:`MAX_KEPT` are kept (the oldest is closed first: each holds a few hundred MB).
+Each logs into its own socket folder (with its owner file, so a later start removes it when
+this process was killed: harness.drive.forkserver_client.remove_stale_dirs); :func:`close_all`
+(registered with atexit) ends them, and a fork server also ends when its parent process does
+(harness.drive.forkserver.serve).  One run at a time per process: an interrupted run closes
+the kept servers it used, whoever else uses them.
 """
 
 from __future__ import annotations
 
 import atexit
-import shutil
-import tempfile
 import threading
 from collections import OrderedDict
-from pathlib import Path
 
 from harness.drive.forkserver_client import ForkServer, OwnForkServer, _running
 
@@ -31,16 +30,16 @@ MAX_KEPT = 6  # fork servers (bases and implementations' own): the test suite us
 
 _lock = threading.Lock()
 _kept: "OrderedDict[tuple, ForkServer | OwnForkServer]" = OrderedDict()
-_state: dict = {"on": False, "log_dir": None}
+_state: dict = {"on": False, "atexit": False}
 
 
 def keep(on: bool) -> None:
     """Turn keeping on or off for the runs this process starts from now on (kept ones stay
-    until :func:`close_all` or eviction)."""
+    until :func:`close_all` or eviction); the first call registers :func:`close_all` with atexit."""
     with _lock:
-        if on and _state["log_dir"] is None:
-            _state["log_dir"] = Path(tempfile.mkdtemp(prefix="pdconform-kept-fork-servers-"))
+        if on and not _state["atexit"]:
             atexit.register(close_all)
+            _state["atexit"] = True
         _state["on"] = on
 
 
@@ -49,16 +48,14 @@ def on() -> bool:
     return _state["on"]
 
 
-def log_dir() -> Path | None:
-    """The kept fork servers' log folder (None before :func:`keep`)."""
-    return _state["log_dir"]
-
-
-def key(python: str, env: dict[str, str], group: str) -> tuple:
+def key(python: str, env: dict[str, str], group: str, preload: list[str]) -> tuple:
     """What a kept fork server must match to serve a run: interpreter, the cells' whole
-    environment (a cell inherits its fork server's) and group (harness.drive.scheduler.fork_group)."""
+    environment (a cell inherits its fork server's), group (harness.drive.scheduler.fork_group)
+    and the implementations it preloads (a preload may change the server's state, as Mori's
+    stand-in does: a run gets the server a fresh start would give it)."""
     # pytest names the running test in the environment: a cell does not read it, and with it no two tests would share
-    return (python, tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")), group)
+    return (python, tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")), group,
+            tuple(sorted(preload)))
 
 
 def _alive(server: ForkServer | OwnForkServer) -> bool:
@@ -122,12 +119,11 @@ def pids() -> set[int]:
 
 
 def close_all() -> None:
-    """End every kept fork server (implementations' own first) and remove their log folder."""
+    """End every kept fork server (implementations' own first; at most about 10 s each, their
+    ``close``) and remove their folders; keeping is off afterwards."""
     with _lock:
         servers = list(_kept.values())
         _kept.clear()
-        folder, _state["log_dir"], _state["on"] = _state["log_dir"], None, False
+        _state["on"] = False
     for server in sorted(servers, key=lambda s: not isinstance(s, OwnForkServer)):
         server.close()
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)

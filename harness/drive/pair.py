@@ -48,12 +48,25 @@ from harness.spec.history import Event, History, Op, append_event, last_observat
 TRUSTED_STEPS = (s.OpenRoom, s.RequestKV, s.AwaitStatus, s.InitSender, s.SendChunk, s.Abort, s.Clear,
                  s.VerifyPools, s.Sleep, s.FreezeRole, s.ThawRole, s.InjectFrames, s.EngineFaults)
 #: the steps after which a matrix cell's pair (harness.drive.warm) is retired whatever the roles
-#: show: a kill or restart (a role replaced), an interleaving point (a thread may still be held at
-#: it).  After any other step the pair is kept when :func:`kept` vouches for its roles: every
-#: process the same and alive, no dead loop or thread, and (:func:`held_writes`) no write or
-#: message an engine fault held still in flight.  Each unexpected result is confirmed in a fresh
-#: cell, and tests/test_warm.py compares the default set on pairs with the same run isolated.
-MATRIX_RETIRING = (s.KillRole, s.RestartRole, s.ArmPoint, s.AwaitPoint, s.ReleasePoint, s.NetworkFault)
+#: show (issue 37's list): a kill or restart (a role replaced), an interleaving point (a thread may
+#: still be held at it), a network fault, a freeze, an injected frame (a role's state for a peer
+#: may have changed), and an engine fault that fails a write (:func:`retires_pair`: Mooncake marks
+#: the decode's session dead after one, and fails every later room to it).  After any other step
+#: the pair is kept when :func:`kept` vouches for its roles: every process the same and alive, no
+#: dead loop or thread, and (:func:`held_writes`) no write or message an engine fault held still
+#: in flight.  Each unexpected result is confirmed in a fresh cell, and tests/test_warm.py
+#: compares the default set on pairs with the same run isolated.
+MATRIX_RETIRING = (s.KillRole, s.RestartRole, s.ArmPoint, s.AwaitPoint, s.ReleasePoint, s.NetworkFault,
+                   s.FreezeRole, s.InjectFrames, s.InjectAbort, s.InjectCaptured)
+
+
+def retires_pair(steps: list[s.Step]) -> s.Step | None:
+    """The first step of a matrix cell's ``steps`` (after StartRoles) after which its pair is
+    retired whatever its roles show (:data:`MATRIX_RETIRING`, an EngineFaults that fails a write
+    or never completes one); None when :func:`kept` may keep it."""
+    return next((step for step in steps[1:] if isinstance(step, MATRIX_RETIRING) or (
+        isinstance(step, s.EngineFaults) and (step.never_complete or step.fail_nth is not None
+                                              or step.fail_group is not None))), None)
 SOCKET_NAME = "pair.sock"
 REQUEST_WAIT_S = 0.5  # how often a pair waiting for its next program checks its parent (seconds)
 STOP_WAIT_S = 5.0  # a pair asked to stop: how long it may take before its process group is killed (seconds)
@@ -70,9 +83,9 @@ def kept(steps: list[s.Step], outcome: dict, observations: dict[str, dict], aliv
     :data:`TRUSTED_STEPS` (the caller checks :func:`held_writes` too)."""
     if outcome.get("outcome") != "completed":
         return f"the program's cell {outcome.get('outcome')}"
-    odd = next((step for step in steps[1:] if (isinstance(step, MATRIX_RETIRING) if matrix
-                                                 else not isinstance(step, TRUSTED_STEPS))
-                or (isinstance(step, s.EngineFaults) and step.never_complete)), None)
+    odd = retires_pair(steps) if matrix else next(
+        (step for step in steps[1:] if not isinstance(step, TRUSTED_STEPS)
+         or (isinstance(step, s.EngineFaults) and step.never_complete)), None)
     if odd is not None:
         return f"a step after which the roles cannot be vouched for: {type(odd).__name__}"
     if not alive:
@@ -373,4 +386,5 @@ class RolePair:
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-__all__ = ["PairServer", "RolePair", "serve_pair", "kept", "held_writes", "TRUSTED_STEPS", "MATRIX_RETIRING", "DIR_PREFIX"]
+__all__ = ["PairServer", "RolePair", "serve_pair", "kept", "held_writes", "retires_pair", "TRUSTED_STEPS", "MATRIX_RETIRING",
+           "DIR_PREFIX"]

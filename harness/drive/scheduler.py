@@ -158,11 +158,11 @@ def start_fork_servers(impls: list[str], target: SglangTarget, out_dir: Path,
     kept = kept and kept_servers.on()
     env = target.cell_env()
     for group, names in fork_groups(impls).items():
-        k = kept_servers.key(target.python, env, group)
+        k = kept_servers.key(target.python, env, group, names)
         base = kept_servers.take(k) if kept else None
         if base is None:
-            try:
-                base = ForkServer(target.python, env, log_dir=kept_servers.log_dir() if kept else out_dir, impls=names,
+            try:  # a kept one logs in its own socket folder (removed with it, also after a kill)
+                base = ForkServer(target.python, env, log_dir=None if kept else out_dir, impls=names,
                                   wait=False, log_name=f"forkserver-{group}.log")
             except (ForkServerError, OSError) as exc:
                 note(f"{group} cells start as fresh interpreters: {exc}")
@@ -174,7 +174,7 @@ def start_fork_servers(impls: list[str], target: SglangTarget, out_dir: Path,
             if fork_group(impl) != group:
                 own = kept_servers.take(k + (impl,)) if kept else None
                 if own is None or own.base is not base:
-                    own = OwnForkServer(base, impl, log_dir=kept_servers.log_dir() if kept else out_dir)
+                    own = OwnForkServer(base, impl, log_dir=None if kept else out_dir)
                     if kept:
                         kept_servers.put(k + (impl,), own)
                 servers[fork_group(impl)] = own
@@ -458,10 +458,13 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
             results = run.run_parallel()
         if again is not None:
             run_alone(run, again([c for task, c in zip(tasks, results) if task.reported and c is not None]))
+    except BaseException:
+        run.stopping.set()  # an interrupt: the kept fork servers it used are closed too (one may still import)
+        raise
     finally:
         if run.warm is not None:
             run.warm.close()
-        close_fork_servers(run.fork_servers)
+        close_fork_servers(run.fork_servers, interrupted=run.stopping.is_set())
         for stray in kill_descendants(keep=ours_before | kept_servers.pids()):
             run.note(f"ended a process a cell left behind: {stray}")
     cells = [cell for task, cell in zip(tasks, results) if task.reported and cell is not None]

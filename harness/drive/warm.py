@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.drive.pair import RolePair
+from harness.drive.pair import RolePair, retires_pair
 from harness.drive.remote import HOSTS_ENV
 from harness.drive.room_shift import shiftable
 from harness.spec import steps as s
@@ -65,14 +65,17 @@ class WarmPairs:
     def claim(self, impl: str, scenario: Scenario, seed: int) -> bool:
         """As a cell of an expected key starts: whether it runs on a pair, i.e. an idle pair of its
         key waits or another cell of its key is still to start (which may reuse the pair started
-        now).  A pair no later cell can reuse costs more than an isolated cell: its own process,
-        and its roles held while idle (measured, docs/performance.md)."""
+        now) and this cell does not retire the pair (harness.drive.pair.retires_pair).  A pair no
+        later cell can reuse costs more than an isolated cell: its own process, and its roles held
+        while idle (measured, docs/performance.md)."""
         key = self.key(impl, scenario, seed)
+        retires = retires_pair(self.steps(scenario, seed)) is not None  # no later cell could reuse its pair
         with self.lock:
+            idle = any(k == key for k, _ in self.idle)
             if key not in self.demand:
-                return True  # not expected (expect was not called): pair it
+                return idle or not retires  # not expected (expect was not called)
             self.demand[key] -= 1
-            return self.demand[key] > 0 or any(k == key for k, _ in self.idle)
+            return idle or (self.demand[key] > 0 and not retires)
 
     def why_isolated(self, scenario: Scenario, seed: int) -> str:
         """Why ``scenario``'s cell runs isolated rather than on a pair ("" when a pair may serve it)."""

@@ -137,6 +137,15 @@ def timing_only(history: list[dict], checks: list[dict]) -> bool:
 
 def needs_alone(cell) -> bool:
     """Whether ``cell`` (a judged harness.judge.results.CellResult) is run once more alone at the
-    end of its run: it is worse than expected, failed only on timing bounds and ran starved.
-    A cell as expected is not (its known verdict stands either way), nor one that is better."""
-    return cell.verdict > cell.expected and cell.timing_only and bool(cell.starved) and cell.alone is None
+    end of its run: it ran starved and either is worse than expected and failed only on timing
+    bounds, or is a known cell whose failing checks its entry does not list
+    (CellResult.new_checks) are all timing bounds (a starved machine can add a late heartbeat
+    verdict to a known byte bug).  A cell as expected is not (its known verdict stands either
+    way), nor one that is better."""
+    if cell.alone is not None or not cell.starved:
+        return False
+    if cell.verdict > cell.expected:
+        return cell.timing_only
+    by_name = {c["name"]: c for c in cell.checks}
+    new = cell.new_checks
+    return bool(new) and all(by_name.get(n, {}).get("ok") is False and by_name[n].get("timing") for n in new)
