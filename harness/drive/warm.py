@@ -7,9 +7,10 @@ per implementation and StartRoles step (the whole step: topology, layouts, envir
 long-lived role pairs (harness.drive.pair.RolePair); a cell takes one (or starts one), runs on
 it with its rooms moved to ones no earlier cell of the pair used (harness.drive.room_shift),
 and gives it back only when the pair can vouch for its roles afterwards
-(harness.drive.pair.kept and held_writes: no kill, restart or interleaving point, every role
-process the same and alive, no dead loop or thread, no write an engine fault held still in
-flight); otherwise the pair ends with the cell.  A failing check does not end a pair: half of
+(harness.drive.pair.kept, retires_pair and held_writes: no kill, restart, interleaving point,
+network fault, freeze, injected frame or failed engine write, every role process the same and
+alive, no dead loop or thread, no write an engine fault held still in flight); otherwise the
+pair ends with the cell, and a cell that would end its pair starts none.  A failing check does not end a pair: half of
 the default set's cells are known non-PASS.
 
 Each cell's history reads like an isolated cell's (the same events, its own rooms, a
