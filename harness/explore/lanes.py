@@ -66,7 +66,8 @@ class Lanes:
         """Wait up to ``timeout_s`` seconds in all for the lanes to end; whether all have."""
         deadline = time.monotonic() + timeout_s
         for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # an interrupt between creating the lanes and starting them all
+                thread.join(max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in self.threads)
 
 
