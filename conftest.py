@@ -37,7 +37,6 @@ settings.register_profile("nightly", deadline=None, max_examples=5000, stateful_
 settings.load_profile(os.environ.get("PDCONFORM_HYPOTHESIS_PROFILE", "ci"))
 
 
-
 @pytest.fixture(autouse=True)
 def _kept_fork_servers(request):
     """Runs of this test share the process's kept fork servers, unless it is marked fresh_fork_servers."""

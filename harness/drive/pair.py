@@ -59,6 +59,12 @@ TRUSTED_STEPS = (s.OpenRoom, s.RequestKV, s.AwaitStatus, s.InitSender, s.SendChu
 MATRIX_RETIRING = (s.KillRole, s.RestartRole, s.ArmPoint, s.AwaitPoint, s.ReleasePoint, s.NetworkFault,
                    s.FreezeRole, s.InjectFrames, s.InjectAbort, s.InjectCaptured)
 
+SOCKET_NAME = "pair.sock"
+REQUEST_WAIT_S = 0.5  # how often a pair waiting for its next program checks its parent (seconds)
+STOP_WAIT_S = 5.0  # a pair asked to stop: how long it may take before its process group is killed (seconds)
+REPLY_POLL_S = 0.1  # how often a program's run checks the pair's process and whether it was killed (seconds)
+DIR_PREFIX = "pdconform-pair-"  # the temporary folder of each pair (its socket, an owner file as a fork server's)
+
 
 def retires_pair(steps: list[s.Step]) -> s.Step | None:
     """The first step of a matrix cell's ``steps`` (after StartRoles) after which its pair is
@@ -67,11 +73,6 @@ def retires_pair(steps: list[s.Step]) -> s.Step | None:
     return next((step for step in steps[1:] if isinstance(step, MATRIX_RETIRING) or (
         isinstance(step, s.EngineFaults) and (step.never_complete or step.fail_nth is not None
                                               or step.fail_group is not None))), None)
-SOCKET_NAME = "pair.sock"
-REQUEST_WAIT_S = 0.5  # how often a pair waiting for its next program checks its parent (seconds)
-STOP_WAIT_S = 5.0  # a pair asked to stop: how long it may take before its process group is killed (seconds)
-REPLY_POLL_S = 0.1  # how often a program's run checks the pair's process and whether it was killed (seconds)
-DIR_PREFIX = "pdconform-pair-"  # the temporary folder of each pair (its socket, an owner file as a fork server's)
 
 
 def kept(steps: list[s.Step], outcome: dict, observations: dict[str, dict], alive: bool,
@@ -183,7 +184,7 @@ class PairServer:
         readers look there)."""
         if workdir.resolve() == self.workdir.resolve():
             return
-        for name, size in self._log_sizes().items():
+        for name in self._log_sizes():
             with open(self.workdir / name, "rb") as src:
                 src.seek(since.get(name, 0))
                 text = src.read()

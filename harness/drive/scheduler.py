@@ -172,8 +172,8 @@ def start_fork_servers(impls: list[str], target: SglangTarget, out_dir: Path,
         servers[group] = base
         for impl in names:  # forked from base once it is ready (OwnForkServer.wait_ready)
             if fork_group(impl) != group:
-                own = kept_servers.take(k + (impl,)) if kept else None
-                if own is None or own.base is not base:
+                own = kept_servers.take(k + (impl,)) if kept else None  # alive only while its base is
+                if own is None:
                     own = OwnForkServer(base, impl, log_dir=None if kept else out_dir)
                     if kept:
                         kept_servers.put(k + (impl,), own)
@@ -316,15 +316,18 @@ class _Run:
         run stopped before a pair could start."""
         on_event = self.cb.on_event if task.reported else None
         seed = self.schedule.seed
-        if (self.warm is None or task.isolated or self.warm.why_isolated(task.scenario, seed)
-                or not self.warm.claim(task.impl, task.scenario, seed)):
-            run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir, target=self.schedule.target,
+
+        def isolated() -> None:
+            run_cell_isolated(task.impl, task.scenario, seed, task.workdir, target=self.schedule.target,
                               on_event=on_event, fork_server=fork_server, base_port=base,
                               full_waits=self.schedule.full_waits)
+
+        if (self.warm is None or task.isolated or self.warm.why_isolated(task.scenario, seed)
+                or not self.warm.claim(task.impl, task.scenario, seed)):
+            isolated()
             return True
         try:
-            self.warm.run(task.impl, task.scenario, self.schedule.seed, task.workdir, self.schedule.full_waits,
-                          fork_server)
+            self.warm.run(task.impl, task.scenario, seed, task.workdir, self.schedule.full_waits, fork_server)
         except KeyboardInterrupt:
             if self.stopping.is_set():  # the run was interrupted before the pair started
                 return False
@@ -338,9 +341,7 @@ class _Run:
             shutil.rmtree(confirmed, ignore_errors=True)
             confirmed.parent.mkdir(parents=True, exist_ok=True)
             task.workdir.rename(confirmed)
-            run_cell_isolated(task.impl, task.scenario, self.schedule.seed, task.workdir, target=self.schedule.target,
-                              on_event=on_event, fork_server=fork_server, base_port=base,
-                              full_waits=self.schedule.full_waits)
+            isolated()
         return True
 
     def priority(self, i: int) -> int:

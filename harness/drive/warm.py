@@ -10,8 +10,8 @@ and gives it back only when the pair can vouch for its roles afterwards
 (harness.drive.pair.kept, retires_pair and held_writes: no kill, restart, interleaving point,
 network fault, freeze, injected frame or failed engine write, every role process the same and
 alive, no dead loop or thread, no write an engine fault held still in flight); otherwise the
-pair ends with the cell, and a cell that would end its pair starts none.  A failing check does not end a pair: half of
-the default set's cells are known non-PASS.
+pair ends with the cell, and a cell that would end its pair starts none.  A failing check does
+not end a pair: half of the default set's cells are known non-PASS.
 
 Each cell's history reads like an isolated cell's (the same events, its own rooms, a
 ``pair`` entry in its cell-start).  The scheduler (harness.drive.scheduler) confirms every
