@@ -17,10 +17,12 @@ setup:
 matrix: setup
 	$(PDCONFORM) run --jobs $(JOBS) --topology p1-d1 --topology default $(if $(EXPECTATIONS),--expectations $(EXPECTATIONS))
 
-# three workers (pytest-xdist): the tests mostly wait on role processes and timers; the tests
+# two workers per core (pytest-xdist): the tests mostly wait on role processes and timers;
+# worksteal, as test durations run from 0.01 s to half a minute (docs/performance.md); the tests
 # marked nightly (minute-long runs across network namespaces, bench's own test) run in `make nightly`
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
 test: setup
-	$(VENV)/bin/python -m pytest -q -n 3 -m "not nightly"
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not nightly"
 
 # Benchmarks and long property runs: not part of `make test`.
 bench: setup

@@ -136,7 +136,7 @@ def cell_target(target: SglangTarget, settings: dict[str, int], bind: str | None
     import json
 
     from harness.drive.remote import HOSTS_ENV
-    from harness.role.pools import POOL_DEVICE_ENV
+    from harness.role.pool_device import POOL_DEVICE_ENV
 
     network, network_env = cell_network(bind)
     if hosts:

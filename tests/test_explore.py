@@ -187,7 +187,7 @@ def _killed_prefill_program():
     aux held back 5 s, so the kill comes first (it must end: rooms-end-after-kill).  The shape
     of what the kill rule writes (ProgramMachine.kill_prefill), by hand so the test does not wait
     on a draw; the 5 s aux delay is longer than the rules draw (0.3 s), to win the race with the kill."""
-    from harness.explore.program import KILL_BOUND_S, LAYOUT, PROFILES, Program
+    from harness.explore.program_model import KILL_BOUND_S, LAYOUT, PROFILES, Program
     from harness.spec.protocol import KVPoll
     from harness.spec.rooms import DONE
     from harness.spec.steps import KillRole, RequestKV, VerifyPools
@@ -214,7 +214,7 @@ def _late_success_program():
     sides conclude, and a later poll reads the room again: the shape of what the poll rule
     (ProgramMachine.poll) adds to a program, with writes 2 s late (the rules draw 0.05 or 0.2 s)
     so that the ABORT finds them outstanding however loaded the machine."""
-    from harness.explore.program import LAYOUT, PROFILES, Program
+    from harness.explore.program_model import LAYOUT, PROFILES, Program
     from harness.spec.protocol import KVPoll
     from harness.spec.rooms import DONE
     from harness.spec.steps import RequestKV, VerifyPools
@@ -294,7 +294,7 @@ def test_exit_codes_put_an_implementations_finding_before_oracle_failures():
     it still failing, 3 when the only failures are the oracle's (its own exploration's failures,
     its corpus, or a program it failed beside another implementation), 0 for none."""
     from harness.explore.outcome import EXIT_FOUND, EXIT_ORACLE, Failure, ImplReport, exit_code
-    from harness.explore.program import Program
+    from harness.explore.program_model import Program
 
     program = Program((), ())
     bug = Failure(_sig("bytes-exact", "R-LAYOUT-1", "nixl"), 1, program)
@@ -360,7 +360,7 @@ def test_the_table_puts_an_oracle_failure_on_its_own_line_with_its_reproduce_lin
     from harness.cli import console
     from harness.cli.explore import _print_reports
     from harness.explore.outcome import EXIT_ORACLE, Failure, ImplReport, exit_code
-    from harness.explore.program import Program
+    from harness.explore.program_model import Program
 
     found = tmp_path / "found" / "oracle" / "found-reference-ab12.json"
     failure = Failure(_sig("bytes-exact", "R-LAYOUT-1", "reference"), 2, Program((), ()), path=found, oracle=True)

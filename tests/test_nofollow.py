@@ -173,7 +173,7 @@ def test_expectations_update_keeps_a_link_it_read_from_results_json(tmp_path, vi
 
 def test_a_found_program_is_never_written_through_a_link(tmp_path, victim):
     from harness.explore.found import SUFFIX, program_id, write_found
-    from harness.explore.program import Program
+    from harness.explore.program_model import Program
     from harness.spec.steps import StartRoles
 
     program = Program((StartRoles(),))

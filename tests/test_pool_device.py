@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from harness.role import pattern
-from harness.role.pools import POOL_DEVICE_ENV, pattern_pools, pool_device
+from harness.role.pool_device import POOL_DEVICE_ENV, pool_device
+from harness.role.pools import pattern_pools
 from harness.spec.rooms import LAYOUT
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,8 @@ each catches its planted state and passes the correct one; and the program model
 rooms a failed write may reach."""
 
 from harness.explore import program_checks as pc
-from harness.explore.program import AT_RISK_BOUND_S, PREFILLS, ProgramMachine
+from harness.explore.program import ProgramMachine
+from harness.explore.program_model import AT_RISK_BOUND_S, PREFILLS
 from harness.spec.history import History
 from harness.spec.protocol import KVPoll
 from harness.spec.steps import AwaitStatus, Clear, EngineFaults, KillRole, SendChunk, VerifyPools

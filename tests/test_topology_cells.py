@@ -164,7 +164,7 @@ def test_nixl_turns_its_own_run_time_refusal_into_unsupported_with_the_advice(mo
     (B3's refused registration) is no refusal of this machine and is left for the checks; with
     VRAM pools nothing is converted; and no TP shape is refused before anything runs."""
     from harness.role.adapter import PREDICTED, Unsupported
-    from harness.role.pools import POOL_DEVICE_ENV
+    from harness.role.pool_device import POOL_DEVICE_ENV
 
     monkeypatch.delenv(POOL_DEVICE_ENV, raising=False)
     role = _nixl_role([HETERO_TP])
@@ -195,7 +195,7 @@ def test_a_prediction_kept_says_it_was_predicted(monkeypatch):
     """NIXL's layout skip (draft-kv-layout's executor skips before roles start) is still a
     prediction, and says so."""
     from harness.role.adapter import PREDICTED
-    from harness.role.pools import POOL_DEVICE_ENV
+    from harness.role.pool_device import POOL_DEVICE_ENV
 
     monkeypatch.delenv(POOL_DEVICE_ENV, raising=False)
     spec = {"attention": "MHA", "num_layers": 3, "stages": 1, "prefill": [0, 3, 0], "decode": [0, 3, 1]}

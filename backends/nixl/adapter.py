@@ -208,7 +208,7 @@ class NixlRole(SglangCommonRole):
                         "thread keeps its own setting (%s ignored)", PROGRESS_DELAY_ENV)
 
     def fill_backend_kv_args(self, kv_args: Any) -> None:
-        from harness.role.pools import pool_device
+        from harness.role.pool_device import pool_device
 
         # KV in device memory (run --pool-device cuda) is registered as sglang's schedulers do
         kind = "VRAM" if pool_device() == "cuda" else "DRAM"
@@ -249,7 +249,7 @@ class NixlRole(SglangCommonRole):
         """Unsupported, with the advice and NIXL's own words, once a thread of this role died of
         one of :data:`DRAM_REFUSALS` while the KV is DRAM (with VRAM KV such a raise is no
         limit of this machine, and is left for the checks to judge)."""
-        from harness.role.pools import pool_device
+        from harness.role.pool_device import pool_device
 
         if pool_device() == "cuda":
             return
@@ -292,7 +292,7 @@ class NixlRole(SglangCommonRole):
         prefill (``n_dst > n_src``) for decode-only speculative decoding and refuses it unless
         the decode's KV is VRAM; on a CPU machine it is registered as DRAM.  That is decode-only
         draft KV, and every stage of a multi-stage prefill sending to a whole-model decode."""
-        from harness.role.pools import pool_device
+        from harness.role.pool_device import pool_device
         from harness.spec.layouts import whole_model_decode
 
         if pool_device() == "cuda":  # VRAM KV: NIXL serves both

@@ -248,7 +248,7 @@ def _bind(addr: Optional[str]) -> Optional[str]:
 
 def _pool_device(value: str) -> str:
     """``--pool-device`` checked: cpu, or cuda where this machine has a CUDA device; exit 2 otherwise."""
-    from harness.role.pools import POOL_DEVICES
+    from harness.role.pool_device import POOL_DEVICES
 
     if value not in POOL_DEVICES:
         raise _usage_error(f"--pool-device {value[:20]!r}: one of {', '.join(POOL_DEVICES)}")

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from harness import ROOT
-from harness.explore.program import PROGRAM_TIMEOUT_S, Program
+from harness.explore.program_model import PROGRAM_TIMEOUT_S, Program
 from harness.explore.program_file import program_from_json
 from harness.judge.results import write_atomic
 from harness.spec.inputs import InputError, read_input

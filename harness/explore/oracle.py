@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.explore.found import write_found
 from harness.explore.outcome import Failure, ImplReport, same_check, signature_key, signature_of
-from harness.explore.program import Program
+from harness.explore.program_model import Program
 from harness.judge.results import write_atomic
 from harness.spec.protocol import REFERENCE
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.explore.program import Program
+from harness.explore.program_model import Program
 from harness.judge.results import CellResult
 
 

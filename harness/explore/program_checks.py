@@ -65,7 +65,7 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
 def _conclusion(events: list[dict], label: str, side: str) -> dict | None:
     """The last conclusion poll of lifecycle ``label`` on ``side`` (AwaitStatus carrying it):
     "decode", or "prefill" for whichever prefill served it (a program may have two, "prefill" and
-    "prefill-b": harness.explore.program.PREFILLS)."""
+    "prefill-b": harness.explore.program_model.PREFILLS)."""
     polls = [e for e in completions(events, op=Op.AWAIT_STATUS) if (e.get("args") or {}).get("label") == label
              and (e.get("role") == side if side == "decode" else (e.get("role") or "").startswith(side))]
     return polls[-1] if polls else None

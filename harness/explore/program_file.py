@@ -9,7 +9,7 @@ import json
 
 import msgspec
 
-from harness.explore.program import (AFTER_KILL, MAX_INJECTIONS, MAX_MESSAGE_BYTES, MAX_MESSAGE_FRAMES, PROFILES,
+from harness.explore.program_model import (AFTER_KILL, MAX_INJECTIONS, MAX_MESSAGE_BYTES, MAX_MESSAGE_FRAMES, PROFILES,
                                       Program)
 from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, KillRole,
                                 OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, StartRoles, ThawRole, VerifyPools)

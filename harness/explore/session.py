@@ -39,7 +39,8 @@ from harness.explore.lanes import LANE_OVERRUN_S, STOP_JOIN_S, Lanes, end_leftov
 from harness.explore.found import found_dirs, found_files, impl_of, load_program, scenario_of, write_found
 from harness.explore.oracle import ORACLE_DIR, OracleDiff
 from harness.explore.outcome import Failure, ImplReport, signature_key, signature_of
-from harness.explore.program import MAX_SHIFTS, Program, ProgramMachine
+from harness.explore.program import ProgramMachine
+from harness.explore.program_model import MAX_SHIFTS, Program
 from harness.judge.judge import judge
 from harness.judge.results import CellResult, write_atomic
 from harness.session import cell_target, default_settings

@@ -12,23 +12,12 @@ import os
 from typing import Any
 
 from harness.role import pattern
+from harness.role.pool_device import pool_device
 from harness.spec.protocol import DRAFT_BASE, Layout
 
-POOL_DEVICE_ENV = "PDCONFORM_POOL_DEVICE"  # run --pool-device: where a role's pools live
-POOL_DEVICES = ("cpu", "cuda")
 # Test-only planted state (tests/test_pair.py): refill() leaves the pools as the last program
 # left them, the reuse leak the alone-vs-pair comparison exists to catch.
 PLANT_STALE_POOLS_ENV = "PDCONFORM_TEST_PLANT_STALE_POOLS"
-
-
-def pool_device() -> str:
-    """The device this role's pools are allocated on: ``cpu`` (default) or ``cuda`` (the
-    current CUDA device; sglang's schedulers keep KV there), from :data:`POOL_DEVICE_ENV`.
-    ValueError for any other value."""
-    value = os.environ.get(POOL_DEVICE_ENV) or "cpu"
-    if value not in POOL_DEVICES:
-        raise ValueError(f"{POOL_DEVICE_ENV}={value[:20]!r}: one of {', '.join(POOL_DEVICES)}")
-    return value
 
 
 def pattern_pools(side: int, layout: Layout) -> tuple[list[tuple[pattern.BufferSpec, Any]], tuple[pattern.BufferSpec, Any]]:

@@ -21,15 +21,23 @@ difference by buffer identity.
 
 from __future__ import annotations
 
-from hypothesis import strategies as st
-
 from harness.spec.layout_plan import LayoutSpec, SideLayout, side_buffers
 
 
-@st.composite
-def layout_specs(draw) -> dict:
-    """Any layout R-LAYOUT-2 covers: MHA/MLA, 1-8 layers in 1-4 prefill stages, the
-    decode with one stage or the same stages, draft KV on decode only, both or neither."""
+def layout_specs():
+    """A hypothesis strategy of any layout R-LAYOUT-2 covers: MHA/MLA, 1-8 layers in 1-4
+    prefill stages, the decode with one stage or the same stages, draft KV on decode only,
+    both or neither.  hypothesis is imported here, not with the module: the judge reads this
+    module in every ``pdconform`` process and hypothesis costs about 0.2 s to import."""
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_layout_spec)()
+
+
+def _draw_layout_spec(draw) -> dict:
+    """One layout spec drawn for :func:`layout_specs`."""
+    from hypothesis import strategies as st
+
     attention = draw(st.sampled_from(["MHA", "MLA"]))
     num_layers = draw(st.integers(1, 8))
     stages = draw(st.integers(1, min(4, num_layers)))
