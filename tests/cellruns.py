@@ -24,7 +24,7 @@ def run_one(impl: str, scenario: str | Scenario, workdir: Path, *, seed: int = 0
     """One cell through harness.drive.runner.run_cell_isolated, judged (no reference, no expectation).
 
     A cell worse than PASS only on timing bounds while the machine starved it
-    (harness.judge.load.needs_alone: ``make test`` runs three workers on every core) runs once
+    (harness.judge.load.needs_alone: ``make test`` runs two workers per core) runs once
     more, as ``pdconform run`` runs such a cell again alone, and that result is returned (its
     history replaces the first in ``workdir``; the first is printed, so a failing test shows it)."""
     scenario = get_scenario(scenario) if isinstance(scenario, str) else scenario

@@ -77,7 +77,7 @@ def sampling(workdir):
 
 def _lingering(scenario_id: str, seconds: float = 3.0):
     """The scenario with its roles kept up ``seconds`` longer at the end, so the 20 ms sampler
-    sees every listener even when other tests load the machine (make test runs three workers)."""
+    sees every listener even when other tests load the machine (make test runs two workers per core)."""
     from dataclasses import replace
 
     from harness.spec.steps import Sleep
