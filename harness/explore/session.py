@@ -35,6 +35,7 @@ from harness.drive.forkserver_client import ForkServerError
 from harness.drive.pair import RolePair
 from harness.drive.runner import kill_running_cells, run_cell_isolated
 from harness.drive.scheduler import close_fork_servers, fork_group, start_fork_servers
+from harness.explore.ahead import Round, RoundsAhead
 from harness.explore.lanes import LANE_OVERRUN_S, STOP_JOIN_S, Lanes, end_leftovers, watch_leftovers
 from harness.explore.found import found_dirs, found_files, impl_of, load_program, scenario_of, write_found
 from harness.explore.oracle import ORACLE_DIR, OracleDiff
@@ -278,10 +279,16 @@ class Explorer(OracleDiff):
         def found() -> int:  # new distinct failures (the corpus's known ones are not looked for)
             return sum(not f.known for f in report.failures.values())
 
+        carried: dict = {}  # rounds a batch ran in part (harness.explore.ahead)
         while time.monotonic() < deadline and (max_failures is None or found() < max_failures):
             self._check_stopping()
-            self._round(impl, report, start, deadline, self.seed + round_)
-            round_ += 1
+            if self.lanes > 1 and self.long_lived:  # rounds run ahead on the lanes, then judged in order
+                for ran in self._run_ahead(impl, report, start, deadline, self.seed + round_, carried):
+                    self._round(impl, report, start, deadline, ran.seed, ran)
+                    round_ += 1
+            else:
+                self._round(impl, report, start, deadline, self.seed + round_)
+                round_ += 1
         report.seconds = time.monotonic() - start
 
     def _run_counted(self, program: Program, impl: str, report: ImplReport, start: float, name: str,
@@ -401,32 +408,23 @@ class Explorer(OracleDiff):
             verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
             phases=phases))
 
-    def _run_ahead(self, impl: str, report: ImplReport, start: float, deadline: float,
-                   round_seed: int) -> dict[str, dict | None]:
-        """Write the round's programs first (hypothesis's generate phase with the round's seed, as
-        the round then writes them again) and run them on :attr:`lanes` pairs at once, until the
-        budget is spent or one of them failed in a new way (the round's later programs would only
-        delay its shrinking); program text -> its failure's signature (None: it passed)."""
-        results: dict[str, dict | None] = {}
-        new_failure = threading.Event()  # the round's lanes end: its later programs would only delay the shrinking
-
-        def run(program: Program, lane: int) -> bool:  # whether the lane goes on
-            if time.monotonic() > deadline or new_failure.is_set():
-                return False
-            sig = results[program.to_json()] = self._run_counted(program, impl, report, start, f"lane-{lane}",
-                                                                 lane=lane)
-            if sig is not None and signature_key(sig) not in report.failures:
-                new_failure.set()
-            return True
-
+    def _run_ahead(self, impl: str, report: ImplReport, start: float, deadline: float, first_seed: int,
+                   carried: dict) -> list[Round]:
+        """Run the programs of rounds from ``first_seed`` on :attr:`lanes` pairs at once, round
+        after round with no wait between them, until the budget is spent or one failed in a new
+        way (harness.explore.ahead); the rounds to judge now, in order."""
+        ahead = RoundsAhead(self.write_round,
+                            lambda program, lane: self._run_counted(program, impl, report, start, f"lane-{lane}",
+                                                                    lane=lane),
+                            lambda sig: signature_key(sig) not in report.failures, deadline, carried)
         self._lanes = Lanes(self.lanes, self.stopping)
         try:
-            self._lanes.run(self.write_round(round_seed), run, max(deadline, time.monotonic()) + LANE_OVERRUN_S)
+            self._lanes.run(ahead.feed(first_seed), ahead.work, max(deadline, time.monotonic()) + LANE_OVERRUN_S)
         except BaseException:  # an interrupt, or a lane that failed or hung: pdconform's own error ends explore
             self.stop()  # the lanes' pairs killed, their waits ended
             raise
         self._check_stopping()
-        return results
+        return ahead.judged_now()
 
     def write_round(self, round_seed: int) -> list[Program]:
         """The distinct programs a round of ``round_seed`` writes on this explorer's topology and
@@ -439,16 +437,18 @@ class Explorer(OracleDiff):
         hypothesis_seed(round_seed)(self._test(self._machine(keep), (Phase.generate,)))()
         return list(programs.values())
 
-    def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int) -> None:
+    def _round(self, impl: str, report: ImplReport, start: float, deadline: float, round_seed: int,
+               ran: Round | None = None) -> None:
         """One hypothesis run: programs until one fails in a new way (then shrunk) or the round
-        ends.  With :attr:`lanes` above 1 the round's programs run ahead, several at once; the
-        round is replayed by hypothesis (nothing runs again) only when one of them failed."""
+        ends.  ``ran``: the round's programs already run ahead on the lanes (:meth:`_run_ahead`);
+        the round is then replayed by hypothesis (nothing that ran runs again) only when one of
+        them failed, or when some did not run and the budget is not spent."""
         state: dict = {"sig": None, "best": None, "shrinks": 0, "found_at": 0.0}
         self._round_seed = round_seed
         seen: dict[str, dict | None] = {}  # program -> what hypothesis is told: a program runs once per round
-        ahead = self._run_ahead(impl, report, start, deadline, round_seed) \
-            if self.lanes > 1 and self.long_lived else None
-        if ahead is not None and all(sig is None for sig in ahead.values()):
+        ahead = dict(ran.results) if ran is not None else None
+        if ahead is not None and all(sig is None for sig in ahead.values()) and \
+                (ran.complete or time.monotonic() > deadline):
             return
         test = self._test(self._machine(lambda program: self._outcome(program, impl, report, start, deadline,
                                                                       state, seen, ahead)),
