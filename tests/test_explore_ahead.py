@@ -70,3 +70,24 @@ def test_a_round_is_complete_only_when_every_program_ran():
     assert not one.complete
     one.results["b"] = {"check": "x"}
     assert one.complete
+
+
+def test_a_carried_round_with_a_failure_still_new_stops_the_next_feed_there():
+    """A slow program of round 0 failed after one of round 1 had failed in another new way: the
+    batch stops for round 0's; the next batch must judge round 1 at once, not feed on to the deadline."""
+    carried = {1: Round(1, [_Prog("1-0", 0), _Prog("1-1", 0)], {"1-0": {"check": "y"}})}
+    ran, lock = [], threading.Lock()
+    ahead = RoundsAhead(_rounds(0.0), _run_into(ran, lock), lambda sig: sig["check"] == "y",
+                        time.monotonic() + 30, carried)
+    Lanes(2, threading.Event()).run(ahead.feed(1), ahead.work, time.monotonic() + 10)
+    assert ran == [] and [r.seed for r in ahead.judged_now()] == [1] and not carried
+
+
+def test_a_round_not_judged_counts_its_known_failures():
+    class Known:
+        count = 0
+
+    known = {"x": Known()}
+    one = Round(0, [_Prog("a", 0), _Prog("b", 0), _Prog("c", 0)], {"a": {"check": "x"}, "b": {"check": "new"}, "c": None})
+    one.count_known(known, lambda sig: sig["check"])
+    assert known["x"].count == 1 and set(known) == {"x"}

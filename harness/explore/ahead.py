@@ -12,7 +12,8 @@ more (docs/performance.md).
 The feed stops at the budget's deadline, or once a program failed in a new way: the rounds up
 to that program's are handed back to be judged (its round replayed and shrunk); programs of
 later rounds that already ran are carried to the next batch, which feeds only the ones that
-did not.
+did not, and stops at a carried round that holds a failure still new (a program that failed
+after the one the batch stopped for).  Rounds still carried when explore ends are judged then.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ class Round:
     def complete(self) -> bool:
         """Whether every program of the round ran."""
         return all(p.to_json() in self.results for p in self.programs)
+
+    def count_known(self, failures: dict, key: Callable[[dict], str]) -> None:
+        """Count each failure of the round's programs that ``failures`` (``key(signature)`` ->
+        harness.explore.session.Failure) holds, without judging the round (explore's
+        ``max_failures`` was reached: a new failure is not looked at)."""
+        for sig in self.results.values():
+            if sig is not None and key(sig) in failures:
+                failures[key(sig)].count += 1
 
 
 class RoundsAhead:
@@ -69,6 +78,12 @@ class RoundsAhead:
             held = self.carried.pop(seed, None)
             one = held if held is not None else Round(seed, self.write_round(seed))
             self.rounds.append(one)
+            if held is not None and any(sig is not None and self.is_new(sig) for sig in held.results.values()):
+                with self._lock:  # a new failure an earlier batch ran after the one it stopped for: judged now
+                    index = len(self.rounds) - 1
+                    self.failed_in = index if self.failed_in is None else min(self.failed_in, index)
+                    self.new_failure.set()
+                return
             for program in one.programs:
                 if program.to_json() not in one.results:
                     yield len(self.rounds) - 1, one, program

@@ -274,21 +274,28 @@ class Explorer(OracleDiff):
             pair.close()
 
     def _explore(self, impl: str, report: ImplReport, start: float, budget_s: float, max_failures: int | None) -> None:
-        deadline = start + budget_s
-        round_ = 0
+        deadline, round_ = start + budget_s, 0
         def found() -> int:  # new distinct failures (the corpus's known ones are not looked for)
             return sum(not f.known for f in report.failures.values())
+
+        def judge(ran: Round) -> None:  # a round run ahead; past max_failures only its known failures count
+            if max_failures is None or found() < max_failures:
+                self._round(impl, report, start, deadline, ran.seed, ran)
+            else:
+                ran.count_known(report.failures, signature_key)
 
         carried: dict = {}  # rounds a batch ran in part (harness.explore.ahead)
         while time.monotonic() < deadline and (max_failures is None or found() < max_failures):
             self._check_stopping()
             if self.lanes > 1 and self.long_lived:  # rounds run ahead on the lanes, then judged in order
                 for ran in self._run_ahead(impl, report, start, deadline, self.seed + round_, carried):
-                    self._round(impl, report, start, deadline, ran.seed, ran)
+                    judge(ran)
                     round_ += 1
             else:
                 self._round(impl, report, start, deadline, self.seed + round_)
                 round_ += 1
+        for seed in sorted(carried):  # ran in part when the loop ended: judged, as a batch's late rounds are
+            judge(carried.pop(seed))
         report.seconds = time.monotonic() - start
 
     def _run_counted(self, program: Program, impl: str, report: ImplReport, start: float, name: str,
@@ -410,13 +417,13 @@ class Explorer(OracleDiff):
 
     def _run_ahead(self, impl: str, report: ImplReport, start: float, deadline: float, first_seed: int,
                    carried: dict) -> list[Round]:
-        """Run the programs of rounds from ``first_seed`` on :attr:`lanes` pairs at once, round
-        after round with no wait between them, until the budget is spent or one failed in a new
-        way (harness.explore.ahead); the rounds to judge now, in order."""
-        ahead = RoundsAhead(self.write_round,
-                            lambda program, lane: self._run_counted(program, impl, report, start, f"lane-{lane}",
-                                                                    lane=lane),
-                            lambda sig: signature_key(sig) not in report.failures, deadline, carried)
+        """Run the programs of rounds from ``first_seed`` on :attr:`lanes` pairs at once, with no wait
+        between rounds, until the budget is spent or one failed in a new way (harness.explore.ahead);
+        the rounds to judge now, in order."""
+        def run(program: Program, lane: int) -> dict | None:
+            return self._run_counted(program, impl, report, start, f"lane-{lane}", lane=lane)
+        ahead = RoundsAhead(self.write_round, run, lambda sig: signature_key(sig) not in report.failures,
+                            deadline, carried)
         self._lanes = Lanes(self.lanes, self.stopping)
         try:
             self._lanes.run(ahead.feed(first_seed), ahead.work, max(deadline, time.monotonic()) + LANE_OVERRUN_S)
