@@ -79,7 +79,7 @@ class RunConfig:
     hosts: tuple[dict, ...] = ()
     hosts_spec: str = ""  # run --hosts as given (netns:N or N): what a cell's reproduce command repeats
     hosts_listen: str = ""  # run --listen as given (with --hosts N): repeated too
-    pool_device: str = "cpu"  # run --pool-device: where the roles' pools live (harness.role.pools)
+    pool_device: str = "cpu"  # run --pool-device: where the roles' pools live (harness.role.pool_device)
     # a cell worse than expected only on timing bounds while starved runs once more alone at the end
     # (harness.judge.load.needs_alone); False where only the first verdicts count (bench, soak)
     alone_reruns: bool = True
@@ -131,7 +131,7 @@ def cell_target(target: SglangTarget, settings: dict[str, int], bind: str | None
     """The cells' network in words (:func:`cell_network`) and ``target`` with the environment
     every cell runs under: the engine ``settings``, that network, the agents its roles
     start on (``hosts``, harness.drive.remote.HOSTS_ENV) and where their pools live
-    (``pool_device``, harness.role.pools), for ``run`` and ``explore`` alike, so a program
+    (``pool_device``, harness.role.pool_device), for ``run`` and ``explore`` alike, so a program
     cell is as contained as a matrix cell."""
     import json
 

@@ -12,7 +12,7 @@ import pytest
 from test_explore import _programs
 
 from harness.drive.pair import kept
-from harness.explore.program_model import MAX_SHIFTS, ROOM_STRIDE
+from harness.spec.rooms import MAX_SHIFTS, ROOM_STRIDE
 from harness.spec import steps as s
 from harness.spec.history import Event
 

@@ -43,7 +43,7 @@ class Round:
 
     def count_known(self, failures: dict, key: Callable[[dict], str]) -> None:
         """Count each failure of the round's programs that ``failures`` (``key(signature)`` ->
-        harness.explore.session.Failure) holds, without judging the round (explore's
+        harness.explore.outcome.Failure) holds, without judging the round (explore's
         ``max_failures`` was reached: a new failure is not looked at)."""
         for sig in self.results.values():
             if sig is not None and key(sig) in failures:

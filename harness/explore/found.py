@@ -1,6 +1,6 @@
 """Found programs: a failing program, shrunk, written out as a scenario file that replays.
 
-A found file is a program (harness.explore.program, :meth:`Program.to_json`) plus what
+A found file is a program (harness.explore.program_model, :meth:`Program.to_json`) plus what
 found it: ``id`` (``found-IMPL-HASH``, the hash of its steps), ``impl``, ``signature`` (the
 failure it showed: requirement, check, implementation, first frame of an exception if
 any) and ``found_with`` (the explore command's seed and budget).  Found files live in

@@ -1,4 +1,5 @@
-"""Generated lifecycle programs: what ``pdconform explore`` runs against an implementation.
+"""The writer of explore's generated lifecycle programs (a hypothesis state machine): what
+``pdconform explore`` runs against an implementation.
 
 A program is a list of steps from the scenario vocabulary (harness.spec.steps) over several
 bootstrap rooms of one prefill and one decode, in the orders a real pair of schedulers
@@ -21,8 +22,8 @@ legal.  The program then runs as one cell (harness.explore.session); its checks 
 the spec (harness.explore.program_checks lists them, in the order a failure's signature
 takes the first), and the judge adds the generic post-conditions.
 
-A program is data (harness.explore.program_model.Program): :meth:`Program.to_json` / harness.explore.program_file.program_from_json
-write and read it, which is how a cell process gets it and how a found program replays (harness.explore.found).
+A program is data (harness.explore.program_model.Program): :meth:`Program.to_json` and
+harness.explore.program_file.program_from_json write and read it, which is how a cell process gets it and how a found program replays (harness.explore.found).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A program as a file: reading back what :meth:`Program.to_json` wrote (harness.explore.program),
+"""A program as a file: reading back what :meth:`Program.to_json` wrote (harness.explore.program_model),
 and refusing what ProgramMachine could not have written.  A found file is input, not trusted:
 it may start no process with its own settings and load no code, every wait in it is bounded,
 and an injected message is bounded bytes to a role's control socket."""
@@ -9,8 +9,8 @@ import json
 
 import msgspec
 
-from harness.explore.program_model import (AFTER_KILL, MAX_INJECTIONS, MAX_MESSAGE_BYTES, MAX_MESSAGE_FRAMES, PROFILES,
-                                      Program)
+from harness.explore.program_model import (AFTER_KILL, MAX_INJECTIONS, MAX_MESSAGE_BYTES, MAX_MESSAGE_FRAMES,
+                                           PROFILES, Program)
 from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, KillRole,
                                 OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, StartRoles, ThawRole, VerifyPools)
 

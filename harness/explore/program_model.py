@@ -34,7 +34,7 @@ FAIL_NTH = (1, 2, 3)  # which write, counted from the plan, the prefill's engine
 OUT_OF_ORDER_S = 0.5  # how late the n-th write completes, after the writes issued after it (seconds)
 MAX_ENGINE_PLANS = 3  # engine fault plans a program sets, at most
 MAX_INJECTIONS = 3  # malformed messages a program pushes, at most
-MAX_MESSAGE_FRAMES = 16  # the frames of one injected message, at most (MALFORMED draws up to 15)
+MAX_MESSAGE_FRAMES = 16  # the frames of one injected message, at most (harness.explore.program.MALFORMED draws up to 15)
 MAX_MESSAGE_BYTES = 4096  # the bytes of one injected message, at most: a found file stays small
 WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2): a failed write's room ends by then
 AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
@@ -128,4 +128,4 @@ def _encode(step: Step) -> dict:
     return {"step": type(step).__name__, **json.loads(msgspec.json.encode(step))}
 
 
-__all__ = ["AFTER_KILL", "LAYOUT", "PREFILLS", "PROFILES", "Program", "PROGRAM_TIMEOUT_S", "MAX_SHIFTS", "ROOM_STRIDE"]
+__all__ = ["AFTER_KILL", "LAYOUT", "PREFILLS", "PROFILES", "Program", "PROGRAM_TIMEOUT_S"]

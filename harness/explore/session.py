@@ -41,11 +41,12 @@ from harness.explore.found import found_dirs, found_files, impl_of, load_program
 from harness.explore.oracle import ORACLE_DIR, OracleDiff
 from harness.explore.outcome import Failure, ImplReport, signature_key, signature_of
 from harness.explore.program import ProgramMachine
-from harness.explore.program_model import MAX_SHIFTS, Program
+from harness.explore.program_model import Program
 from harness.judge.judge import judge
 from harness.judge.results import CellResult, write_atomic
 from harness.session import cell_target, default_settings
 from harness.spec import history as hist
+from harness.spec.rooms import MAX_SHIFTS
 from harness.spec.topology import TOPOLOGIES
 from harness.target.sglang import SglangTarget
 
@@ -417,9 +418,8 @@ class Explorer(OracleDiff):
 
     def _run_ahead(self, impl: str, report: ImplReport, start: float, deadline: float, first_seed: int,
                    carried: dict) -> list[Round]:
-        """Run the programs of rounds from ``first_seed`` on :attr:`lanes` pairs at once, with no wait
-        between rounds, until the budget is spent or one failed in a new way (harness.explore.ahead);
-        the rounds to judge now, in order."""
+        """Run rounds' programs from ``first_seed`` on :attr:`lanes` pairs at once, no wait between rounds,
+        until the budget is spent or one failed anew (harness.explore.ahead); the rounds to judge now, in order."""
         def run(program: Program, lane: int) -> dict | None:
             return self._run_counted(program, impl, report, start, f"lane-{lane}", lane=lane)
         ahead = RoundsAhead(self.write_round, run, lambda sig: signature_key(sig) not in report.failures,
