@@ -146,6 +146,5 @@ def needs_alone(cell) -> bool:
         return False
     if cell.verdict > cell.expected:
         return cell.timing_only
-    by_name = {c["name"]: c for c in cell.checks}
-    new = cell.new_checks
-    return bool(new) and all(by_name.get(n, {}).get("ok") is False and by_name[n].get("timing") for n in new)
+    new = set(cell.new_checks)
+    return bool(new) and all(c.get("ok") is False and c.get("timing") for c in cell.checks if c.get("name") in new)
