@@ -60,6 +60,10 @@ class SglangCommonRole(CommonHooks, RoleAdapter):
     #: the manager methods that start the prefill's and the decode's control thread
     prefill_control_method: ClassVar[str]
     decode_control_method: ClassVar[str]
+    #: the Common control messages (common/conn.py, common/staging_handler.py), by kind
+    #: (harness.role.message_loss); a backend that sends its aux as a message adds ``aux_data``
+    MESSAGE_KINDS = ("registration", "kv_args", "status", "abort", "abort_ack", "watermark", "staging_rsp",
+                     "chunk_ready")
 
     @property
     def host(self) -> str:

@@ -86,6 +86,13 @@ class MooncakeRole(SglangCommonRole):
     def engine(self) -> str:
         return "real"
 
+    def message_kinds(self) -> tuple[str, ...]:
+        """Common's kinds, and ``aux_data`` when the aux goes as a message (mooncake/conn.py
+        ``send_aux``: only with ``SGLANG_MOONCAKE_SEND_AUX_TCP``; else the engine writes it)."""
+        from sglang.srt.environ import envs
+
+        return self.MESSAGE_KINDS + (("aux_data",) if envs.SGLANG_MOONCAKE_SEND_AUX_TCP.get() else ())
+
     def init_engine(self) -> None:
         from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (
             init_mooncake_transfer_engine,

@@ -55,6 +55,12 @@ class MoriRole(SglangCommonRole):
     prefill_control_method = "_start_bootstrap_thread"
     decode_control_method = "_start_decode_thread"
 
+    def message_kinds(self) -> tuple[str, ...]:
+        """Common's kinds, and ``aux_data`` unless the aux goes over RDMA (mori/conn.py
+        ``send_aux_tcp``, the default; ``SGLANG_MORI_SEND_AUX_RDMA`` makes it an engine write)."""
+        rdma = getattr(self.manager, "_send_aux_rdma", False) if self.manager is not None else False
+        return self.MESSAGE_KINDS + (() if rdma else ("aux_data",))
+
     def prepare_imports(self) -> None:
         self._standin_past_faults: list[dict] = []
         use_standin_if_needed()

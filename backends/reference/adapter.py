@@ -48,9 +48,10 @@ class ReferenceRole(RoleAdapter):
     a transfer worker thread (``reference-prefill-transfer``) before they reach the core, as
     the backends' chunks go through their transfer queues; the worker is where the
     ``worker-take-chunk`` point pauses.  The reference's "engine" is its WRITE frames: each
-    KV or aux write is one transfer for :meth:`set_engine_faults`."""
+    KV or aux write is one transfer for :meth:`set_engine_faults`; an aux WRITE is its ``aux_data``."""
 
     impl = "reference"
+    MESSAGE_KINDS = ("registration", "status", "abort", "abort_ack", "aux_data")
     POINTS = {
         "prefill-control-started": "ReferenceRole.start_prefill: the prefill control thread has just started",
         "decode-control-started": "ReferenceRole.start_decode: the decode control thread has just started",

@@ -42,7 +42,7 @@ from harness.spec.scenario import Scenario, get_scenario
 #: run the same scheduler steps; anything else goes to rank 0
 GROUP_OPS = frozenset({"open_sender", "open_receiver", "request_kv", "init_sender", "send_chunk", "clear", "abort"})
 #: the nemesis calls that act on every TP rank of a role (each rank has its engine and threads)
-NEMESIS_GROUP_OPS = frozenset({"arm_point", "release_point", "set_engine_faults"})
+NEMESIS_GROUP_OPS = frozenset({"arm_point", "release_point", "set_engine_faults", "lose_messages"})
 
 #: quiescence before residue is judged (R-RESIDUE-1): while a role still holds state of a room
 #: cleared on every side, it is observed again every RESIDUE_POLL_S seconds until this long
@@ -313,16 +313,10 @@ class CellDriver:
         generations it sent (one ``abort-acks`` / ``aborts-sent`` info event per role with any),
         once every ABORT is answered or old enough to be judged (see :meth:`_settle_acks`)."""
         self._settle_acks()
+        self.record_fired(list(self.clients))
         for name, client in self.clients.items():
             if not self.handles[name].alive() or client.broken:
                 continue
-            for op, what in (("fault_log", Op.ENGINE_FAULT), ("point_hits", Op.POINT_HIT)):
-                try:
-                    value = client.call(op, 10)
-                except RoleError:
-                    continue
-                for record in (value["log"] if op == "point_hits" else value):
-                    self.history.record(Event.NEMESIS, what, name, None, args={}, value=record)
             for op, what in (("abort_acks", Op.ABORT_ACKS), ("aborts_sent", Op.ABORTS_SENT)):
                 try:
                     value = client.call(op, 10)
@@ -330,6 +324,23 @@ class CellDriver:
                     continue
                 if value:
                     self.history.record(Event.INFO, what, name, None, args={}, value=value)
+
+    def record_fired(self, names: list[str]) -> None:
+        """Copy the faults that fired inside the processes ``names`` (engine faults, dropped
+        messages, point hits) into the history as nemesis events: at the end of the cell, and
+        before a kill or restart takes a process's log with it (harness.judge.fired)."""
+        for name in names:
+            client = self.clients.get(name)
+            if client is None or not self.handles[name].alive() or client.broken:
+                continue
+            for op, what in (("fault_log", Op.ENGINE_FAULT), ("message_log", Op.MESSAGE_LOST),
+                             ("point_hits", Op.POINT_HIT)):
+                try:
+                    value = client.call(op, 10)
+                except RoleError:
+                    continue
+                for record in (value["log"] if op == "point_hits" else value):
+                    self.history.record(Event.NEMESIS, what, name, None, args={}, value=record)
 
     def _settle_acks(self) -> None:
         """Wait (at most harness.judge.postconditions.ACK_DUE_S seconds, the age at which

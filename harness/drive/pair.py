@@ -57,7 +57,7 @@ TRUSTED_STEPS = (s.OpenRoom, s.RequestKV, s.AwaitStatus, s.InitSender, s.SendChu
 #: in flight.  Each unexpected result is confirmed in a fresh cell, and tests/test_warm.py
 #: compares the default set on pairs with the same run isolated.
 MATRIX_RETIRING = (s.KillRole, s.RestartRole, s.ArmPoint, s.AwaitPoint, s.ReleasePoint, s.NetworkFault,
-                   s.FreezeRole, s.InjectFrames, s.InjectAbort, s.InjectCaptured)
+                   s.FreezeRole, s.InjectFrames, s.InjectAbort, s.InjectCaptured, s.LoseMessages)
 
 SOCKET_NAME = "pair.sock"
 REQUEST_WAIT_S = 0.5  # how often a pair waiting for its next program checks its parent (seconds)

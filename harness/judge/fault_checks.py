@@ -9,7 +9,7 @@ import re
 from harness.judge.checks import (Checker, _first_failed_after, _last_poll, first_event, pools_exact, seen_at,
                                   timing_bound)
 from harness.spec.history import Event, Op, completions, fact
-from harness.spec.protocol import KVPoll
+from harness.spec.protocol import KVPoll, kvpoll_name
 
 
 def failed_after(room: int, role: str, op: str, op_role: str, high_s: float) -> Checker:
@@ -103,3 +103,30 @@ def names(reason: str, addr: str) -> bool:
     """Whether failure ``reason`` names ``addr`` (host:port) as a whole: not as the start of a
     longer port or address (``10.0.0.1:80`` is not named by ``10.0.0.1:8080``)."""
     return re.search(rf"(?<![\w.:]){re.escape(addr)}(?![\w.])", reason) is not None
+
+
+def concluded_within(room: int, role: str, since_op: str, since_role: str, high_s: float) -> Checker:
+    """R-LOSS-1: ``room`` on ``role`` was first seen terminal (Success or Failed) at most
+    ``high_s`` seconds after ``since_role``'s first ``since_op`` for the room, and a Failed read
+    carried a reason.  Whether a Success had its bytes is :func:`exact_or_failed`'s."""
+
+    def fn(events: list[dict]):
+        start = first_event(events, since_op, since_role, room)
+        if start is None:
+            return False, f"{since_role} never completed {since_op} for room {room}"
+        polls = [e for e in completions(events, op=Op.AWAIT_STATUS, role=role, room=room)
+                 if e["type"] == Event.OK and e["seq"] > start["seq"]]
+        ended = next((e for e in polls if e["value"]["status"] in (KVPoll.Success, KVPoll.Failed)), None)
+        if ended is None:
+            last = kvpoll_name(polls[-1]["value"]["status"]) if polls else "never polled"
+            return False, f"{role} room {room} never concluded (last: {last})", _last_poll(events, role, room)
+        latency, value = seen_at(ended) - start["t"], ended["value"]
+        said = f"{role} room {room} {kvpoll_name(value['status'])} {latency:.1f} s after {since_op}"
+        if latency > high_s:
+            return False, f"{said}: later than the {high_s:g} s allowed", ended["seq"]
+        if value["status"] == KVPoll.Failed and not (value.get("failure_reason") or "").strip():
+            return False, f"{said}, without a failure reason", ended["seq"]
+        return True, said + (f": {value.get('failure_reason')!r}" if value["status"] == KVPoll.Failed else ""), \
+            ended["seq"]
+
+    return timing_bound(fn)

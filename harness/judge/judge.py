@@ -19,7 +19,10 @@ The verdict, in order:
 5. FAIL when a MUST check failed (evidence beats a check that could not tell);
 6. ERROR when a check could not tell; UNSUPPORTED when a check could not be judged on this
    machine or implementation (what it needed is named); WARN when only SHOULD checks
-   failed; else PASS.
+   failed; else PASS;
+7. ERROR ("fault never fired") instead of PASS or WARN when a fault the cell injected never
+   took effect (harness.judge.fired): such a cell tested nothing.  Every cell lists the faults
+   it injected and whether each fired.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from functools import partial
 from pathlib import Path
 
 from harness.judge import divergence, postconditions
+from harness.judge.fired import faults_of, never_fired
 from harness.judge.load import cell_load, starved, timing_only
 from harness.judge.checks import CheckResult
 from harness.judge.expectations import Expectation, Expectations
@@ -136,13 +140,16 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
         elif end.get("outcome") == "aborted":
             verdict, reason = Verdict.ERROR, end.get("reason", "")
         reason += _fail_fast_note(history)
+    faults = faults_of(history)
+    if early is None and verdict in (Verdict.PASS, Verdict.WARN) and never_fired(faults):
+        verdict, reason = Verdict.ERROR, never_fired(faults)
     result = CellResult(
         impl=impl, scenario=scenario.id, verdict=verdict, engine=_engine(history),
         duration_s=(exit_ or {}).get("duration_s", 0.0), cpu_s=(exit_ or {}).get("cpu_s"),
         inherent_wait_s=scenario.inherent_wait_s(seed),
         bytes_verified=sum((e.get("value") or {}).get("bytes_verified", 0)
                            for e in history if e["op"] == Op.VERIFY and e["type"] == Event.OK),
-        reason=reason, checks=[r.to_dict() for r in checks], workdir=workdir,
+        reason=reason, checks=[r.to_dict() for r in checks], workdir=workdir, faults=faults,
     )
     result.load = cell_load(history)
     result.pair = (start or {}).get("pair")
@@ -154,6 +161,7 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
     # what the code under test said, safe to store and encode: no lone surrogate, no bidi control (harness.spec.text)
     result.reason, result.engine = clean(result.reason), result.engine and clean(result.engine)
     result.checks, result.divergence = clean_tree(result.checks), clean_tree(result.divergence)
+    result.faults = clean_tree(result.faults)
     return result
 
 

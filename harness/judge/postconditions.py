@@ -198,7 +198,7 @@ def failure_reason_names_cause(events: list[dict]) -> tuple[bool, str, int | Non
 
 #: faults that can fail a room on their own: after one, an abort is not the sure cause of a failure
 _OTHER_FAULTS = (Op.ENGINE_FAULTS, Op.ENGINE_FAULT, Op.KILL, Op.FREEZE, Op.NETWORK, Op.INJECT, Op.RESTART,
-                 Op.INJECT_ABORT, Op.INJECT_CAPTURED)
+                 Op.INJECT_ABORT, Op.INJECT_CAPTURED, Op.LOSE_MESSAGES)
 
 
 def _is_prefill(name: str | None) -> bool:

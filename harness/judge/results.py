@@ -77,6 +77,8 @@ class CellResult(msgspec.Struct, kw_only=True):
     # its run on a warm pair, judged the same way, when that result was not the expected one and the
     # cell ran once more isolated (this cell's own fields are the isolated run's); None otherwise
     on_pair: Optional["CellResult"] = None
+    # every fault the cell injected and whether it fired (harness.judge.fired.faults_of)
+    faults: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     @property
     def as_expected(self) -> bool:

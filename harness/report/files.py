@@ -188,6 +188,8 @@ def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
         lines.append(f"  - load: {md(alone_line(cell) or starved_line(cell))}")
     if pair_line(cell):  # a warm role pair's cell, or one confirmed in a fresh cell (harness.drive.warm)
         lines.append(f"  - ran: {md(pair_line(cell))}")
+    if cell.faults:  # what the cell injected, and whether each fired (harness.judge.fired)
+        lines.append(f"  - faults: {md(cut(faults_line(cell)))}")
     if cell.expected_reason:
         link = doc_link(run, cell.expected_link)
         shown = f"[{md(bug_id(cell.expected_link))}]({link})" if re.match(r"^(https?://|docs/)", link) else md(link)
@@ -195,6 +197,11 @@ def _cell_block(run: RunResult, cell: CellResult) -> list[str]:
         lines.append(f"  - expected because: {md(cell.expected_reason)} ({shown})")
     lines.append(f"  - reproduce: {md_code(reproduce_command(run, cell, portable=True))}")
     return lines
+
+
+def faults_line(cell) -> str:
+    """The faults a cell injected, each with whether it fired (harness.judge.fired)."""
+    return "; ".join(f"{f.get('fault')} ({'fired' if f.get('fired') else 'NEVER FIRED'})" for f in cell.faults)
 
 
 def _baseline_markdown(run: RunResult) -> list[str]:

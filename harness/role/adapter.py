@@ -266,10 +266,13 @@ class RoleAdapter(ABC):
         return self.__dict__["_points"]
 
     def _forget_points(self) -> None:
-        """Disarm every point and forget its hits, and the bytes copied at Success (a long-lived
-        role's next program: begin_program)."""
+        """Disarm every point and forget its hits, the bytes copied at Success and any message
+        loss plan and its log (a long-lived role's next program: begin_program)."""
+        from harness.role import message_loss
+
         self.__dict__.pop("_points", None)
         self.__dict__.pop("_success_bytes", None)
+        message_loss.LOSS.forget()
 
     # ---- bytes at Success (harness.role.at_success) ---------------------------------
     @property
@@ -313,6 +316,32 @@ class RoleAdapter(ABC):
     def fault_log(self) -> list[dict]:
         """Every engine fault injected so far (``transfer``, ``fault``, ``what``)."""
         return []
+
+    #: the control messages this implementation sends, by kind (harness.role.message_loss.KINDS)
+    MESSAGE_KINDS: tuple[str, ...] = ()
+
+    def message_kinds(self) -> tuple[str, ...]:
+        """The message kinds this role's implementation sends as configured now (a backend whose
+        setting moves a message off the control path overrides it)."""
+        return self.MESSAGE_KINDS
+
+    def lose_messages(self, kind: str | None = None, room: int | None = None, nth: int = 1, count: int = 1) -> dict:
+        """Lose control messages this process sends (:meth:`harness.role.message_loss.MessageLoss.set`;
+        R-LOSS-1); returns the plan installed.  Unsupported for a kind the implementation does
+        not send as a control message (an aux written by the engine), ValueError for bad counts."""
+        from harness.role import message_loss
+
+        if kind is not None and kind not in self.message_kinds():
+            sends = ", ".join(self.message_kinds()) or "none"
+            raise Unsupported(f"{self.impl} sends no {kind} message on its control path (it sends: {sends})")
+        message_loss.install()
+        return message_loss.LOSS.set(kind, room, nth, count)
+
+    def message_log(self) -> list[dict]:
+        """Every control message lost so far (harness.role.message_loss)."""
+        from harness.role import message_loss
+
+        return message_loss.LOSS.snapshot()
 
     # ---- long-lived roles (harness.drive.pair) -----------------------------------
     def begin_program(self) -> dict:
@@ -427,7 +456,8 @@ class OutOfRangeRole(RoleAdapter):
 
     engine = start_prefill = start_decode = open_sender = init_sender = send_chunk = _refuse
     open_receiver = request_kv = verify = poll = failure_reason = clear = abort = _refuse
-    arm_point = set_engine_faults = abort_frames = status_frames = plan_layouts = unsupported_layout = _refuse
+    arm_point = set_engine_faults = lose_messages = abort_frames = status_frames = plan_layouts = _refuse
+    unsupported_layout = _refuse
 
     def teardown(self) -> None:
         return None

@@ -100,6 +100,8 @@ class Op(StrEnum):
     RELEASE_POINT = "release-point"
     ENGINE_FAULTS = "engine-faults"  # a plan installed
     ENGINE_FAULT = "engine-fault"  # a fault that fired (copied in at the end)
+    LOSE_MESSAGES = "lose-messages"  # a message loss plan installed (LoseMessages)
+    MESSAGE_LOST = "message-lost"  # a control message a role lost (copied in at the end, or before a kill)
     POINT_HIT = "point-hit"  # a point a thread reached (copied in at the end)
 
 

@@ -71,6 +71,22 @@ class EngineFaults:
 
 
 @dataclass(frozen=True)
+class LoseMessages:
+    """Nemesis: from now on ``role`` (every process of it) loses the ``nth`` control message of
+    ``kind`` it sends (1-based, counted from this step), and ``count`` of them from there (0:
+    every later one); with ``room``, only messages of that bootstrap room count.  Kinds:
+    harness.role.message_loss.KINDS (``registration``, ``status``, ``abort``, ``abort_ack``,
+    ``aux_data``, ``watermark``, ``staging_rsp`` ...).  ``kind`` None heals.  A kind the
+    implementation does not send as a control message makes the cell UNSUPPORTED (R-LOSS-1)."""
+
+    role: str
+    kind: str | None
+    room: int | None = None
+    nth: int = 1
+    count: int = 1
+
+
+@dataclass(frozen=True)
 class StartRoles:
     """Launch one process per role (concurrently), then start each role's manager.
 
@@ -448,5 +464,5 @@ class Abort:
 Step = (StartRoles | OpenRoom | OpenSender | RequestKV | AwaitStatus | InitSender | SendChunk | VerifyPools
         | KillRole | RestartRole | InjectAbort | RequireFact
         | FreezeRole | ThawRole | NetworkFault | InjectFrames | CaptureFrames | InjectCaptured | Sleep | ArmPoint | AwaitPoint
-        | ReleasePoint | EngineFaults
+        | ReleasePoint | EngineFaults | LoseMessages
         | Clear | Abort | Observe | PlanLayouts | TransferLayouts | TransferPairs)

@@ -152,6 +152,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "common/conn.py _room_notify_targets", liveness._failure_to_one_destination),
     Mutant("reason-dropped-for-one-rank", "R-REASON-1", "the failure reason reaches the first decode rank only",
            "common/conn.py record_failure", liveness._reason_dropped_for_one_rank),
+    Mutant("waiting-deadline-follows-heartbeat", "R-LOSS-1", "each answered health probe of a room's prefill "
+           "pushes the room's waiting deadline out, so a room whose status was lost waits as long as its prefill "
+           "lives", "liveness taken for progress; sglang #29978 (a lost message hung a transfer for ever)",
+           liveness._waiting_deadline_follows_heartbeat),
+    Mutant("unscheduled-registration-kept", "R-RESIDUE-2", "a registration for a room the prefill never opened "
+           "is kept for good, past its bootstrap timeout and the decode's ABORT",
+           "docs/sglang-bugs.md B22 (transfer_infos popped only by a sender's clear)",
+           liveness._unscheduled_registration_kept),
 )
 
 # the blind sets (docs/mutants.md: scored as written, before any check was changed for them)

@@ -263,3 +263,45 @@ def _reason_dropped_for_one_rank() -> None:
             return actions
         return _on_StatusReceived
     wrap(dc.DecodeCore, "_on_StatusReceived", make_status)
+
+
+# ---- R-LOSS-1, R-RESIDUE-2 ----------------------------------------------------------
+
+def _waiting_deadline_follows_heartbeat() -> None:
+    """Liveness taken for progress: each answered health probe of a room's prefill pushes the
+    room's waiting deadline out, so a room whose status was lost waits as long as its prefill lives."""
+    def make(orig):
+        def _on_HeartbeatResult(self, e):  # noqa: N802
+            actions = orig(self, e)
+            if e.ok:
+                for r in self.rooms.values():
+                    if r.prefill == e.prefill and r.status == KVPoll.WaitingForInput and r.waiting_since is not None:
+                        r.waiting_since = e.now
+            return actions
+        return _on_HeartbeatResult
+    wrap(dc.DecodeCore, "_on_HeartbeatResult", make)
+
+
+def _unscheduled_registration_kept() -> None:
+    """A decode's registration for a room the prefill never opened is kept for good: neither its
+    bootstrap timeout nor the decode's ABORT drops it."""
+    def make_tick(orig):
+        def _on_Tick(self, e):  # noqa: N802
+            kept = {room: dict(pending) for room, pending in self.registrations.items()}
+            actions = orig(self, e)
+            for room, pending in kept.items():
+                self.registrations.setdefault(room, {}).update(
+                    {d: v for d, v in pending.items() if room not in self.rooms})
+            return actions
+        return _on_Tick
+
+    def make_abort(orig):
+        def _on_AbortReceived(self, e):  # noqa: N802
+            kept = dict(self.registrations.get(e.room, {}))
+            actions = orig(self, e)
+            if kept and e.room not in self.rooms:
+                self.registrations.setdefault(e.room, {}).update(kept)
+            return actions
+        return _on_AbortReceived
+    wrap(pc.PrefillCore, "_on_Tick", make_tick)
+    wrap(pc.PrefillCore, "_on_AbortReceived", make_abort)

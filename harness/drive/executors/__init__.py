@@ -43,6 +43,7 @@ EXECUTORS: dict[type, Callable[[Any, Any], None]] = {
     s.AwaitPoint: nemesis.await_point,
     s.ReleasePoint: nemesis.release_point,
     s.EngineFaults: nemesis.engine_faults,
+    s.LoseMessages: nemesis.lose_messages,
     s.PlanLayouts: layouts.plan_layouts,
     s.TransferLayouts: layouts.transfer_layouts,
     s.TransferPairs: layout_pairs.transfer_pairs,

@@ -38,6 +38,7 @@ def kill_role(d: "CellDriver", step: s.KillRole) -> None:
     step right after the kill would otherwise race that teardown (a write accepted by a socket
     nobody reads) and a cell's outcome would depend on the machine's load.  Processes still
     there after the wait are noted in the history (an info event), not waited for longer."""
+    d.record_fired(d.ranks(step.role))  # its fault log dies with it
     _signal(d, step.role, signal.SIGKILL, Op.KILL)
     deadline = time.monotonic() + KILL_WAIT_S
     while (alive := [rank for rank in d.ranks(step.role) if d.handles[rank].alive()]) and time.monotonic() < deadline:
@@ -175,6 +176,7 @@ def restart_role(d: "CellDriver", step: s.RestartRole) -> None:
     if name not in d.prefill_setup:
         raise CellAborted(f"RestartRole: {name} is not a started prefill")
     layout, port = d.prefill_setup[name]
+    d.record_fired([name])  # the old process's fault log dies with it
     old_handle, old_client = d.handles[name], d.clients[name]
     old_endpoint = d.control_endpoint.get(name)
     env = d.role_env.get(name, {}) if step.env is None else dict(step.env)
@@ -241,3 +243,9 @@ def engine_faults(d: "CellDriver", step: s.EngineFaults) -> None:
     d.nemesis_call(target, "set_engine_faults", Op.ENGINE_FAULTS, fail_nth=step.fail_nth,
                    delay_s=step.delay_s, never_complete=step.never_complete, fail_group=step.fail_group,
                    aux_delay_s=step.aux_delay_s, slow_nth=step.slow_nth, slow_s=step.slow_s)
+
+
+def lose_messages(d: "CellDriver", step: s.LoseMessages) -> None:
+    """Install a message loss plan in every process of ``step.role`` (R-LOSS-1)."""
+    d.nemesis_call(step.role, "lose_messages", Op.LOSE_MESSAGES, kind=step.kind, room=step.room, nth=step.nth,
+                   count=step.count)

@@ -1,0 +1,84 @@
+"""unscheduled-registration(-aborted): a decode registers a room the prefill never opens a
+sender for; the prefill must not keep that registration (R-RESIDUE-2).
+
+A prefill's scheduler may never take a request the decode already registered (it was
+cancelled on the prefill, or routed elsewhere).  The registration then sits in the
+prefill's manager with no sender to clear it.  R-RESIDUE-2: the prefill drops it once the
+room's bootstrap timeout has passed (plus slack), and at once when the decode's ABORT of
+the room arrives.
+
+* ``unscheduled-registration``: bootstrap and waiting timeouts of 3 s.  The decode registers
+  room ``never``; its own waiting timer fails it and its scheduler clears it.  The cell waits
+  until the bootstrap timeout plus :data:`SLACK_S` has passed since the registration, with a
+  full room served meanwhile, then judges the prefill's state of ``never``.
+* ``unscheduled-registration-aborted``: default timeouts (the bootstrap timeout is far
+  away).  The decode registers room ``never``, aborts and clears it; a full room is served;
+  the prefill is judged about a second after the ABORT: only the ABORT can have dropped it.
+
+The generic ``no-residue-after-clear`` (R-RESIDUE-1) is left out: it judges the prefill as
+soon as the decode cleared, before R-RESIDUE-2's bound.
+"""
+
+from __future__ import annotations
+
+from harness.judge import checks as c
+from harness.spec.scenario import Scenario, register
+from harness.spec.steps import Abort, AwaitStatus, Clear, OpenRoom, RequestKV, Sleep, StartRoles
+from scenarios._flows import DONE, LAYOUT, RoomAllocator, full_room, pair_healthy, room_succeeds, verify
+
+TIMEOUT_S = 3
+SLACK_S = 2.0
+REGISTERED_S = 0.5  # for the decode's registration to reach the prefill (its handling takes milliseconds)
+OPT_OUT = (("no-residue-after-clear", "the room was never opened on the prefill: R-RESIDUE-2's own check judges "
+            "the prefill at its bound, not as soon as the decode cleared"),)
+
+
+def _plan(seed: int):
+    planner = RoomAllocator(seed)
+    return planner.room(), planner.room()
+
+
+def steps(seed: int, aborted: bool):
+    never, later = _plan(seed)
+    env = () if aborted else (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
+                              ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)))
+    if aborted:
+        end = [Abort(never.room, "decode"), Clear(never.room, "decode"), *full_room(later)]
+    else:  # the decode's own timer ends it; then wait out the prefill's bound
+        end = [AwaitStatus(never.room, "decode", DONE, timeout_s=TIMEOUT_S + 5), Clear(never.room, "decode"),
+               *full_room(later), Sleep(TIMEOUT_S + SLACK_S - REGISTERED_S)]
+    return [
+        StartRoles(layout=LAYOUT, env=env),
+        OpenRoom(never.room, open_sender=False),
+        RequestKV(never.room, never.dst, never.aux_dst),
+        Sleep(REGISTERED_S),
+        *end,
+        verify([later]),  # the unscheduled room's pages were never written
+    ]
+
+
+def checks(seed: int, aborted: bool):
+    never, later = _plan(seed)
+    return [
+        c.Check("unscheduled-registration-dropped", "R-RESIDUE-2", c.no_residue(("prefill",), rooms=(never.room,))),
+        *room_succeeds(later, "R-XFER-1", "later-room"),
+        *pair_healthy(),
+    ]
+
+
+def _scenario(sid: str, aborted: bool) -> Scenario:
+    return register(Scenario(
+        id=sid,
+        title="A registration the prefill never schedules is dropped "
+              + ("when the decode aborts it" if aborted else "after its bootstrap timeout"),
+        steps=lambda seed: steps(seed, aborted),
+        checks=lambda seed: checks(seed, aborted),
+        timeout_s=120.0,
+        timeout_wait_s=0.0 if aborted else TIMEOUT_S,
+        opt_out=OPT_OUT,
+        topologies=(("p1-d1",), "one prefill and one decode hold the registration; its state is the same on every shape"),
+    ))
+
+
+EXPIRES = _scenario("unscheduled-registration", aborted=False)
+ABORTED = _scenario("unscheduled-registration-aborted", aborted=True)

@@ -1,0 +1,131 @@
+"""Every injected fault proves it fired (issue 38, item 6): harness.judge.fired on planted
+histories, the judge's ERROR for a silent fault, and message loss by kind
+(harness.role.message_loss) without roles."""
+
+import pytest
+import zmq
+
+from harness.judge.fired import faults_of, never_fired
+from harness.judge.judge import judge
+from harness.judge.verdict import Verdict
+from harness.role import message_loss
+from harness.role.message_loss import MessageLoss, classify
+from harness.spec.history import Event, Op
+from harness.spec.scenario import Scenario
+from harness.judge import checks as c
+
+
+def _ev(seq, type_, op, role=None, wall=100.0, args=None, value=None):
+    return {"seq": seq, "t": wall - 100.0, "wall": wall, "step": seq, "op": op, "role": role, "type": type_,
+            "args": args or {}, "value": value}
+
+
+PLAN = {"fail_nth": 2, "delay_s": 0.0, "never_complete": False, "fail_group": None, "aux_delay_s": 0.5,
+        "slow_nth": 1, "slow_s": 0.0}
+
+
+def test_each_part_of_an_engine_plan_needs_its_own_entry():
+    events = [_ev(0, Event.NEMESIS, Op.ENGINE_FAULTS, "prefill", 100.0, PLAN),
+              _ev(1, Event.NEMESIS, Op.ENGINE_FAULT, "prefill", 103.0, value={"fault": "fail", "t": 101.0})]
+    faults = faults_of(events)
+    # slow_nth with slow_s 0 changes nothing: not a fault; fail_nth fired, aux_delay_s did not
+    assert [(f["fault"], f["fired"]) for f in faults] == [("engine-faults prefill fail_nth=2", True),
+                                                         ("engine-faults prefill aux_delay_s=0.5", False)]
+    assert never_fired(faults).startswith("fault never fired: engine-faults prefill aux_delay_s=0.5")
+
+
+def test_an_entry_logged_under_a_later_plan_does_not_count_for_the_earlier_one():
+    events = [_ev(0, Event.NEMESIS, Op.ENGINE_FAULTS, "prefill", 100.0, {"fail_nth": 1}),
+              _ev(1, Event.NEMESIS, Op.ENGINE_FAULTS, "prefill", 105.0, {"fail_nth": 1}),
+              _ev(2, Event.NEMESIS, Op.ENGINE_FAULT, "prefill.tp1", 110.0, value={"fault": "fail", "t": 106.0})]
+    assert [f["fired"] for f in faults_of(events)] == [False, True]  # a rank process counts for its role
+
+
+def test_points_fire_by_a_hit_or_an_await_and_driver_faults_by_their_event():
+    events = [_ev(0, Event.NEMESIS, Op.ARM_POINT, "decode", args={"point": "a"}),
+              _ev(1, Event.NEMESIS, Op.ARM_POINT, "decode", args={"point": "b"}),
+              _ev(2, Event.OK, Op.AWAIT_POINT, "decode", args={"point": "b"}),
+              _ev(3, Event.NEMESIS, Op.KILL, "prefill"),
+              _ev(4, Event.NEMESIS, Op.NETWORK, "prefill", args={"heal": True})]
+    faults = faults_of(events)
+    assert [(f["fault"], f["fired"]) for f in faults] == [("arm-point decode a", False), ("arm-point decode b", True),
+                                                         ("kill prefill", True)]
+
+
+def _scenario():
+    return Scenario(id="t-fired", title="t", steps=lambda seed: [], checks=lambda seed: [
+        c.Check("steps-complete", "R-XFER-1", c.steps_completed())], test_only=True)
+
+
+def _history(fired: bool):
+    events = [_ev(0, Event.INFO, Op.CELL_START, value={"impl": "reference"}),
+              _ev(1, Event.NEMESIS, Op.LOSE_MESSAGES, "decode", args={"kind": "abort", "nth": 1, "count": 1})]
+    if fired:
+        events.append(_ev(2, Event.NEMESIS, Op.MESSAGE_LOST, "decode", 101.0,
+                          value={"fault": "message-lost", "kind": "abort", "t": 100.5}))
+    n = len(events)
+    return events + [_ev(n, Event.INFO, Op.CELL_END, value={"outcome": "completed"}),
+                     _ev(n + 1, Event.INFO, Op.CELL_EXIT, value={"how": "exited", "duration_s": 1.0})]
+
+
+def test_a_cell_whose_fault_never_fired_is_error_never_pass():
+    silent = judge(_scenario(), 0, _history(False), impl="reference")
+    assert silent.verdict == Verdict.ERROR and silent.reason.startswith("fault never fired: lose-messages decode")
+    assert [f["fired"] for f in silent.faults] == [False]
+    fired = judge(_scenario(), 0, _history(True), impl="reference")
+    assert fired.verdict == Verdict.PASS and [f["fired"] for f in fired.faults] == [True]
+
+
+@pytest.mark.parametrize("frames,expected", [
+    ([b"5", b"2", b"0"], ("status", 5)),  # Common's untagged KV status (Mooncake)
+    ([b"5", b"4", b"0", b"reason"], ("status", 5)),
+    ([b"KV_STATUS", b"9", b"4", b"0"], ("status", 9)),  # NIXL's tagged one
+    ([b"MoriMsgGuard", b"12", b"4", b"0", b""], ("status", 12)),
+    ([b"MoriMsgGuard", b"None", b"10.0.0.1", b"5000", b"d", b"k"], ("kv_args", None)),
+    ([b"NixlMsgGuard", b"7", b"10.0.0.1", b"5000", b"agent", b"pages"], ("registration", 7)),
+    ([b"7", b"10.0.0.1", b"5000", b"session", b"pages", b"aux"], ("registration", 7)),
+    ([b"ABORT", b"3", b"10.0.0.1", b"5000", b"1"], ("abort", 3)),
+    ([b"ABORT_ACK", b"3", b"0", b"1"], ("abort_ack", 3)),
+    ([b"AUX_DATA", b"3", b"0", b"1", b"\x00\x00\x00\x08", b"PDCONFRM"], ("aux_data", 3)),
+    ([b"REGISTER", b"3", b"tcp://x", b"1", b"1,2", b"0"], ("registration", 3)),  # the reference's
+    ([b"WRITE", b"3", b"1", b"7", b"1", b"0", b"aux", b"tcp://x"], ("aux_data", 3)),  # the reference's aux write
+    ([b"WRITE", b"3", b"1", b"7", b"0", b"0", b"kv", b"tcp://x"], None), ([b"WRITE", b"3", b"1"], None), ([b"x"], None), ([], None), ([b"\xff\xfe", b"1", b"2"], None)])
+def test_classify_reads_each_wire_format(frames, expected):
+    assert classify(frames) == expected
+
+
+def test_loss_drops_the_nth_message_of_its_kind_and_room_only():
+    loss = MessageLoss()
+    loss.set("status", room=5, nth=2, count=1)
+    sent = [[b"5", b"2", b"0"], [b"6", b"2", b"0"], [b"5", b"3", b"0"], [b"ABORT", b"5", b"h", b"1"],
+            [b"5", b"4", b"0"]]
+    assert [loss.drops(m) for m in sent] == [False, False, True, False, False]
+    (entry,) = loss.snapshot()
+    assert entry["kind"] == "status" and entry["room"] == 5 and entry["nth"] == 2
+    loss.set("abort", count=0)  # every later one
+    assert [loss.drops([b"ABORT", str(r).encode(), b"h", b"1"]) for r in (1, 2)] == [True, True]
+    loss.set(None)
+    assert loss.drops([b"ABORT", b"1", b"h", b"1"]) is False
+    with pytest.raises(ValueError):
+        loss.set("gossip")
+    with pytest.raises(ValueError):
+        loss.set("abort", nth=0)
+
+
+def test_installed_loss_keeps_a_lost_message_off_the_wire():
+    message_loss.install()
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        message_loss.LOSS.set("abort", room=3)
+        push.send_multipart([b"ABORT", b"3", b"h", b"1"])  # lost
+        push.send_multipart([b"ABORT", b"4", b"h", b"1"])  # another room: sent
+        assert pull.poll(5000) and pull.recv_multipart()[1] == b"4"
+        assert not pull.poll(200)
+    finally:
+        message_loss.LOSS.forget()
+        push.close(0)
+        pull.close(0)
+        ctx.term()
