@@ -14,7 +14,7 @@ import socket
 import time
 
 from harness.role.adapter import Unsupported
-from harness.role.faults import EngineFaultCounter, EngineFaultPlan
+from harness.role.faults import EngineFaultCounter
 
 
 def wait_for_tcp_port(host: str, port: int, timeout_s: float) -> None:
@@ -176,7 +176,7 @@ class CommonHooks:
         fields); the wrapper passes everything else through to the real engine."""
         if self.manager is None:
             raise RuntimeError("start the manager before setting engine faults")
-        counter = EngineFaultCounter(EngineFaultPlan(**plan))
+        counter = EngineFaultCounter(self._engine_plan(plan))
         if self._fault_counter is not None:  # a new plan counts afresh; the old one may still log
             self._past_counters.append(self._fault_counter)  # (a delayed call finishing under it)
         self._fault_counter = counter

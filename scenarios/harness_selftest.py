@@ -292,3 +292,21 @@ register(
         test_only=True,
     )
 )
+
+
+def _slow_write_steps(nth: int):
+    """happy-path with a plan that makes the ``nth`` write 0.3 s slow: 1 fires (the room's first
+    write), 50 can never fire (the room makes a handful), a planted inert fault (sglang #35890)."""
+    from harness.spec.steps import EngineFaults
+    from scenarios import happy_path
+
+    def steps(seed: int):
+        out = happy_path.steps(seed)
+        return out[:1] + [EngineFaults("prefill", slow_nth=nth, slow_s=0.3)] + out[1:]
+    return steps
+
+
+for _nth, _what in ((1, "fires"), (50, "never fires")):
+    _selftest(f"selftest-fault-{_what.replace(' ', '-')}",
+              f"happy-path with a slow write that {_what}: a cell whose fault never fired is ERROR (fault self-test)",
+              _slow_write_steps(_nth), 90.0)

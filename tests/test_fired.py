@@ -129,3 +129,59 @@ def test_installed_loss_keeps_a_lost_message_off_the_wire():
         push.close(0)
         pull.close(0)
         ctx.term()
+
+
+def test_on_a_real_role_an_inert_fault_makes_the_cell_error_and_a_fired_one_passes(tmp_path):
+    """The planted state: an engine plan whose slow write (the 50th) the room never makes, on the
+    reference's real roles; the same plan for the 1st write fires and the cell passes."""
+    from cellruns import run_one
+
+    inert = run_one("reference", "selftest-fault-never-fires", tmp_path / "inert")
+    assert inert.verdict == Verdict.ERROR and inert.reason.startswith("fault never fired: engine-faults prefill"), \
+        inert.reason
+    fired = run_one("reference", "selftest-fault-fires", tmp_path / "fired")
+    assert fired.verdict == Verdict.PASS, (fired.reason, fired.checks)
+    assert [f["fired"] for f in fired.faults] == [True]
+
+
+class _StubAgent:
+    """The calls FaultyNixlAgent passes through, answering as a healthy NIXL agent would."""
+
+    def transfer(self, handle, *args):
+        return "PROC"
+
+    def check_xfer_state(self, handle):
+        return "DONE"
+
+    def check_remote_metadata(self, name, *args):
+        return True
+
+    def make_prepped_xfer(self, *args):
+        return "handle"
+
+    def add_remote_agent(self, metadata):
+        raise RuntimeError("already loaded")  # the real agent never lost it
+
+
+def test_nixl_error_kinds_surface_as_nixl_raises_them():
+    from nixl import _bindings
+
+    from backends.nixl.adapter import FaultyNixlAgent
+    from harness.role.faults import EngineFaultCounter, EngineFaultPlan
+
+    post = FaultyNixlAgent(_StubAgent(), EngineFaultCounter(EngineFaultPlan(fail_nth=1, error="post-error")))
+    with pytest.raises(_bindings.nixlBackendError):
+        post.transfer("h1")
+    assert post.transfer("h2") == "PROC"  # only the nth
+    gone = FaultyNixlAgent(_StubAgent(), EngineFaultCounter(EngineFaultPlan(fail_nth=1, error="remote-disconnect")))
+    assert gone.transfer("h1") == "PROC"
+    assert gone.check_remote_metadata("decode") is True
+    with pytest.raises(_bindings.nixlRemoteDisconnectError):
+        gone.check_xfer_state("h1")
+    assert gone.check_remote_metadata("decode") is False  # the peer's metadata went with the error
+    with pytest.raises(_bindings.nixlNotFoundError):
+        gone.make_prepped_xfer("WRITE")
+    gone.add_remote_agent(b"metadata")  # sglang's reload
+    assert gone.check_remote_metadata("decode") is True and gone.make_prepped_xfer("WRITE") == "handle"
+    with pytest.raises(ValueError):
+        EngineFaultPlan(fail_nth=1, error="meteor")

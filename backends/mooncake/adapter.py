@@ -14,7 +14,7 @@ import threading
 import time
 
 from backends.sglang_common import SglangCommonRole
-from harness.role.faults import FAIL, NEVER, NEVER_BLOCK_S, SLOW, EngineFaultCounter
+from harness.role.faults import FAIL, NEVER, NEVER_BLOCK_S, POST_ERROR, SLOW, EngineFaultCounter
 
 
 def engine_transfer_timeout_s() -> float:
@@ -42,7 +42,10 @@ class FaultyMooncakeEngine:
     ``_poison_unsettled_send`` describes that return); no bytes move.  The plan's slow
     transfer runs ``slow_s`` late, unless that is at or past the engine's timeout: then
     it is a batch that does not finish in time, as above, logged as a failed write (the
-    real engine may still finish such a batch later; this one moves no bytes).
+    real engine may still finish such a batch later; this one moves no bytes).  With the plan's
+    ``error`` ``post-error`` a failed call is the binding raising (as Mooncake's
+    ``batch_transfer_sync_write`` does for a session it cannot open): sglang's own wrapper runs
+    on a binding that raises, and answers what its ``except`` makes of it.
     """
 
     def __init__(self, real, counter: EngineFaultCounter):
@@ -54,6 +57,9 @@ class FaultyMooncakeEngine:
         group_fails = self._counter.next_group()
         what = f"batch_transfer_sync of {len(buffers)} block(s), {sum(lengths)} bytes, to {session_id}"
         verdict = self._counter.next_transfer(what, group_fails, defer_slow=True)
+        if verdict == FAIL and self._counter.plan.error == POST_ERROR:
+            return type(self._real).batch_transfer_sync(_RaisingView(self._real), session_id, buffers,
+                                                        peer_buffer_addresses, lengths)
         if verdict == FAIL:
             return -1
         if verdict == NEVER:
@@ -72,8 +78,31 @@ class FaultyMooncakeEngine:
         return getattr(self._real, name)
 
 
+class _RaisingView:
+    """sglang's MooncakeTransferEngine with a binding whose batch write raises (POST_ERROR)."""
+
+    def __init__(self, real):
+        self._real = real
+        self.engine = _RaisingBinding(real.engine)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class _RaisingBinding:
+    def __init__(self, real):
+        self._real = real
+
+    def batch_transfer_sync_write(self, *args, **kwargs):
+        raise RuntimeError("pdconform: injected Mooncake transfer error (the binding raised)")
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
 class MooncakeRole(SglangCommonRole):
     impl = "mooncake"
+    ENGINE_ERRORS = (POST_ERROR,)  # the binding raising (FaultyMooncakeEngine)
     backend = "mooncake"
     conn_module = "sglang.srt.disaggregation.mooncake.conn"
     manager_class = "MooncakeKVManager"

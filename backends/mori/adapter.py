@@ -16,7 +16,7 @@ from pathlib import Path
 
 from backends.sglang_common import SglangCommonRole
 from harness.role.adapter import Unsupported
-from harness.role.faults import EngineFaultCounter, EngineFaultPlan, HeldConnection
+from harness.role.faults import EngineFaultCounter, HeldConnection
 
 STANDIN_PATH = Path(__file__).resolve().parent / "standin"
 
@@ -93,7 +93,7 @@ class MoriRole(SglangCommonRole):
         sglang's own aux path (:meth:`delay_aux`), on either engine."""
         import mori.io
 
-        checked = EngineFaultPlan(**plan)
+        checked = self._engine_plan(plan)
         if hasattr(mori.io, "set_standin_faults"):
             self._standin_past_faults += list(mori.io.standin_fault_log())  # its log restarts with each plan
             mori.io.set_standin_faults(fail_nth_transfer=checked.fail_nth, delay_s=float(checked.delay_s),

@@ -28,7 +28,7 @@ from typing import Any
 from backends.nixl import DEFAULT_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 from backends.sglang_common import SglangCommonRole
 from harness.role.adapter import Refusal, Unsupported, predicted, refused
-from harness.role.faults import FAIL, NEVER, SLOW, EngineFaultCounter
+from harness.role.faults import FAIL, NEVER, POST_ERROR, REMOTE_DISCONNECT, SLOW, EngineFaultCounter
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,15 @@ class FaultyNixlAgent:
     (EngineFaultPlan ``slow_nth``) is posted ``slow_s`` seconds later on a timer, reporting
     ``"PROC"`` until then, while later handles are posted at once: completion out of issue
     order on the real engine.  One ``transfer`` call is one transfer and one group.
+
+    The plan's ``error`` gives a failed transfer NIXL's own error kinds, as the Python API
+    raises them (the bindings turn a negative NIXL status into a typed exception):
+    ``post-error`` makes ``transfer`` raise ``nixlBackendError``; ``remote-disconnect`` makes
+    ``check_xfer_state`` of that handle raise ``nixlRemoteDisconnectError`` and then behaves
+    as NIXL does after NIXL_ERR_REMOTE_DISCONNECT (nixl issue #1983, sglang #40108): the
+    peer's metadata is gone, so ``check_remote_metadata`` answers False and preparing a
+    transfer raises ``nixlNotFoundError``, until ``add_remote_agent`` loads it again (what
+    sglang's ``_reload_invalidated_peers`` does).
     """
 
     def __init__(self, real, counter: EngineFaultCounter):
@@ -131,13 +140,19 @@ class FaultyNixlAgent:
         self._never: list = []
         self._failed: list = []
         self._late: list = []  # slow handles not posted yet
+        self._disconnected: list = []  # handles whose state raises a remote disconnect
+        self._invalidated = False  # the peer's metadata is gone (after a remote disconnect)
 
     def transfer(self, handle, *args, **kwargs):
         group_fails = self._counter.next_group()
         verdict = self._counter.next_transfer(f"transfer of handle {handle}", group_fails, defer_slow=True)
+        if verdict == FAIL and self._counter.plan.error == POST_ERROR:
+            raise _nixl_error("nixlBackendError", "pdconform: injected NIXL_ERR_BACKEND on post")
         if verdict in (FAIL, NEVER):
             with self._lock:
                 (self._failed if verdict == FAIL else self._never).append(handle)
+                if verdict == FAIL and self._counter.plan.error == REMOTE_DISCONNECT:
+                    self._disconnected.append(handle)
             return "PROC"
         if verdict == SLOW:
             with self._lock:
@@ -161,14 +176,48 @@ class FaultyNixlAgent:
 
     def check_xfer_state(self, handle, *args, **kwargs):
         with self._lock:
+            if any(h is handle for h in self._disconnected):
+                self._invalidated = True  # NIXL drops the peer's metadata with the error
+                raise _nixl_error("nixlRemoteDisconnectError", "pdconform: injected NIXL_ERR_REMOTE_DISCONNECT")
             if any(h is handle for h in self._failed):
                 return "ERR"
             if any(h is handle for h in self._never) or any(h is handle for h in self._late):
                 return "PROC"
         return self._real.check_xfer_state(handle, *args, **kwargs)
 
+    def check_remote_metadata(self, *args, **kwargs):
+        return False if self._invalidated else self._real.check_remote_metadata(*args, **kwargs)
+
+    def add_remote_agent(self, metadata, *args, **kwargs):
+        """Load a peer again: the real agent never lost it (the disconnect was injected), so
+        loading it twice may be refused; the peer is valid again either way."""
+        if not self._invalidated:
+            return self._real.add_remote_agent(metadata, *args, **kwargs)
+        self._invalidated = False
+        try:
+            return self._real.add_remote_agent(metadata, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - already loaded in the real agent
+            return None
+
+    def make_prepped_xfer(self, *args, **kwargs):
+        if self._invalidated:
+            raise _nixl_error("nixlNotFoundError", "pdconform: remote metadata invalidated by a remote disconnect")
+        return self._real.make_prepped_xfer(*args, **kwargs)
+
+    def initialize_xfer(self, *args, **kwargs):
+        if self._invalidated:
+            raise _nixl_error("nixlNotFoundError", "pdconform: remote metadata invalidated by a remote disconnect")
+        return self._real.initialize_xfer(*args, **kwargs)
+
     def __getattr__(self, name):
         return getattr(self._real, name)
+
+
+def _nixl_error(kind: str, message: str) -> Exception:
+    """An instance of NIXL's own exception class ``kind`` (nixl._bindings), as its API raises it."""
+    from nixl import _bindings
+
+    return getattr(_bindings, kind)(message)
 
 
 #: NIXL's refusals of host-memory (DRAM) KV that a GPU host gets past, as sglang raises them at run
@@ -189,6 +238,7 @@ DRAM_REFUSALS = (
 
 class NixlRole(SglangCommonRole):
     impl = "nixl"
+    ENGINE_ERRORS = (POST_ERROR, REMOTE_DISCONNECT)  # NIXL's own error kinds (FaultyNixlAgent)
     backend = "nixl"
     conn_module = "sglang.srt.disaggregation.nixl.conn"
     manager_class = "NixlKVManager"

@@ -7,8 +7,7 @@ can be killed, frozen and sent malformed frames:
   peer's; KV bytes travel in WRITE frames and the decode applies them to its torch pools
   (the decode's copy stands for the RDMA write landing);
 * an HTTP endpoint on the prefill's bootstrap port: ``/health`` and ``/bootstrap``;
-* torch CPU pools filled with the :mod:`harness.role.pattern` tags; layout pairs from
-  :mod:`harness.spec.layout_plan` (a rejected layout fails the room at bootstrap, R-LAYOUT-2).
+* torch CPU pools with :mod:`harness.role.pattern` tags; layout pairs from :mod:`harness.spec.layout_plan`.
 
 Wire frames and the control loop: :mod:`backends.reference.wire`.  All core calls happen on
 the side's control thread; API calls post work to it and wait for the answer.
@@ -33,7 +32,7 @@ from backends.reference.wire import (  # noqa: F401
     ints, parse, register_frame, status_frame)
 from harness.role import pattern
 from harness.role.adapter import RoleAdapter
-from harness.role.faults import FAIL, SLOW, EngineFaultCounter, EngineFaultPlan
+from harness.role.faults import ENGINE_ERRORS, FAIL, SLOW, EngineFaultCounter
 from harness.role.pools import pattern_pools, refill
 from harness.role.recorder import RoleRecorder
 from harness.spec.layout_plan import Plan, plan
@@ -50,7 +49,7 @@ class ReferenceRole(RoleAdapter):
     ``worker-take-chunk`` point pauses.  The reference's "engine" is its WRITE frames: each
     KV or aux write is one transfer for :meth:`set_engine_faults`; an aux WRITE is its ``aux_data``."""
 
-    impl = "reference"
+    impl, ENGINE_ERRORS = "reference", ENGINE_ERRORS  # its engine names any error kind in the failed write's reason
     MESSAGE_KINDS = ("registration", "status", "abort", "abort_ack", "aux_data")
     POINTS = {
         "prefill-control-started": "ReferenceRole.start_prefill: the prefill control thread has just started",
@@ -179,7 +178,7 @@ class ReferenceRole(RoleAdapter):
         one group): a failed write is not sent and completes with ok=0; a delayed one
         is sent ``delay_s`` later (an aux WRITE ``aux_delay_s`` more); one that never
         completes is never sent."""
-        counter = EngineFaultCounter(EngineFaultPlan(**plan))
+        counter = EngineFaultCounter(self._engine_plan(plan))
         if self.fault_counter is not None:  # a new plan counts afresh; the old one's log is kept
             self.past_counters.append(self.fault_counter)
         self.fault_counter = counter
@@ -208,7 +207,8 @@ class ReferenceRole(RoleAdapter):
         what, nth = f"{'aux' if w.aux else 'KV'} write {w.write_id} of room {w.room}", counter.transfers + 1
         verdict = counter.next_transfer(what, counter.next_group(), sleep=False, defer_slow=True)  # in issue order
         if verdict == FAIL:
-            done = pc.WriteDone(w.room, w.write_id, False, f"engine fault injected on transfer {nth}")
+            done = pc.WriteDone(w.room, w.write_id, False, f"engine fault injected on transfer {nth}"
+                                + (f": {counter.plan.error}" if counter.plan.error else ""))
             self.side.submit(lambda: self._prefill_event(done))
         elif verdict in (None, SLOW) and (delay := counter.plan.delay_s + (counter.plan.aux_delay_s if w.aux else 0.0)
                                           + (counter.plan.slow_s if verdict == SLOW else 0.0)):

@@ -26,6 +26,7 @@ from harness.spec.protocol import KVPoll, kvpoll_name
 
 if TYPE_CHECKING:
     from harness.role.at_success import SuccessBytes
+    from harness.role.faults import EngineFaultPlan
 
 AWAIT_POLL_S = 0.005  # between KVPoll reads of RoleAdapter.await_status (seconds): the latency floor of a status
 
@@ -312,6 +313,19 @@ class RoleAdapter(ABC):
         """Install an :class:`harness.role.faults.EngineFaultPlan` on this role's transfer
         engine; returns what was installed.  Unsupported by default."""
         raise Unsupported(f"{self.impl} has no engine fault injection")
+
+    #: the engine error kinds (harness.role.faults.ENGINE_ERRORS) this role's engine can surface
+    ENGINE_ERRORS: tuple[str, ...] = ()
+
+    def _engine_plan(self, plan: dict) -> "EngineFaultPlan":
+        """``plan`` as an EngineFaultPlan; Unsupported for an error kind this engine does not have."""
+        from harness.role.faults import EngineFaultPlan
+
+        checked = EngineFaultPlan(**plan)
+        if checked.error and checked.error not in self.ENGINE_ERRORS:
+            raise Unsupported(f"{self.impl}'s engine has no {checked.error} error to inject: a failed write surfaces "
+                              f"one way there ({', '.join(self.ENGINE_ERRORS) or 'its plain failure'} only)")
+        return checked
 
     def fault_log(self) -> list[dict]:
         """Every engine fault injected so far (``transfer``, ``fault``, ``what``)."""

@@ -30,6 +30,9 @@ from dataclasses import asdict, dataclass
 import zmq
 
 PAUSE, INJECT = "pause", "inject"
+#: the engine error kinds a failed transfer can surface as (EngineFaultPlan.error)
+POST_ERROR, REMOTE_DISCONNECT = "post-error", "remote-disconnect"
+ENGINE_ERRORS = (POST_ERROR, REMOTE_DISCONNECT)
 MAX_HOLD_S = 60.0  # no point holds a thread longer, whatever the scenario asks
 
 
@@ -154,8 +157,14 @@ class EngineFaultPlan:
       a later write completes before an earlier one, completion out of issue order (issue
       36).  Mooncake's ``batch_transfer_sync`` is synchronous: there the call itself takes
       that long, and what its worker sends next waits behind it.
+    * ``error``: how the failed transfer (``fail_nth``, ``fail_group``) surfaces, in the engine's
+      own terms (:data:`ENGINE_ERRORS`; issue 38): ``""`` the engine's plain failure (a failed
+      state or return code), ``"post-error"`` the post call raises (NIXL's ``nixlBackendError``
+      from ``transfer``), ``"remote-disconnect"`` NIXL's ``NIXL_ERR_REMOTE_DISCONNECT`` (the
+      state check raises ``nixlRemoteDisconnectError`` and the peer's metadata is gone until it
+      is loaded again).  An adapter whose engine has no such kind refuses the plan (UNSUPPORTED).
 
-    ValueError for counts below 1 or a delay that is negative or not finite.
+    ValueError for counts below 1, a delay that is negative or not finite, or an unknown error.
     """
 
     fail_nth: int | None = None
@@ -165,8 +174,11 @@ class EngineFaultPlan:
     aux_delay_s: float = 0.0
     slow_nth: int | None = None
     slow_s: float = 0.0
+    error: str = ""
 
     def __post_init__(self) -> None:
+        if self.error not in ("", *ENGINE_ERRORS):
+            raise ValueError(f"error must be one of {', '.join(ENGINE_ERRORS)} (or empty), got {self.error!r}")
         for name in ("fail_nth", "fail_group", "slow_nth"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -57,7 +57,9 @@ class EngineFaults:
     ones go on (completion out of issue order) (:class:`harness.role.faults.EngineFaultPlan`).
     ``rank``: only that process of the role (an index into its TP ranks, PP stages or DP
     engines, as ``list`` indexes: -1 the last; rank 0 is the role itself), so one PP stage
-    or TP rank lags while the others complete; None: every process of the role."""
+    or TP rank lags while the others complete; None: every process of the role.  ``error``:
+    how a failed transfer surfaces, in the engine's own terms (``post-error``,
+    ``remote-disconnect``; EngineFaultPlan.error); "" the engine's plain failure."""
 
     role: str
     fail_nth: int | None = None
@@ -68,6 +70,7 @@ class EngineFaults:
     slow_nth: int | None = None
     slow_s: float = 0.0
     rank: int | None = None
+    error: str = ""
 
 
 @dataclass(frozen=True)

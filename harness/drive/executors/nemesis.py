@@ -242,7 +242,8 @@ def engine_faults(d: "CellDriver", step: s.EngineFaults) -> None:
         target = ranks[step.rank]
     d.nemesis_call(target, "set_engine_faults", Op.ENGINE_FAULTS, fail_nth=step.fail_nth,
                    delay_s=step.delay_s, never_complete=step.never_complete, fail_group=step.fail_group,
-                   aux_delay_s=step.aux_delay_s, slow_nth=step.slow_nth, slow_s=step.slow_s)
+                   aux_delay_s=step.aux_delay_s, slow_nth=step.slow_nth, slow_s=step.slow_s,
+                   **({"error": step.error} if step.error else {}))
 
 
 def lose_messages(d: "CellDriver", step: s.LoseMessages) -> None:
