@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
 TORCH_VERSION=2.13.0
+NFQUEUE_VERSION=1.1.0  # NetfilterQueue: the network faults' reader on kernels without netem (optional)
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 req_sglang=requirements/sglang-${SGLANG_VERSION}.txt
@@ -73,6 +74,18 @@ if ! command -v nft >/dev/null; then
   fi
 fi
 
+# Delay, jitter, duplication and reordering use tc netem; on a kernel without it they go
+# through an iptables NFQUEUE rule and a reader on NetfilterQueue (harness/hosts/nfqueue.py),
+# which compiles against libnetfilter-queue.  Without them those cells are UNSUPPORTED, saying so.
+if ! command -v iptables >/dev/null || [[ ! -f /usr/include/libnetfilter_queue/libnetfilter_queue.h ]]; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing iptables and libnetfilter-queue-dev (network delay on kernels without netem)"
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        iptables libnetfilter-queue-dev >/dev/null; } \
+      || echo "setup: WARNING could not install iptables/libnetfilter-queue-dev; without netem, network delay will be UNSUPPORTED" >&2
+  fi
+fi
+
 if [[ ! -x $VENV/bin/python ]]; then
   echo "setup: creating $VENV"
   "$PY" -m venv "$VENV"
@@ -92,6 +105,13 @@ pip_install --no-deps -r requirements/engines.txt
 echo "setup: pdconform and its own dependencies"
 pip_install --no-deps -r requirements/harness.txt
 pip_install --no-deps --no-build-isolation -e .
+if [[ -f /usr/include/libnetfilter_queue/libnetfilter_queue.h ]]; then
+  echo "setup: NetfilterQueue $NFQUEUE_VERSION (optional: network delay without netem)"
+  pip_install "NetfilterQueue==$NFQUEUE_VERSION" \
+    || echo "setup: WARNING could not build NetfilterQueue; without netem, network delay will be UNSUPPORTED" >&2
+else
+  echo "setup: note: no libnetfilter-queue-dev: without netem, network delay will be UNSUPPORTED" >&2
+fi
 rm -f "$VENV"/.pdconform-setup-*
 echo "$SGLANG_VERSION" > "$stamp"
 echo "setup: done ($VENV)"

@@ -78,7 +78,9 @@ def env_flag(name: str, default: bool) -> bool:
 
 
 TICK_S = 0.05
-HEALTH_TIMEOUT_S = 1.0
+# a health probe's bound on connecting and on each read (seconds): as patient as sglang's probe (2 s to
+# connect, 3 s to read), so a slow link that TCP rides out is no missed probe (R-NET-2; network-heartbeat-delay)
+HEALTH_TIMEOUT_S = 3.0
 
 
 class MalformedFrame(ValueError):

@@ -13,15 +13,26 @@ A fault is on one **path** between the two hosts:
   Mooncake's TCP transport, NIXL's UCX; pdconform's reference carries its KV bytes on
   its control sockets, so it has no data path).
 
-Tools, by kind: a partition or a loss, of every path or one, is an nftables rule in a
-table of this agent's own on the output hook (``nft``: Debian's nftables), so every
-packet is silently lost as on a cut link (without nftables a partition of every path
-falls back to a blackhole route, which fails the host's sends at once instead); delay,
-jitter, duplication, reordering and rate are ``tc netem`` in a prio band that only the
-peer's traffic reaches (by destination, or for one path by the packet mark an nftables
-rule sets).  What a host
-lacks makes :meth:`LinkFaults.apply` raise NotImplementedError with what would make it
-run; the cell is then UNSUPPORTED, never FAIL.
+Tools, by kind:
+
+* a partition or a loss alone, of every path or one: an nftables rule in a table of this
+  agent's own on the output hook (``nft``: Debian's nftables), so every packet is silently
+  lost as on a cut link (without nftables a partition of every path falls back to a
+  blackhole route, which fails the host's sends at once instead);
+* delay, jitter, duplication, reordering and rate (with any loss that comes with them):
+  ``tc netem`` in a prio band that only the peer's traffic reaches (by destination, or for
+  one path by the packet mark an nftables rule sets), where the host has netem;
+* the same on a host without it (no ``tc``, or a kernel without sch_netem or sch_prio: the
+  first try's error says so, and it is not tried again): an ``iptables ... -j NFQUEUE``
+  rule picking the same packets (harness.hosts.nfqueue.iptables_rules) and a reader thread
+  in this agent that holds, drops, reorders and copies them (harness.hosts.nfqueue; needs
+  iptables and the NetfilterQueue module).
+
+What a host lacks makes :meth:`LinkFaults.apply` raise NotImplementedError with what would
+make it run; the cell is then UNSUPPORTED, never FAIL.  :meth:`LinkFaults.heal` (a
+NetworkFault with nothing set, every cell's end, the agent's exit, after an interrupt too)
+removes all of it; a host's namespace deleted (``--hosts netns:N``) takes its rules, qdiscs
+and queues with it.
 """
 
 from __future__ import annotations
@@ -32,12 +43,18 @@ import shutil
 import socket
 
 from harness.hosts.netns import NetnsError, run_tool
+from harness.hosts.nfqueue import QueueFault
 from harness.spec.steps import NETWORK_PATHS as PATHS
 
 NETEM_LIMITS = {"delay_ms": 60_000, "jitter_ms": 60_000, "loss_pct": 100, "duplicate_pct": 100, "reorder_pct": 100,
                 "rate_kbit": 10**8}
 NETEM_ONLY = ("delay_ms", "jitter_ms", "duplicate_pct", "reorder_pct", "rate_kbit")  # kinds nftables cannot do
 MARK = 0x70CF  # the packet mark that steers one path's packets into the netem band
+
+
+class NetemMissing(NotImplementedError):
+    """This host cannot run ``tc netem`` (no tc, or a kernel without sch_netem or sch_prio):
+    the NFQUEUE reader stands in (harness.hosts.nfqueue)."""
 
 
 def check_spec(spec: dict) -> None:
@@ -103,8 +120,9 @@ def nft_ruleset(table: str, peer: str, path: str, ports: list[int], action: str)
 
 class LinkFaults:
     """The faults one agent set on the traffic its host sends to peers, on ``interface``
-    (the one holding the agent's address); :meth:`heal` removes every route, table and
-    qdisc it added, and nothing else (its nftables table is named after its process)."""
+    (the one holding the agent's address); :meth:`heal` removes every route, table, qdisc,
+    iptables chain and NFQUEUE reader it added, and nothing else (its nftables table and
+    iptables chain are named after its process)."""
 
     def __init__(self, interface: str):
         self.interface = interface
@@ -112,6 +130,8 @@ class LinkFaults:
         self.blackholes: list[str] = []  # peers whose routes drop everything (a partition of every path)
         self.nft_on = False
         self.netem_on = False
+        self.netem_missing: str | None = None  # why tc netem cannot run here, once a try found out
+        self.queue: QueueFault | None = None  # the NFQUEUE reader standing in for netem
 
     def apply(self, peer: str, spec: dict, ports: list[int]) -> None:
         """Fault this host's traffic to ``peer`` as ``spec`` says (NetworkFault's fields, with
@@ -135,9 +155,30 @@ class LinkFaults:
             action = "drop" if per_10k >= 10000 else f"numgen random mod 10000 < {per_10k} drop"
             self._nft(nft_ruleset(self.table, peer, path, ports, action))
         else:
-            if path != "all":
-                self._nft(nft_ruleset(self.table, peer, path, ports, f"meta mark set {MARK:#x}"))
-            self._netem(peer, netem_args(spec), by_mark=path != "all")
+            self._delay(peer, spec, path, ports)
+
+    def _delay(self, peer: str, spec: dict, path: str, ports: list[int]) -> None:
+        """Delay and the like: netem where the host has it (the first try finds out, once),
+        else the NFQUEUE reader (harness.hosts.nfqueue); NotImplementedError naming what
+        either would need when neither runs."""
+        if self.netem_missing is None:
+            try:  # netem first: a host without it then needs no nftables for the marks
+                self._netem(peer, netem_args(spec), by_mark=path != "all")
+                if path != "all":
+                    self._nft(nft_ruleset(self.table, peer, path, ports, f"meta mark set {MARK:#x}"))
+                return
+            except NetemMissing as exc:
+                self.netem_missing = str(exc)  # the kernel will not grow sch_netem: not asked again
+                self.heal()  # the prio qdisc the failed try left
+            except BaseException:
+                self.heal()  # no half-made fault stays behind
+                raise
+        fault = QueueFault(peer, spec, ports)
+        try:
+            fault.start()
+        except NotImplementedError as exc:
+            raise NotImplementedError(f"{self.netem_missing}; and {exc}") from None
+        self.queue = fault
 
     def _nft(self, script: str) -> None:
         if shutil.which("nft") is None:
@@ -151,8 +192,8 @@ class LinkFaults:
         or by :data:`MARK` for one path."""
         dev = ["dev", self.interface]
         if shutil.which("tc") is None:
-            raise NotImplementedError(f"host {socket.gethostname()} has no tc (Debian package iproute2): delay, "
-                                      "jitter, duplication, reordering and rate need tc netem")
+            raise NetemMissing(f"host {socket.gethostname()} has no tc (Debian package iproute2): delay, "
+                               "jitter, duplication, reordering and rate need tc netem")
         match = ["handle", str(MARK), "fw"] if by_mark else ["u32", "match", "ip", "dst", f"{peer}/32"]
         try:
             run_tool(["tc", "qdisc", "add", *dev, "root", "handle", "1:", "prio", "bands", "3",
@@ -163,14 +204,18 @@ class LinkFaults:
                       "flowid", "1:3"])
         except NetnsError as exc:
             if "kind is unknown" in str(exc) or "classifier not found" in str(exc):  # a module the kernel lacks
-                raise NotImplementedError(
+                raise NetemMissing(
                     f"the kernel of host {socket.gethostname()} lacks a part netem faults need (sch_prio, "
                     "sch_netem, cls_u32 or cls_fw): delay, jitter, duplication, reordering and rate need a kernel "
                     f"with netem ({exc})") from None
             raise
 
     def heal(self) -> None:
-        """Remove every route, nftables table and qdisc this agent added."""
+        """Remove every route, nftables table, qdisc, iptables chain and NFQUEUE reader this
+        agent added (the reader's held packets are delivered)."""
+        if self.queue is not None:
+            self.queue.stop()  # its rules first, then the reader
+            self.queue = None
         for peer in self.blackholes:
             run_tool(["ip", "route", "del", "blackhole", f"{peer}/32"], check=False)
         self.blackholes = []
@@ -182,4 +227,4 @@ class LinkFaults:
             self.netem_on = False
 
 
-__all__ = ["LinkFaults", "PATHS", "MARK", "NETEM_LIMITS", "check_spec", "netem_args", "nft_ruleset"]
+__all__ = ["LinkFaults", "NetemMissing", "PATHS", "MARK", "NETEM_LIMITS", "check_spec", "netem_args", "nft_ruleset"]

@@ -322,7 +322,8 @@ class NetworkFault:
     calls, other hosts) is untouched.  A step with nothing set heals the link.  Needs
     roles on several hosts (``run --hosts``; harness.hosts.agent applies it): the cell is
     UNSUPPORTED otherwise, and on a host that lacks the tool or kernel part the fault
-    needs (nftables for one path or a loss, netem for delay and the like)."""
+    needs (nftables for one path or a loss; for delay and the like netem, or an iptables NFQUEUE
+    rule and a reader where the kernel has no netem: harness.hosts.nfqueue)."""
 
     a: str
     b: str

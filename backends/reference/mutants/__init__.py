@@ -135,7 +135,7 @@ MUTANTS: tuple[Mutant, ...] = (
            transfer._dead_decode_write_waited_forever),
     Mutant("health-probe-impatient", "R-NET-2", "the decode gives a prefill's health endpoint 0.1 s to answer, so "
            "a slow link fails its rooms", "a heartbeat timeout tuned on loopback", liveness._health_probe_impatient,
-           across_hosts="network-delay needs two hosts and a kernel with netem"),
+           across_hosts="network-delay needs two hosts (netem, or NFQUEUE where the kernel lacks it)"),
     Mutant("abort-not-held-malformed", "R-ABORT-1", "an ABORT for a room the prefill does not hold is logged as "
            "malformed and nothing is remembered of it", "RFC #33861 (Mori dropped unguarded ABORT as malformed)",
            liveness._abort_not_held_malformed),
