@@ -301,3 +301,4 @@ def main() -> None:
 
 
 from harness.cli import explore, hosts, runs, tools  # noqa: E402,F401 - the commands register themselves on ``app``
+from harness.cli import engine_contract  # noqa: E402,F401 - registers `pdconform engine-contract`
