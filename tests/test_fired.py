@@ -156,9 +156,6 @@ class _StubAgent:
     def check_remote_metadata(self, name, *args):
         return True
 
-    def make_prepped_xfer(self, *args):
-        return "handle"
-
     def add_remote_agent(self, metadata):
         raise RuntimeError("already loaded")  # the real agent never lost it
 
@@ -179,9 +176,9 @@ def test_nixl_error_kinds_surface_as_nixl_raises_them():
     with pytest.raises(_bindings.nixlRemoteDisconnectError):
         gone.check_xfer_state("h1")
     assert gone.check_remote_metadata("decode") is False  # the peer's metadata went with the error
-    with pytest.raises(_bindings.nixlNotFoundError):
-        gone.make_prepped_xfer("WRITE")
+    with pytest.raises(_bindings.nixlRemoteDisconnectError):
+        gone.transfer("h2")  # the next post to the gone peer raises at once
     gone.add_remote_agent(b"metadata")  # sglang's reload
-    assert gone.check_remote_metadata("decode") is True and gone.make_prepped_xfer("WRITE") == "handle"
+    assert gone.check_remote_metadata("decode") is True and gone.transfer("h3") == "PROC"
     with pytest.raises(ValueError):
         EngineFaultPlan(fail_nth=1, error="meteor")

@@ -126,10 +126,10 @@ class FaultyNixlAgent:
     raises them (the bindings turn a negative NIXL status into a typed exception):
     ``post-error`` makes ``transfer`` raise ``nixlBackendError``; ``remote-disconnect`` makes
     ``check_xfer_state`` of that handle raise ``nixlRemoteDisconnectError`` and then behaves
-    as NIXL does after NIXL_ERR_REMOTE_DISCONNECT (nixl issue #1983, sglang #40108): the
-    peer's metadata is gone, so ``check_remote_metadata`` answers False and preparing a
-    transfer raises ``nixlNotFoundError``, until ``add_remote_agent`` loads it again (what
-    sglang's ``_reload_invalidated_peers`` does).
+    as NIXL does after NIXL_ERR_REMOTE_DISCONNECT (nixl issue #1983, sglang #40108;
+    docs/engine-contract.md Q5 measured it on the real agent): the peer's metadata is gone, so
+    ``check_remote_metadata`` answers False and the next ``transfer`` raises the same error at
+    once, until ``add_remote_agent`` loads it again (sglang's ``_reload_invalidated_peers``).
     """
 
     def __init__(self, real, counter: EngineFaultCounter):
@@ -144,6 +144,8 @@ class FaultyNixlAgent:
         self._invalidated = False  # the peer's metadata is gone (after a remote disconnect)
 
     def transfer(self, handle, *args, **kwargs):
+        if self._invalidated:  # the peer is gone until it is loaded again
+            raise _nixl_error("nixlRemoteDisconnectError", "pdconform: remote agent invalidated by a remote disconnect")
         group_fails = self._counter.next_group()
         verdict = self._counter.next_transfer(f"transfer of handle {handle}", group_fails, defer_slow=True)
         if verdict == FAIL and self._counter.plan.error == POST_ERROR:
@@ -198,16 +200,6 @@ class FaultyNixlAgent:
             return self._real.add_remote_agent(metadata, *args, **kwargs)
         except Exception:  # noqa: BLE001 - already loaded in the real agent
             return None
-
-    def make_prepped_xfer(self, *args, **kwargs):
-        if self._invalidated:
-            raise _nixl_error("nixlNotFoundError", "pdconform: remote metadata invalidated by a remote disconnect")
-        return self._real.make_prepped_xfer(*args, **kwargs)
-
-    def initialize_xfer(self, *args, **kwargs):
-        if self._invalidated:
-            raise _nixl_error("nixlNotFoundError", "pdconform: remote metadata invalidated by a remote disconnect")
-        return self._real.initialize_xfer(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._real, name)
