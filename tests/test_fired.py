@@ -182,3 +182,35 @@ def test_nixl_error_kinds_surface_as_nixl_raises_them():
     assert gone.check_remote_metadata("decode") is True and gone.transfer("h3") == "PROC"
     with pytest.raises(ValueError):
         EngineFaultPlan(fail_nth=1, error="meteor")
+
+
+@pytest.mark.parametrize("frames,is_whole", [
+    ([b"5", b"2", b"0"], True), ([b"5", b"4", b"0", b"reason"], True),
+    ([b"7", b"10.0.0.1", b"5000", b"session", b"pages"], True),  # a registration
+    ([b"5", b"5", b"2", b"0", b"0", b"0"], False),  # two statuses' frames interleaved
+    ([b"5", b"AUX_DATA", b"5", b"0", b"1", b"x"], False),  # a status's room, then an AUX_DATA's frames
+    ([b"STATUS", b"5"], True), ([b"WRITE", b"3", b"1", b"7", b"0", b"0", b"kv", b"tcp://x"], True),
+    ([b"2", b"0"], False), ([b"\\xff"], False)])
+def test_whole_tells_an_interleaved_message(frames, is_whole):
+    assert message_loss.whole(frames) is is_whole
+
+
+def test_installed_audit_counts_what_a_pull_socket_received():
+    message_loss.install()
+    message_loss.AUDIT.forget()
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        for message in ([b"5", b"4", b"0"], [b"5", b"5", b"2", b"0", b"0", b"0"]):
+            push.send_multipart(message)
+            assert pull.poll(5000)
+            pull.recv_multipart()
+        audit = message_loss.AUDIT.snapshot()
+        assert audit["received"] == 2 and audit["not_whole"] == 1 and "b'5'" in audit["examples"][0]
+    finally:
+        message_loss.AUDIT.forget()
+        push.close(0)
+        pull.close(0)
+        ctx.term()

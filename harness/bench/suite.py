@@ -25,6 +25,7 @@ from harness.bench.matrix import (
     machine,
     overhead_by_impl,
 )
+from harness.bench.rooms import load_figures
 from harness.judge.results import write_atomic
 
 PARTS = ("matrix", "simulator", "engines", "explore", "isolation", "shrink")
@@ -95,7 +96,7 @@ def run_bench(plan: BenchPlan, on_progress: Callable[[str], None] = lambda text:
     figures: list[Figure] = []
     if plan.matrix is not None:
         wall, overhead, cpu, runs = bench_matrix(plan.matrix, plan.repeat, on_progress=on_progress)
-        figures += [wall, overhead, *overhead_by_impl(runs), cpu]
+        figures += [wall, overhead, *overhead_by_impl(runs), cpu, *load_figures(runs)]
     if plan.seeds:
         on_progress(f"simulator: {plan.repeat} x {plan.seeds} seeds")
         figures.append(bench_simulator(plan.seeds, plan.repeat))

@@ -333,14 +333,17 @@ class CellDriver:
             client = self.clients.get(name)
             if client is None or not self.handles[name].alive() or client.broken:
                 continue
+            # and what its control sockets received, whole or not (R-LOAD-1): one info event
             for op, what in (("fault_log", Op.ENGINE_FAULT), ("message_log", Op.MESSAGE_LOST),
-                             ("point_hits", Op.POINT_HIT)):
+                             ("point_hits", Op.POINT_HIT), ("message_audit", Op.MESSAGE_AUDIT)):
                 try:
                     value = client.call(op, 10)
                 except RoleError:
                     continue
-                for record in (value["log"] if op == "point_hits" else value):
-                    self.history.record(Event.NEMESIS, what, name, None, args={}, value=record)
+                records = [value] if op == "message_audit" else value["log"] if op == "point_hits" else value
+                for record in records:
+                    kind = Event.INFO if op == "message_audit" else Event.NEMESIS
+                    self.history.record(kind, what, name, None, args={}, value=record)
 
     def _settle_acks(self) -> None:
         """Wait (at most harness.judge.postconditions.ACK_DUE_S seconds, the age at which

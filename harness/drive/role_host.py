@@ -28,6 +28,7 @@ import traceback
 import zmq
 
 from harness.drive.contain import become_subreaper, children, describe, kill_descendants
+from harness.role import message_loss
 from harness.role.adapter import CONTRACT, SHUTDOWN, RoleAdapter, Unsupported
 from harness.role.recorder import RoleRecorder
 from harness.target.role_context import bind_address
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.implementations import load_role_adapter
 
     adapter = load_role_adapter(args.impl, role=args.role, recorder=recorder)
+    message_loss.install()  # every control message received is audited; a loss plan can be set (R-LOSS-1, R-LOAD-1)
 
     ctx = zmq.Context()
     socket = ctx.socket(zmq.REP)

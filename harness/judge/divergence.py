@@ -34,7 +34,7 @@ from harness.spec.history import Event, Op
 
 # ops whose outcome says nothing about the protocol (process start-up, bookkeeping)
 # and fault bookkeeping copied in at the end of a cell, whose counts depend on how an engine batches
-_SKIP_OPS = {Op.LAUNCH, Op.OBSERVE, Op.ENGINE_FAULT, Op.MESSAGE_LOST, Op.POINT_HIT, Op.UNSUPPORTED_LAYOUT, Op.LAYOUT_TRANSFER,
+_SKIP_OPS = {Op.LAUNCH, Op.OBSERVE, Op.ENGINE_FAULT, Op.MESSAGE_LOST, Op.MESSAGE_AUDIT, Op.POINT_HIT, Op.UNSUPPORTED_LAYOUT, Op.LAYOUT_TRANSFER,
              Op.ABORT_ACKS, Op.ABORTS_SENT, Op.CELL_START, Op.CELL_END, Op.CELL_EXIT}
 
 

@@ -130,3 +130,46 @@ def concluded_within(room: int, role: str, since_op: str, since_role: str, high_
             ended["seq"]
 
     return timing_bound(fn)
+
+
+def all_rooms_reached(rooms: tuple[int, ...], roles: tuple[str, ...], statuses: tuple[int, ...]) -> Checker:
+    """The last poll of each of ``rooms`` on each of ``roles`` saw one of ``statuses``: many rooms
+    judged as one check, each room that did not named (R-LOAD-1; reasons are R-REASON-1's)."""
+
+    def fn(events: list[dict]):
+        last: dict[tuple[str, int], dict] = {}
+        for e in completions(events, op=Op.AWAIT_STATUS):
+            if e["role"] in roles and (e.get("args") or {}).get("room") in rooms:
+                last[(e["role"], e["args"]["room"])] = e
+        wrong = []
+        for role in roles:
+            for room in rooms:
+                e = last.get((role, room))
+                status = ((e or {}).get("value") or {}).get("status") if e and e["type"] == Event.OK else None
+                if status not in statuses:
+                    wrong.append(f"{role} room {room}: {kvpoll_name(status) if e else 'never polled'}")
+        if wrong:
+            return False, f"{len(wrong)} of {len(rooms) * len(roles)} room ends not as due: " + "; ".join(wrong[:6])
+        return True, f"all {len(rooms)} room(s) ended {'/'.join(kvpoll_name(s) for s in statuses)} on " \
+            f"{', '.join(roles)}"
+
+    return fn
+
+
+def messages_whole() -> Checker:
+    """R-LOAD-1: every message each role's control sockets received was one whole message
+    (harness.role.message_loss.whole: no frames of two messages interleaved), by the roles'
+    receive audits recorded at the end of the cell; no audit at all is "cannot tell"."""
+
+    def fn(events: list[dict]):
+        audits = {e["role"]: e.get("value") or {} for e in events if e["op"] == Op.MESSAGE_AUDIT}
+        if not audits:
+            return None, "no role's receive audit was recorded"
+        broken = {role: a for role, a in audits.items() if a.get("not_whole")}
+        if broken:
+            return False, "; ".join(f"{role} received {a['not_whole']} of {a.get('received')} messages not whole, e.g. "
+                                    f"{(a.get('examples') or ['?'])[0]}" for role, a in sorted(broken.items()))
+        return True, f"all {sum(a.get('received', 0) for a in audits.values())} received messages whole in " \
+            f"{len(audits)} role(s)"
+
+    return fn

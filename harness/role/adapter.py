@@ -357,6 +357,13 @@ class RoleAdapter(ABC):
 
         return message_loss.LOSS.snapshot()
 
+    def message_audit(self) -> dict:
+        """What this process's control sockets received: ``{"received": n, "not_whole": k,
+        "examples": [...]}`` (harness.role.message_loss.Audit; R-LOAD-1)."""
+        from harness.role import message_loss
+
+        return message_loss.AUDIT.snapshot()
+
     # ---- long-lived roles (harness.drive.pair) -----------------------------------
     def begin_program(self) -> dict:
         """This role, already started, serves its next program (explore's long-lived role pairs,

@@ -117,31 +117,103 @@ class MessageLoss:
             return list(self.log)
 
     def forget(self) -> None:
-        """Heal and forget the log (a warm role's next program, harness.drive.pair)."""
+        """Heal and forget the log (a warm role's next program, harness.drive.pair); the
+        receive audit starts again too."""
         with self._lock:
             self.plan, self.seen, self.log = None, 0, []
+        AUDIT.forget()
 
 
-#: the process's one loss plan (a role process is one role)
+#: messages of no kind above that a control socket may still carry whole: the reference's KV
+#: writes and their answers, staging's prefetch request
+OTHER_TAGS = (b"WRITE", b"WRITE_DONE", b"STAGING_REQ")
+
+
+def _address(frame: bytes) -> bool:
+    """Whether a frame reads as a host or address (a registration's second field)."""
+    try:
+        text = frame.decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    return bool(text) and _int(frame) is None and not text.isupper() and all(c.isalnum() or c in ".:-[]_/" for c in text)
+
+
+def whole(parts) -> bool:
+    """Whether a received multipart message is one whole message of a known kind: no frames of
+    two messages interleaved on a shared socket (sglang #29984).  Its kind must be known
+    (:func:`classify`, or :data:`OTHER_TAGS`), a status must read ``room, status (0-4), rank``
+    with at most a reason after, and an untagged registration must name an address second."""
+    frames = [bytes(p) for p in parts]
+    found = classify(frames)
+    if found is None:
+        return bool(frames) and frames[0] in OTHER_TAGS
+    body = frames[1:] if frames[0].endswith(_GUARD) or frames[0] in (b"KV_STATUS",) else frames
+    if found[0] == "status" and frames[0] != b"STATUS":
+        return len(body) in (3, 4) and _int(body[1]) in range(5) and _int(body[2]) is not None
+    if found[0] in ("registration", "kv_args") and frames[0] not in _TAGS:
+        return len(body) >= 4 and _address(body[1])
+    return True
+
+
+class Audit:
+    """What one role process's control sockets received: a count and the messages that were
+    not :func:`whole` (the first few, as text).  Thread-safe."""
+
+    KEEP = 5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.received = 0
+        self.broken: list[str] = []
+        self.broken_count = 0
+
+    def see(self, parts) -> None:
+        ok = whole(parts)
+        with self._lock:
+            self.received += 1
+            if not ok:
+                self.broken_count += 1
+                if len(self.broken) < self.KEEP:
+                    self.broken.append(repr([bytes(p)[:40] for p in parts][:8])[:300])
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"received": self.received, "not_whole": self.broken_count, "examples": list(self.broken)}
+
+    def forget(self) -> None:
+        with self._lock:
+            self.received, self.broken, self.broken_count = 0, [], 0
+
+
+#: the process's one loss plan (a role process is one role) and its receive audit
 LOSS = MessageLoss()
+AUDIT = Audit()
 _installed = threading.Lock()
 _INSTALLED: list[bool] = []
 
 
 def install() -> None:
     """Wrap :meth:`zmq.Socket.send_multipart` (once per process) so that every message
-    :data:`LOSS` drops is not sent."""
+    :data:`LOSS` drops is not sent, and :meth:`zmq.Socket.recv_multipart` so that :data:`AUDIT`
+    sees every message a PULL socket receives (a role's control sockets; its monitor sockets
+    and the harness's own calls are not PULL)."""
     import zmq
 
     with _installed:
         if _INSTALLED:
             return
-        original = zmq.Socket.send_multipart
+        original, received = zmq.Socket.send_multipart, zmq.Socket.recv_multipart
 
         def send_multipart(self, msg_parts, *args, **kwargs):
             if LOSS.plan is not None and LOSS.drops(msg_parts):
                 return None  # lost on the wire: the sender cannot tell
             return original(self, msg_parts, *args, **kwargs)
 
-        zmq.Socket.send_multipart = send_multipart
+        def recv_multipart(self, *args, **kwargs):
+            parts = received(self, *args, **kwargs)
+            if self.type == zmq.PULL:
+                AUDIT.see(parts)
+            return parts
+
+        zmq.Socket.send_multipart, zmq.Socket.recv_multipart = send_multipart, recv_multipart
         _INSTALLED.append(True)

@@ -102,6 +102,7 @@ class Op(StrEnum):
     ENGINE_FAULT = "engine-fault"  # a fault that fired (copied in at the end)
     LOSE_MESSAGES = "lose-messages"  # a message loss plan installed (LoseMessages)
     MESSAGE_LOST = "message-lost"  # a control message a role lost (copied in at the end, or before a kill)
+    MESSAGE_AUDIT = "message-audit"  # info: what a role's control sockets received, whole or not (at the end)
     POINT_HIT = "point-hit"  # a point a thread reached (copied in at the end)
 
 

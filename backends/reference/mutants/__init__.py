@@ -156,6 +156,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "pushes the room's waiting deadline out, so a room whose status was lost waits as long as its prefill "
            "lives", "liveness taken for progress; sglang #29978 (a lost message hung a transfer for ever)",
            liveness._waiting_deadline_follows_heartbeat),
+    Mutant("status-split-under-load", "R-LOAD-1", "once a side has sent statuses for more than 32 rooms, each STATUS "
+           "leaves as two messages (a frame boundary lost)", "sglang #29984 (frames of two threads interleaved on one "
+           "socket)", liveness._status_split_under_load),
     Mutant("unscheduled-registration-kept", "R-RESIDUE-2", "a registration for a room the prefill never opened "
            "is kept for good, past its bootstrap timeout and the decode's ABORT",
            "docs/sglang-bugs.md B22 (transfer_infos popped only by a sender's clear)",

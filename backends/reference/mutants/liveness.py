@@ -305,3 +305,25 @@ def _unscheduled_registration_kept() -> None:
         return _on_AbortReceived
     wrap(pc.PrefillCore, "_on_Tick", make_tick)
     wrap(pc.PrefillCore, "_on_AbortReceived", make_abort)
+
+
+# ---- R-LOAD-1 ---------------------------------------------------------------------
+
+BUSY_ROOMS = 32  # the planted batch path: once a side has sent statuses for this many rooms
+
+
+def _status_split_under_load() -> None:
+    """A busy sender's STATUS leaves as two messages (a frame boundary lost, as when two threads
+    write one shared socket frame by frame): only once the side has sent statuses for more than
+    BUSY_ROOMS rooms, so only many rooms in flight show it."""
+    def make(orig):
+        def send(self, endpoint, frames):
+            if frames and frames[0] == b"STATUS":
+                seen = self.__dict__.setdefault("_planted_status_rooms", set())
+                seen.add(frames[1])
+                if len(seen) > BUSY_ROOMS:
+                    orig(self, endpoint, frames[:2])
+                    return orig(self, endpoint, frames[2:])
+            return orig(self, endpoint, frames)
+        return send
+    wrap(wire.ControlSide, "send", make)
