@@ -11,7 +11,11 @@ which heads and layers every rank owns (harness.role.pattern).
 The named topologies (:data:`TOPOLOGIES`): ``p1-d1`` is the shape every scenario was
 written for (one rank each side); the default set (``default=True``) is what ``make
 matrix`` adds to it; the wide set (``nightly=True``) sweeps the TP pairs vLLM's connector
-tests sweep, in both directions.  Names read ``p<tp>[pp<n>][dp<n>]-d<tp>[dp<n>]``.
+tests sweep, in both directions, shapes where a side has more TP ranks than the model has KV
+heads (each head then held whole by several consecutive ranks: :func:`rank_heads`), and MLA.
+Names read ``p<tp>[pp<n>][dp<n>]-d<tp>[dp<n>][-<model>]``: a TP shape serves :data:`GQA` (4 KV
+heads) unless the suffix names another model, ``-kv<n>`` an MHA model of ``n`` KV heads,
+``-mla`` :data:`MLA` (a shape of TP 1 on both sides serves one KV head and names none).
 
 DP engines route rooms the way sglang does: a room is served by prefill DP rank ``room mod
 DP`` (``follow_bootstrap_room``, what a PD prefill resolves ``load_balance_method=auto`` to)
@@ -167,6 +171,9 @@ def _named(name: str, p: Side, d: Side, model: ModelShape = ModelShape(), **kw) 
 
 
 GQA = ModelShape(attention="MHA", num_layers=3, kv_heads=4, head_bytes=16, page_size=4)
+#: GQA models of fewer KV heads than a side's TP ranks: each head replicated on several ranks
+KV2 = replace(GQA, kv_heads=2)
+KV1 = replace(GQA, kv_heads=1)
 MLA = ModelShape(attention="MLA", num_layers=3, kv_heads=1, head_bytes=64, page_size=4)
 
 #: every named topology, by name
@@ -187,8 +194,21 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
     _named("p4-d2", Side(tp=4), Side(tp=2), GQA, nightly=True, about="TP 4 into TP 2"),
     _named("p2-d4", Side(tp=2), Side(tp=4), GQA, nightly=True, about="TP 2 into TP 4 (decode first)"),
     _named("p4-d4", Side(tp=4), Side(tp=4), GQA, nightly=True, about="TP 4 into TP 4"),
+    _named("p1-d4-kv2", Side(), Side(tp=4), KV2, default=True, nightly=True,
+           about="2 KV heads into decode TP 4: each head replicated on two consecutive decode ranks "
+                 "(ranks 0-1 head 0, 2-3 head 1), every holder checked against the prefill's head"),
+    _named("p2-d4-kv2", Side(tp=2), Side(tp=4), KV2, nightly=True,
+           about="2 KV heads, prefill TP 2 (one head each) into decode TP 4 (each head on two decode ranks)"),
+    _named("p1-d2-kv1", Side(), Side(tp=2), KV1, nightly=True,
+           about="1 KV head into decode TP 2: both decode ranks hold it whole"),
+    _named("p2-d1-kv1", Side(tp=2), Side(), KV1, nightly=True,
+           about="1 KV head on both prefill TP ranks into decode TP 1 (sglang's decode takes it from both, "
+                 "the reference from the lowest)"),
     _named("p2-d1-mla", Side(tp=2), Side(), MLA, nightly=True,
            about="MLA, prefill TP 2 into decode TP 1: every rank holds the whole latent KV"),
+    _named("p2-d2-mla", Side(tp=2), Side(tp=2), MLA, nightly=True,
+           about="MLA, TP 2 into TP 2: every rank holds the whole latent KV; sglang's decode rank r "
+                 "takes it from prefill rank r"),
 )}
 
 
@@ -213,9 +233,16 @@ def with_model(t: Topology, **changes) -> Topology:
 
 def rank_heads(total: int, tp: int, tp_rank: int, mla: bool) -> tuple[int, int]:
     """(first global KV head, heads) attention TP rank ``tp_rank`` of ``tp`` holds of ``total``
-    KV heads: an even share, or with more ranks than heads one head replicated on consecutive
-    ranks (as ``compute_head_slice_params`` in common/staging_buffer.py maps them); MLA: the
-    one latent head, on every rank."""
+    KV heads, as sglang shards them: each rank holds ``max(1, total // tp)`` heads
+    (``ModelConfig.get_num_kv_heads``, sglang/srt/configs/model_config.py), so with at least
+    as many heads as ranks an even share, rank r from head ``r * share``; with more ranks than
+    heads every head is replicated on ``tp // total`` consecutive ranks and rank r holds head
+    ``r // (tp // total)`` (``QKVParallelLinear``'s ``tp_rank // num_kv_head_replicas``,
+    sglang/srt/layers/linear.py; the disaggregation backends slice by the same map,
+    ``compute_head_slice_params`` in sglang/srt/disaggregation/common/staging_buffer.py).
+    MLA: the one latent head, whole on every rank.  A replicated head's bytes are the same on
+    every rank that holds it, so each holder's pool is checked against the same source bytes
+    (harness.role.pattern)."""
     if mla:
         return 0, 1
     if tp <= total:
@@ -269,16 +296,23 @@ def sources(prefill_ranks: list[Layout], decode: Layout) -> list[int]:
 
 def apply(steps: list, t: Topology) -> list:
     """``steps`` run on topology ``t``: its StartRoles start every prefill and decode as a
-    group of ``t``'s TP ranks, of ``t``'s KV heads (an MHA scenario layout; an MLA one keeps
-    its one latent head on every rank), its prefill PP stages and each side's DP engines.
-    ``p1-d1`` changes nothing."""
+    group of ``t``'s TP ranks, of ``t``'s KV heads, its prefill PP stages and each side's DP
+    engines.  An MLA model makes the scenario's layouts MLA (one KV buffer per layer, one
+    latent head on every rank; the managers are started as MLA backends); an MLA scenario
+    layout stays MLA on any topology.  ``p1-d1`` changes nothing."""
     from harness.spec.steps import StartRoles
 
-    if (t.prefill.tp, t.decode.tp, t.prefill.pp, t.prefill.dp, t.decode.dp) == (1, 1, 1, 1, 1):
+    mla = t.model.attention == "MLA"
+    if (t.prefill.tp, t.decode.tp, t.prefill.pp, t.prefill.dp, t.decode.dp) == (1, 1, 1, 1, 1) and not mla:
         return list(steps)
     heads = {"kv_heads": t.model.kv_heads, "head_bytes": t.model.head_bytes} if max(t.prefill.tp, t.decode.tp) > 1 else {}
+
+    def model_layout(layout: Layout | None) -> Layout | None:
+        return replace(layout, mla=True) if mla and layout is not None else layout
+
     return [replace(step, tp_ranks=(t.prefill.tp, t.decode.tp), pp_stages=t.prefill.pp,
-                    dp_ranks=(t.prefill.dp, t.decode.dp), **heads)
+                    dp_ranks=(t.prefill.dp, t.decode.dp), layout=model_layout(step.layout),
+                    decode_layout=model_layout(step.decode_layout), **heads)
             if isinstance(step, StartRoles) else step for step in steps]
 
 
