@@ -90,8 +90,6 @@ def _scenario(sid: str) -> Scenario:
         checks=lambda seed: checks(seed, sid),
         timeout_s=120.0,
         timeout_wait_s=TIMEOUT_S,
-        opt_out=(("every-abort-answered", "the room's ABORT is lost on purpose: no ABORT_ACK is owed for it"),)
-        if kind == "abort" else (),
         topologies=(("p1-d1",), "one prefill and one decode show a lost message; its kinds are the same on every shape"),
     ))
 

@@ -46,7 +46,7 @@ from harness.spec.history import Event, History, Op, append_event, last_observat
 #: that was thawed, a malformed message, engine delays and failed writes (healed by begin_program).
 #: Anything else (a restart, a kill, a write that never completes, a partition) ends the pair.
 TRUSTED_STEPS = (s.OpenRoom, s.RequestKV, s.AwaitStatus, s.InitSender, s.SendChunk, s.Abort, s.Clear,
-                 s.VerifyPools, s.Sleep, s.FreezeRole, s.ThawRole, s.InjectFrames, s.EngineFaults)
+                 s.VerifyPools, s.Sleep, s.FreezeRole, s.ThawRole, s.InjectFrames, s.EngineFaults, s.LoseMessages)
 #: the steps after which a matrix cell's pair (harness.drive.warm) is retired whatever the roles
 #: show (issue 37's list): a kill or restart (a role replaced), an interleaving point (a thread may
 #: still be held at it), a network fault, a freeze, an injected frame (a role's state for a peer

@@ -41,7 +41,8 @@ from harness.spec import frames
 from harness.spec.protocol import KVPoll
 from harness.spec.rooms import DONE
 from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, KillRole,
-                                OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, Step, ThawRole, VerifyPools)
+                                LoseMessages, OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, Step, ThawRole,
+                                VerifyPools)
 
 #: the messages a program injects: frames.malformed's kinds but the 2 MiB one (malformed-frame sends it)
 MALFORMED = st.one_of(frames.truncated(), frames.unknown_tag(), frames.non_ascii(), frames.non_numeric(),
@@ -66,6 +67,7 @@ class _Room:
     cleared: bool = False
     at_risk: bool = False  # a write the prefill's engine was told to fail may be this room's
     after_kill: str = ""  # in flight at a kill: one of AFTER_KILL
+    lost: bool = False  # one kind of its control messages is lost (R-LOSS-1)
 
     @property
     def all_sent(self) -> bool:
@@ -96,6 +98,8 @@ class ProgramMachine(RuleBasedStateMachine):
         self.injections = 0  # malformed messages pushed
         self.killed = ""  # the role killed: its rooms' ends are the survivor's alone
         self.may_kill = ""  # the role this program may kill, drawn with the first room ("": none)
+        self.may_lose = False  # whether this program loses one kind of message of one room (drawn first)
+        self.lost_one = False
 
     # ---- the model ----------------------------------------------------------------
     def _live(self) -> list[_Room]:
@@ -128,6 +132,10 @@ class ProgramMachine(RuleBasedStateMachine):
         # long-lived pair, so more would crowd out everything else (a shrink drops the 3)
         if self.faults and data.draw(st.integers(0, 3), label="may kill (3)") == 3:
             self.may_kill = data.draw(st.sampled_from((*self.prefills, "decode")), label="which role")
+        # one program in sixteen that kills nothing loses a message: a lost status or registration
+        # waits out the decode's waiting timeout, so more would slow every lane
+        elif self.faults and data.draw(st.integers(0, 15), label="may lose a message (15)") == 15:
+            self.may_lose = True
         self.open_room(data)
 
     @precondition(lambda self: self._alive_prefills() and len(self.rooms) < MAX_LIFECYCLES)
@@ -176,11 +184,13 @@ class ProgramMachine(RuleBasedStateMachine):
         self.steps.append(SendChunk(r.room, r.chunks[r.sent], prefill=r.prefill))
         r.sent += 1
 
-    @precondition(lambda self: any(not r.aborted and not r.concluded for r in self._serving()))
+    @precondition(lambda self: any(not r.aborted and not r.concluded and not r.lost for r in self._serving()))
     @rule(data=st.data())
     def abort_on_decode(self, data) -> None:
-        """The decode's scheduler aborts the request (its client went away)."""
-        r = data.draw(st.sampled_from([r for r in self._serving() if not r.aborted and not r.concluded]), label="room")
+        """The decode's scheduler aborts the request (its client went away); not a room whose
+        status is being lost (the prefill may then send none, and the loss would not fire)."""
+        r = data.draw(st.sampled_from([r for r in self._serving() if not r.aborted and not r.concluded and not r.lost]),
+                      label="room")
         r.aborted = True
         self.steps.append(Abort(r.room, "decode"))
 
@@ -209,6 +219,51 @@ class ProgramMachine(RuleBasedStateMachine):
         if isinstance(self.steps[-1], Sleep):  # after a kill (where it may be the only rule): one wait is enough
             return
         self.steps.append(Sleep(LONG_WAIT_S if which == 9 and self.faults else SLEEPS_S[which % len(SLEEPS_S)]))
+
+    @precondition(lambda self: self.may_lose and not self.lost_one)
+    @rule(data=st.data())
+    def lose_abort(self, data) -> None:
+        """One control message of one room is lost on its way (R-LOSS-1; one loss per program): the
+        decode aborts a room and its ABORT never reaches the prefill, whose scheduler, never told,
+        sends the rest of the room.  Each side must still end the room (the decode Failed by its
+        abort), within the waiting timeout plus 5 s."""
+        self._lose(data, "abort")
+
+    @precondition(lambda self: self.may_lose and not self.lost_one)
+    @rule(data=st.data())
+    def lose_status(self, data) -> None:
+        """As :meth:`lose_abort`: every status the prefill sends for a room in flight is lost; the
+        decode may fail the room at its waiting timeout, never read Success with a byte missing."""
+        self._lose(data, "status")
+
+    @precondition(lambda self: self.may_lose and not self.lost_one)
+    @rule(data=st.data())
+    def lose_registration(self, data) -> None:
+        """As :meth:`lose_abort`: the decode's registration of a room opened now is lost; the prefill
+        fails it at its bootstrap timeout, the decode at its waiting timeout."""
+        self._lose(data, "registration")
+
+    def _lose(self, data, kind: str) -> None:
+        serving = [r for r in self._serving() if not r.aborted and not r.concluded]
+        if kind == "registration" and self._alive_prefills() and len(self.rooms) < MAX_LIFECYCLES:
+            at = len(self.steps)
+            self.open_room(data)
+            r = self.rooms[-1]
+            self.steps.insert(at, LoseMessages("decode", "registration", room=r.room, count=0))
+        elif kind != "registration" and serving:
+            r = data.draw(st.sampled_from(serving), label="room")
+            if kind == "abort":  # the prefill's scheduler, never told, sends the rest of the room
+                r.aborted = True
+                self.steps += [LoseMessages("decode", "abort", room=r.room, count=0), Abort(r.room, "decode")]
+                if not r.inited:
+                    self.steps.append(InitSender(r.room, len(r.src), r.aux_src, prefill=r.prefill))
+                self.steps += [SendChunk(r.room, chunk, prefill=r.prefill) for chunk in r.chunks[r.sent:]]
+                r.inited, r.sent = True, len(r.chunks)
+            else:
+                self.steps.append(LoseMessages(r.prefill, "status", room=r.room, count=0))
+        else:
+            return
+        r.lost, self.lost_one = True, True
 
     @precondition(lambda self: self.faults and not self.killed and self.restarts and self.rooms and not self._live() and
                   not any(isinstance(s, RestartRole) for s in self.steps))
@@ -317,7 +372,7 @@ class ProgramMachine(RuleBasedStateMachine):
             return
         # a serial transfer worker runs every room's delayed writes in turn: 8 rooms of 4 pages
         # at 0.2 s a write outlast the 6 s bound, so delayed programs get the long one (still bounded)
-        bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk or self.slow else {}
+        bound = {"timeout_s": AT_RISK_BOUND_S} if r.at_risk or r.lost or self.slow else {}
         if r.after_kill in ("fail", "end") and not bound:
             bound = {"timeout_s": KILL_BOUND_S}
         self.steps.append(AwaitStatus(r.room, "decode", DONE, label=label, **bound))
@@ -333,8 +388,8 @@ class ProgramMachine(RuleBasedStateMachine):
         """The steps so far, then what every scheduler does before it goes idle: each room
         that is not aborted gets its remaining chunks (from a prefill still alive), each room is
         polled to its end, the decode's pools are checked, every room is cleared."""
-        for r in self._live():
-            if not r.aborted and not r.all_sent and r.prefill != self.killed:
+        for r in self._live():  # a room whose ABORT was lost is still the prefill's to send
+            if (not r.aborted or r.lost) and not r.all_sent and r.prefill != self.killed:
                 if not r.inited:
                     r.inited = True
                     self.steps.append(InitSender(r.room, len(r.src), r.aux_src, prefill=r.prefill))
@@ -344,7 +399,7 @@ class ProgramMachine(RuleBasedStateMachine):
             if not r.concluded:
                 self._await(r)
         exempt = ("fail", "end", "sender-fail", "sender-end")
-        judged = [r for r in self.rooms if not r.aborted and not r.at_risk and r.after_kill not in exempt]
+        judged = [r for r in self.rooms if not r.aborted and not r.at_risk and not r.lost and r.after_kill not in exempt]
         rest = [r for r in self.rooms if r not in judged]
         if self.killed != "decode":
             self.steps.append(VerifyPools(tuple(m for r in judged for m in zip(r.src, r.dst)),
@@ -354,7 +409,7 @@ class ProgramMachine(RuleBasedStateMachine):
         for r in self._live():
             r.cleared = True
             self.steps += [Clear(r.room, role) for role in (r.prefill, "decode") if role != self.killed]
-        return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk, r.after_kill)
+        return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk, r.after_kill, r.lost)
                                                 for i, r in enumerate(self.rooms)))
 
 

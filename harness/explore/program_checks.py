@@ -23,7 +23,7 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
                      killed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
                      orphaned: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
                      decode_killed: bool = False, spared: tuple[str, ...] = (),
-                     dead_prefill: str = "prefill") -> list[c.Check]:
+                     dead_prefill: str = "prefill", lost: tuple[str, ...] = ()) -> list[c.Check]:
     """The checks of a program whose lifecycles (labels ``L<i>``) are ``clean`` (nobody
     aborted them and no failed write could reach them), ``aborted`` (by the decode) or
     ``at_risk`` (a write the prefill's engine was told to fail may be theirs);
@@ -35,7 +35,8 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
     which must read Failed on the prefill, and the others, which must only end there (R-PEER-1);
     ``spared``: the lifecycles of the other prefill in flight at a prefill's kill, which must
     succeed on both sides (R-HB-1: rooms bound to other prefills are untouched); ``dead_prefill``:
-    the prefill killed; ``decode_killed``: no pools are left to verify at the end, so bytes-exact is not judged (the
+    the prefill killed; ``lost``: the lifecycles one of whose control messages was lost, which must
+    end on both sides (R-LOSS-1); ``decode_killed``: no pools are left to verify at the end, so bytes-exact is not judged (the
     lifecycles that concluded before the kill were verified at their Success poll: bytes-at-success).
     The aborted and at-risk rooms' checks come before the clean ones', so a stuck abort is not
     reported as a clean room's."""
@@ -45,6 +46,7 @@ def lifecycle_checks(clean: tuple[str, ...], aborted: tuple[str, ...], at_risk: 
         c.Check("steps-complete", "R-XFER-1", c.steps_completed()),
         c.Check("aborted-rooms-conclude", "R-ABORT-1", all_reached(aborted, DONE)),
         c.Check("failed-write-rooms-conclude", "R-TIMEOUT-2", all_reached(at_risk, DONE)),
+        c.Check("lost-message-rooms-conclude", "R-LOSS-1", all_reached(lost, DONE)),
         c.Check("rooms-fail-after-kill", "R-HB-1", failed_after_kill(must_fail, dead_prefill)),
         c.Check("rooms-end-after-kill", "R-HB-1", all_reached(must_end, DONE, roles=("decode",))),
         c.Check("other-prefill-rooms-succeed", "R-HB-1", all_reached(spared, (KVPoll.Success,))),

@@ -9,16 +9,17 @@ import json
 
 import msgspec
 
-from harness.explore.program_model import (AFTER_KILL, MAX_INJECTIONS, MAX_MESSAGE_BYTES, MAX_MESSAGE_FRAMES,
-                                           PROFILES, Program)
+from harness.explore.program_model import (AFTER_KILL, LOSS_KINDS, MAX_INJECTIONS, MAX_MESSAGE_BYTES,
+                                           MAX_MESSAGE_FRAMES, PROFILES, Program)
 from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, KillRole,
-                                OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, StartRoles, ThawRole, VerifyPools)
+                                LoseMessages, OpenRoom, RequestKV, RestartRole, SendChunk, Sleep, StartRoles, ThawRole,
+                                VerifyPools)
 
 #: the steps a program may hold: what ProgramMachine writes, nothing that starts processes
 #: with a file's settings or loads code, and no kill but of the program's own prefill or decode
 #: (an injected message is bytes to a role's control socket, bounded by _check_bounds)
 PROGRAM_STEPS = (StartRoles, OpenRoom, RequestKV, AwaitStatus, InitSender, SendChunk, Abort, Clear, Sleep, VerifyPools,
-                 EngineFaults, FreezeRole, ThawRole, RestartRole, InjectFrames, KillRole)
+                 EngineFaults, FreezeRole, ThawRole, RestartRole, InjectFrames, KillRole, LoseMessages)
 MAX_WAIT_S = 30.0  # the longest Sleep or status bound a program file may ask for (seconds)
 STEP_TYPES = {kind.__name__: kind for kind in PROGRAM_STEPS}
 
@@ -36,8 +37,8 @@ def program_from_json(text: str) -> Program:
             if kind is None:
                 raise ValueError("a step a generated program never holds")
             steps.append(msgspec.json.decode(json.dumps(raw), type=kind))
-        lifecycles = tuple((str(x[0]), bool(x[1]), *(bool(v) for v in x[2:3]), *(_after_kill(v) for v in x[3:4]))
-                           for x in doc["lifecycles"])
+        lifecycles = tuple((str(x[0]), bool(x[1]), *(bool(v) for v in x[2:3]), *(_after_kill(v) for v in x[3:4]),
+                            *(bool(v) for v in x[4:5])) for x in doc["lifecycles"])
         program = Program(tuple(steps), lifecycles, str(doc.get("topology", "p1-d1")))
     except (KeyError, TypeError, AttributeError, ValueError, IndexError, RecursionError) as exc:  # msgspec: ValueErrors
         raise ValueError(f"not a pdconform program: {type(exc).__name__}: {exc}") from exc
@@ -80,6 +81,8 @@ def _check_bounds(program: Program) -> None:
                 raise ValueError("not a pdconform program: an engine fault a program never sets")
         if not 0 <= wait <= MAX_WAIT_S:
             raise ValueError(f"not a pdconform program: a wait of {wait} s (0 to {MAX_WAIT_S:.0f} s)")
+        if isinstance(step, LoseMessages) and (step.kind not in LOSS_KINDS or step.room is None or step.count != 0):
+            raise ValueError("not a pdconform program: a message loss a program never sets")
         if isinstance(step, InjectFrames) and (
                 len(step.frames) != 1 or not 0 < len(step.frames[0]) <= MAX_MESSAGE_FRAMES
                 or sum(map(len, step.frames[0])) > MAX_MESSAGE_BYTES):

@@ -38,6 +38,8 @@ MAX_MESSAGE_FRAMES = 16  # the frames of one injected message, at most (harness.
 MAX_MESSAGE_BYTES = 4096  # the bytes of one injected message, at most: a found file stays small
 WAITING_TIMEOUT_S = 20  # the decode's waiting timeout in programs (R-TIMEOUT-2): a failed write's room ends by then
 AT_RISK_BOUND_S = WAITING_TIMEOUT_S + 5.0  # the conclusion polls' bound for a room a failed write may reach
+#: the control messages a program may lose, one kind of one room (R-LOSS-1; ProgramMachine.lose_*)
+LOSS_KINDS = ("abort", "status", "registration")
 #: the decode's conclusion poll of a room in flight at the prefill's kill: the window (4 s,
 #: harness.target.role_context) plus the slack, and a second for the poll itself
 KILL_BOUND_S = 4.0 + KILL_SLACK_S + 1.0
@@ -65,9 +67,10 @@ PROFILES = {"plain": StartRoles(layout=LAYOUT, env=WAITING_ENV),
 @dataclass(frozen=True)
 class Program:
     """A generated program: ``steps`` (the first is StartRoles), ``lifecycles`` (one
-    ``(label, aborted[, at_risk[, after_kill]])`` per room lifecycle, in the order they opened:
-    the label its conclusion polls carry, whether the decode aborted it, whether a failed write
-    may reach it, and its mark when it was in flight at a kill (:data:`AFTER_KILL`))
+    ``(label, aborted[, at_risk[, after_kill[, lost]]])`` per room lifecycle, in the order they
+    opened: the label its conclusion polls carry, whether the decode aborted it, whether a failed
+    write may reach it, its mark when it was in flight at a kill (:data:`AFTER_KILL`), and
+    whether one of its control messages was lost (R-LOSS-1))
     and ``topology``."""
 
     steps: tuple[Step, ...]
@@ -78,6 +81,8 @@ class Program:
         """The spec's expectations for this program (harness.explore.program_checks)."""
         def kind(x: tuple) -> str:
             mark = x[3] if len(x) > 3 else ""
+            if len(x) > 4 and x[4]:
+                return "lost"
             if mark and mark != "spared":
                 return f"killed-{mark}"
             # a spared room the decode aborted after the kill is judged as aborted
@@ -85,7 +90,7 @@ class Program:
                     "killed-spared" if mark == "spared" else "clean")
 
         labels = {k: tuple(x[0] for x in self.lifecycles if kind(x) == k)
-                  for k in ("clean", "aborted", "at-risk", *(f"killed-{m}" for m in AFTER_KILL[1:]))}
+                  for k in ("clean", "aborted", "at-risk", "lost", *(f"killed-{m}" for m in AFTER_KILL[1:]))}
         kill = next((s for s in self.steps if isinstance(s, KillRole)), None)
         aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
         # a clean lifecycle opened on a prefill after its restart stands for R-RESTART-1 (lifecycle i is the
@@ -100,7 +105,8 @@ class Program:
                                 killed=(labels["killed-fail"], labels["killed-end"]),
                                 orphaned=(labels["killed-sender-fail"], labels["killed-sender-end"]),
                                 decode_killed=kill is not None and kill.role == "decode",
-                                spared=labels["killed-spared"], dead_prefill=kill.role if kill else "prefill")
+                                spared=labels["killed-spared"], dead_prefill=kill.role if kill else "prefill",
+                                lost=labels["lost"])
 
     @property
     def size(self) -> tuple[int, int]:

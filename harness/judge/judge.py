@@ -21,8 +21,8 @@ The verdict, in order:
    machine or implementation (what it needed is named); WARN when only SHOULD checks
    failed; else PASS;
 7. ERROR ("fault never fired") instead of PASS or WARN when a fault the cell injected never
-   took effect (harness.judge.fired): such a cell tested nothing.  Every cell lists the faults
-   it injected and whether each fired.
+   took effect (harness.judge.fired): such a cell tested nothing (not for a generated program,
+   whose Scenario.faults_optional says why).  Every cell lists the faults it injected and whether each fired.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
             verdict, reason = Verdict.ERROR, end.get("reason", "")
         reason += _fail_fast_note(history)
     faults = faults_of(history)
-    if early is None and verdict in (Verdict.PASS, Verdict.WARN) and never_fired(faults):
+    if early is None and verdict in (Verdict.PASS, Verdict.WARN) and never_fired(faults) and not scenario.faults_optional:
         verdict, reason = Verdict.ERROR, never_fired(faults)
     result = CellResult(
         impl=impl, scenario=scenario.id, verdict=verdict, engine=_engine(history),

@@ -44,8 +44,7 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   room whose registration it sent and that never read Success sent an ABORT, whatever the
   room's status (see :func:`every_abort_sent`).
 
-A scenario opts out of one only with a stated reason (harness.spec.scenario.Scenario
-``opt_out``, in the scenario's source; ``pdconform list`` shows every opt-out).
+A scenario opts out of one only with a reason (Scenario ``opt_out``; ``pdconform list`` shows them).
 """
 
 from __future__ import annotations
@@ -261,13 +260,15 @@ def bytes_in_place_at_success(events: list[dict]) -> tuple[bool | None, str, int
     return True, f"the bytes of all {rooms} room(s) read Success were in place when it was read", None
 
 
-#: nemesis steps that hand a prefill an ABORT the decode itself never sent (its ACK may echo anything)
-_INJECTED_ABORTS = (Op.INJECT_ABORT, Op.INJECT_CAPTURED, Op.CAPTURE, Op.INJECT)
+_INJECTED_ABORTS = (Op.INJECT_ABORT, Op.INJECT_CAPTURED, Op.CAPTURE, Op.INJECT)  # ABORTs the decode never sent
 
 
 def _injected_abort_rooms(events: list[dict]) -> set:
-    """The rooms whose ABORT frames a scenario injected (:data:`_INJECTED_ABORTS`)."""
-    return {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS}
+    """The rooms whose ABORT frames a scenario injected (:data:`_INJECTED_ABORTS`), or whose ABORT
+    or ABORT_ACK a role lost on purpose (R-LOSS-1: no ACK can come back)."""
+    return {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS} | {
+        (e.get("value") or {}).get("room") for e in events if e["op"] == Op.MESSAGE_LOST
+        and (e.get("value") or {}).get("kind") in ("abort", "abort_ack")}
 
 
 def ack_names_abort_generation(events: list[dict]) -> tuple[bool | None, str, int | None]:
@@ -341,8 +342,7 @@ def answered(acks) -> set[tuple]:
 
 
 def prefill_silenced(events: list[dict]) -> bool:
-    """Whether a prefill was killed, frozen, restarted or cut off by a network fault in this
-    cell (any network fault counts: it may cut a prefill's way back)."""
+    """Whether a prefill was killed, frozen, restarted or cut off (any network fault) in this cell."""
     return any(e["type"] == Event.NEMESIS and e["op"] in _PREFILL_SILENCED and (_is_prefill(e["role"]) or e["op"] == Op.NETWORK)
                for e in events)
 

@@ -40,6 +40,7 @@ class Scenario:
     not in the default matrix (it costs more than a CI gate spends); empty: in every run.
     ``alone``: why its cells run with no other cell at the same time (a network fault
     between two hosts reaches every cell whose roles share them); empty: with the others.
+    ``faults_optional``: see the field.
     """
 
     id: str
@@ -55,6 +56,9 @@ class Scenario:
     topologies: tuple[tuple[str, ...], str] | tuple[()] = ()
     nightly: str = ""
     alone: str = ""
+    #: why a fault of this scenario that never fired does not make a cell ERROR (harness.judge.fired);
+    #: empty: it does.  Only generated programs say so: their plans are drawn before the writes they may hit
+    faults_optional: str = ""
 
     def runs_on(self, topology: str) -> bool:
         """Whether this scenario runs on the named topology (see ``topologies``)."""
