@@ -43,7 +43,7 @@ import shutil
 import socket
 
 from harness.hosts.netns import NetnsError, run_tool
-from harness.hosts.nfqueue import QueueFault
+from harness.hosts.nfqueue import QueueFault, check_path
 from harness.spec.steps import NETWORK_PATHS as PATHS
 
 NETEM_LIMITS = {"delay_ms": 60_000, "jitter_ms": 60_000, "loss_pct": 100, "duplicate_pct": 100, "reorder_pct": 100,
@@ -96,13 +96,7 @@ def nft_ruleset(table: str, peer: str, path: str, ports: list[int], action: str)
     packets to ``peer`` (IPv4) on ``path`` (:data:`PATHS`), where ``ports`` are the
     bootstrap and control ports of that path (``data``: those it leaves out).
     ValueError for a bad address, path or port."""
-    ipaddress.IPv4Address(peer)
-    if path not in PATHS:
-        raise ValueError(f"no such path {str(path)[:20]!r}")
-    if any(isinstance(p, bool) or not isinstance(p, int) or not 0 < p < 65536 for p in ports):
-        raise ValueError("ports must be TCP port numbers")
-    if path != "all" and not ports:
-        raise ValueError(f"the {path} path needs its ports")
+    check_path(peer, path, ports)
     listed = "{ " + ", ".join(str(p) for p in sorted(set(ports))) + " }"
     if path == "all":
         rules = [f"ip daddr {peer} {action}"]

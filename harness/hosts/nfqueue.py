@@ -107,12 +107,10 @@ def chain_name() -> str:
     return f"PDCF_{os.getpid()}"
 
 
-def iptables_rules(chain: str, peer: str, path: str, ports: list[int], queue: int) -> list[list[str]]:
-    """The ``iptables -A`` arguments of ``chain``'s rules: this host's packets to ``peer``
-    (IPv4) on ``path`` (linkfault.PATHS) go to NFQUEUE ``queue``, picked as linkfault's
-    nft_ruleset picks them (``ports``: the bootstrap and control ports; ``data`` is every
-    packet but theirs); the reader's own copies (:data:`COPY_MARK`) return first.
-    ValueError for a bad address, path, port or queue number."""
+def check_path(peer: str, path: str, ports: list[int]) -> None:
+    """ValueError unless ``peer`` is an IPv4 address, ``path`` one of PATHS and ``ports`` TCP
+    port numbers (which a path other than ``all`` needs): what one fault's rules pick, for the
+    nftables rules (harness.hosts.linkfault.nft_ruleset) and the iptables ones alike."""
     ipaddress.IPv4Address(peer)
     if path not in PATHS:
         raise ValueError(f"no such path {str(path)[:20]!r}")
@@ -120,6 +118,15 @@ def iptables_rules(chain: str, peer: str, path: str, ports: list[int], queue: in
         raise ValueError("ports must be TCP port numbers")
     if path != "all" and not ports:
         raise ValueError(f"the {path} path needs its ports")
+
+
+def iptables_rules(chain: str, peer: str, path: str, ports: list[int], queue: int) -> list[list[str]]:
+    """The ``iptables -A`` arguments of ``chain``'s rules: this host's packets to ``peer``
+    (IPv4) on ``path`` (linkfault.PATHS) go to NFQUEUE ``queue``, picked as linkfault's
+    nft_ruleset picks them (``ports``: the bootstrap and control ports; ``data`` is every
+    packet but theirs); the reader's own copies (:data:`COPY_MARK`) return first.
+    ValueError for a bad address, path, port or queue number."""
+    check_path(peer, path, ports)
     if isinstance(queue, bool) or not isinstance(queue, int) or not 0 <= queue < 65536:
         raise ValueError("queue must be a number from 0 to 65535")
     to_peer = ["-A", chain, "-d", f"{peer}/32"]
