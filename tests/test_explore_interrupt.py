@@ -171,3 +171,40 @@ def test_lanes_interrupted_before_every_lane_started_join_without_error():
     started.start()
     lanes.threads = [started, threading.Thread(target=lambda: None)]  # the second never started
     assert lanes.join(5.0) is True
+
+
+def test_a_signal_the_kernel_hands_to_a_lane_still_interrupts_the_main_thread_at_once():
+    """A process signal may land on any thread; one that lands on a lane thread must still reach
+    the main thread's handler within a slice of Lanes.run's join, not when the lane ends (it once
+    held an interrupted explore until its budget ran out)."""
+    import threading
+
+    from harness.explore.lanes import Lanes
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    lanes = Lanes(1, threading.Event())
+    started = threading.Event()
+
+    def work(item, lane):
+        started.set()
+        time.sleep(5.0)  # a long program
+        return False
+
+    def poke():
+        started.wait(5)
+        signal.pthread_kill(lanes.threads[0].ident, signal.SIGUSR1)  # to the lane, not the main thread
+
+    threading.Thread(target=poke, daemon=True).start()
+    begun = time.monotonic()
+    try:
+        with pytest.raises(Interrupted):
+            lanes.run([1], work, time.monotonic() + 60)
+        assert time.monotonic() - begun < 2.0  # the lane's program takes 5 s
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -24,6 +24,10 @@ LANE_OVERRUN_S = 400.0
 TEMP_PREFIXES = (forkserver_client.DIR_PREFIX, pair.DIR_PREFIX)  # the temporary folders an explorer makes
 
 
+#: the longest the main thread waits on a lane in one go (seconds): how late it may run a signal's handler
+JOIN_SLICE_S = 0.1
+
+
 class Lanes:
     """``count`` daemon threads that take items off one iterator and hand each to ``work(item,
     lane)`` until it returns False, the items run out, or ``stopping`` is set (an interrupt).
@@ -56,7 +60,11 @@ class Lanes:
         for thread in self.threads:
             thread.start()
         for thread in self.threads:
-            thread.join(max(0.0, until - time.monotonic()))
+            # in slices: a signal the kernel hands to a lane thread only wakes the main thread, which
+            # runs Python's handlers, when its wait returns; one long join would hold an interrupt
+            # for the rest of the budget
+            while thread.is_alive() and time.monotonic() < until:
+                thread.join(min(JOIN_SLICE_S, max(0.0, until - time.monotonic())))
             if thread.is_alive():
                 raise RuntimeError(f"{thread.name} still running past its bound (pdconform's own error)")
         if errors:
