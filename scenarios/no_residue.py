@@ -100,5 +100,10 @@ SCENARIO = register(
         opt_out=(("no-residue-after-clear",
                   "judges residue itself, for every room including those cleared on one side only, after "
                   "waiting out the bootstrap timeout (the generic check would name the same state twice)"),),
+        # harness.judge.fired: the room is cleared right after its chunk, so whether its delayed write
+        # was taken first is the backend's race (Mooncake and NIXL drop the chunk, the reference
+        # takes it or not as its worker runs); either way nothing of the room may be left
+        faults_optional="the 'moving' room is cleared at once: its delayed write may never be issued, "
+                        "and no state may be left either way",
     )
 )
