@@ -20,11 +20,19 @@ from __future__ import annotations
 
 from harness.judge import checks as c
 from harness.spec.scenario import Scenario, register
+from harness.spec.topology import TOPOLOGIES
 from harness.spec.steps import EngineFaults, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, await_done, open_and_request, pair_healthy, room_succeeds, \
     send_all, verify
 
 SLOW_S = 1.0  # far above the milliseconds the later writes take
+
+
+def _last_rank_writes(t) -> bool:
+    """Whether the prefill's last process writes the room on topology ``t`` (harness.judge.fired:
+    else the slow write never fires)."""
+    p = t.prefill
+    return p.dp == 1 and not (p.tp > 1 and (t.model.attention == "MLA" or t.model.kv_heads < p.tp))
 
 
 def _room(seed: int):
@@ -58,5 +66,8 @@ SCENARIO = register(
         steps=steps,
         checks=checks,
         timeout_s=120.0,
+        topologies=(tuple(name for name, t in TOPOLOGIES.items() if _last_rank_writes(t)),
+                    "its slow write is on the prefill's last process, which must write the room: not a prefill DP "
+                    "engine other than the room's, nor an MLA or replicated-head TP rank the decode does not read"),
     )
 )

@@ -221,8 +221,8 @@ class CellDriver:
         an engine fault plan or an interleaving point (:data:`NEMESIS_GROUP_OPS`) is set in
         every rank (each rank has its engine and its threads); the value is rank 0's."""
         try:
-            if op in NEMESIS_GROUP_OPS and len(self.ranks(role)) > 1:
-                value = self.rank_results(role, op, CALL_TIMEOUT_S, kwargs)[role]
+            if op in NEMESIS_GROUP_OPS and len(self.ranks(role)) > 1:  # a room's op goes to its DP engine only
+                value = next(iter(self.rank_results(role, op, CALL_TIMEOUT_S, kwargs).values()))
             else:
                 value = self.clients[self.one(role, kwargs)].call(op, CALL_TIMEOUT_S, **kwargs)
         except RoleError as exc:

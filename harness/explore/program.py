@@ -113,7 +113,9 @@ class ProgramMachine(RuleBasedStateMachine):
         return [] if self.killed == "decode" else [p for p in self.prefills if p != self.killed]
 
     def _reusable(self) -> list[int]:
-        live = {r.room for r in self._live()}
+        """Cleared room ids a new lifecycle may take: not a lost room's, whose loss plan (on the id,
+        for the rest of the program) would hit the new lifecycle's messages too."""
+        live = {r.room for r in self._live()} | {r.room for r in self.rooms if r.lost}
         return sorted({r.room for r in self.rooms if r.cleared} - live)
 
     # ---- rules: what a pair of schedulers may do next -------------------------------
