@@ -187,6 +187,7 @@ def test_nixl_error_kinds_surface_as_nixl_raises_them():
 @pytest.mark.parametrize("frames,is_whole", [
     ([b"5", b"2", b"0"], True), ([b"5", b"4", b"0", b"reason"], True),
     ([b"7", b"10.0.0.1", b"5000", b"session", b"pages"], True),  # a registration
+    ([b"7", b"NODE-A", b"5000", b"session", b"pages"], True), ([b"7", b"fe80::1%eth0", b"5000", b"s", b"p"], True),
     ([b"5", b"5", b"2", b"0", b"0", b"0"], False),  # two statuses' frames interleaved
     ([b"5", b"AUX_DATA", b"5", b"0", b"1", b"x"], False),  # a status's room, then an AUX_DATA's frames
     ([b"STATUS", b"5"], True), ([b"WRITE", b"3", b"1", b"7", b"0", b"0", b"kv", b"tcp://x"], True),

@@ -130,12 +130,15 @@ OTHER_TAGS = (b"WRITE", b"WRITE_DONE", b"STAGING_REQ")
 
 
 def _address(frame: bytes) -> bool:
-    """Whether a frame reads as a host or address (a registration's second field)."""
+    """Whether a frame reads as a host or address (a registration's second field): a name or an
+    IPv4/IPv6 address (a zone id too), not a number and not another message's tag."""
     try:
         text = frame.decode("ascii")
     except UnicodeDecodeError:
         return False
-    return bool(text) and _int(frame) is None and not text.isupper() and all(c.isalnum() or c in ".:-[]_/" for c in text)
+    if not text or _int(frame) is not None or frame in _TAGS or frame in OTHER_TAGS or frame.endswith(_GUARD):
+        return False
+    return all(c.isalnum() or c in ".:-[]_/%" for c in text)
 
 
 def whole(parts) -> bool:
