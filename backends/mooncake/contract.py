@@ -42,13 +42,6 @@ class MooncakeContractDestination(ContractDestination, MooncakeDestination):
             raise RuntimeError("Mooncake: re-registering the destination without its guard failed")
         self._keep_guard(total_bytes)
 
-    def info(self) -> dict:
-        return {**super().info(), **self.guard_info()}
-
-    def close(self) -> None:
-        self.close_signal()
-        super().close()
-
 
 class MooncakeContractSource(ContractSource, MooncakeSource):
     def __init__(self, total_bytes: int, block_bytes: int):

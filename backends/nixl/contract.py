@@ -50,13 +50,6 @@ class NixlContractDestination(ContractDestination, NixlDestination):
             raise RuntimeError("NIXL: re-registering the destination without its guard failed")
         self._keep_guard(total_bytes)
 
-    def info(self) -> dict:
-        return {**super().info(), **self.guard_info()}
-
-    def close(self) -> None:
-        self.close_signal()
-        super().close()
-
 
 class NixlContractSource(ContractSource, NixlSource):
     def __init__(self, total_bytes: int, block_bytes: int):

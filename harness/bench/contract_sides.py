@@ -214,6 +214,15 @@ class ContractDestination:
         return {"addr": self.addr, "total_bytes": self.total_bytes,
                 "guard_addr": self.addr + self.total_bytes, "guard_bytes": int(self.guard.size)}
 
+    def info(self) -> dict:
+        """The engine side's info (the next class in the MRO: an engine_bench destination) and the guard's."""
+        return {**super().info(), **self.guard_info()}
+
+    def close(self) -> None:
+        """Close the "done" signal socket, then the engine side."""
+        self.close_signal()
+        super().close()
+
     def guard_report(self) -> dict:
         """How many guard bytes are not zero (written by a transfer the engine should have
         refused); zeroes the guard and the registered buffer for the next case."""
