@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 
-from harness import ROOT
 from harness.bench import engines as bench
 from harness.bench.contract_sides import stamp
 from harness.drive.contain import isolation_available
@@ -69,29 +68,7 @@ def child_main(engine: str, role: str, fd: int) -> None:
 class _Child(bench._Child):
     """The benchmark's child (replies, bounded waits, kill, close), started on :func:`child_main`."""
 
-    def __init__(self, engine: str, role: str):
-        import socket
-        import tempfile
-        from multiprocessing.connection import Connection
-
-        self.engine, self.role = engine, role
-        self.log = tempfile.TemporaryFile(mode="w+b")
-        parent_sock, child_sock = socket.socketpair()
-        code = ("import sys; from harness.bench.contract_session import child_main; "
-                "child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
-        env = dict(os.environ)
-        env.setdefault("MC_TRANSFER_TIMEOUT", str(int(bench.TRANSFER_TIMEOUT_S)))
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, engine, role, str(child_sock.fileno())], cwd=str(ROOT), env=env,
-                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-        except BaseException:
-            parent_sock.close()
-            self.log.close()
-            raise
-        finally:
-            child_sock.close()
-        self.conn = Connection(parent_sock.detach())
+    ENTRY = ("harness.bench.contract_session", "child_main")
 
 
 class ContractSession:

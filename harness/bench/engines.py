@@ -188,14 +188,18 @@ def _child_main(engine: str, role: str, fd: int) -> None:
 
 
 class _Child:
-    """A child process serving one side; its stdout and stderr go to a temporary log."""
+    """A child process serving one side; its stdout and stderr go to a temporary log.  ``ENTRY``:
+    the module and function the child runs (``fn(engine, role, fd)``); a subclass serving more
+    commands names its own."""
+
+    ENTRY = ("harness.bench.engines", "_child_main")
 
     def __init__(self, engine: str, role: str):
         self.engine, self.role = engine, role
         self.log = tempfile.TemporaryFile(mode="w+b")
         parent_sock, child_sock = socket.socketpair()
-        code = ("import sys; from harness.bench.engines import _child_main; "
-                "_child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
+        module, fn = self.ENTRY
+        code = f"import sys; from {module} import {fn}; {fn}(sys.argv[1], sys.argv[2], int(sys.argv[3]))"
         env = dict(os.environ)
         env.setdefault("MC_TRANSFER_TIMEOUT", str(int(TRANSFER_TIMEOUT_S)))
         try:
