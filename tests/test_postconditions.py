@@ -238,6 +238,33 @@ def test_a_labelled_status_is_judged_on_every_rank_not_on_the_group():
     assert c.status_at("after", (KVPoll.WaitingForInput, KVPoll.Success))(h.events)[0]
 
 
+def test_a_prefill_rank_that_writes_nothing_may_read_waiting_for_input_alone():
+    """decode-first@p2-d1-kv1: one KV head held by both prefill ranks; the decode takes it from
+    tp0 only, so tp1 has no registration to wait for and reads WaitingForInput while the group
+    (tp0, whose registration was aborted) stays Bootstrapping.  tp0 ahead is still a failure."""
+    from dataclasses import asdict
+
+    from harness.spec.topology import rank_layout, topology
+    t = topology("p2-d1-kv1")
+
+    def history(tp0: KVPoll, tp1: KVPoll) -> History:
+        h = History()
+        for rank, role in enumerate(("prefill", "prefill.tp1")):
+            h.record("invoke", "start_prefill", role, 0, args={"layout": asdict(rank_layout(t, "prefill", rank)),
+                                                               "attn_tp": [2, rank]})
+        h.record("invoke", "start_decode", "decode", 0, args={"layout": asdict(rank_layout(t, "decode"))})
+        h.record("ok", "await_status", "prefill", 1, args={"room": 3, "label": "cancelled"},
+                 value={"status": int(min(tp0, tp1)), "trail": [], "waited_s": 2.0,
+                        "ranks": {"prefill": {"status": int(tp0)}, "prefill.tp1": {"status": int(tp1)}}})
+        return h
+
+    check = c.status_at("cancelled", (KVPoll.Bootstrapping, KVPoll.Failed))
+    assert check(history(KVPoll.Bootstrapping, KVPoll.WaitingForInput).events)[0]
+    ok, detail, _ = check(history(KVPoll.WaitingForInput, KVPoll.Bootstrapping).events)
+    assert not ok and "prefill WaitingForInput" in detail
+    assert not check(history(KVPoll.Bootstrapping, KVPoll.Success).events)[0]
+
+
 def _acks_history(acks: list[dict], sent: list[dict], inject_room: int | None = None) -> History:
     h = History()
     if inject_room is not None:

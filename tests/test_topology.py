@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.spec.topology import (GQA, TOPOLOGIES, ModelShape, Side, Topology, TopologyError, default_pp_split,
-                                   rank_layout, topology)
+                                   rank_layout, rank_name, topology)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +74,26 @@ def test_rank_layouts_split_heads_and_layers():
     first, last = rank_layout(staged, "prefill", pp_rank=0), rank_layout(staged, "prefill", pp_rank=1)
     assert (list(first.main_layers), first.draft_layers, list(last.main_layers), last.draft_layers) == \
         ([0, 1], 0, [2, 3, 4], 1)
+
+
+def test_silent_ranks_are_the_prefill_ranks_no_decode_rank_takes_kv_from():
+    from dataclasses import asdict
+
+    from harness.spec.history import History, silent_ranks
+
+    def starts(t: Topology) -> list[dict]:
+        h = History()
+        for side, op in (("prefill", "start_prefill"), ("decode", "start_decode")):
+            s = t.side(side)
+            for engine, stage, rank in ((e, p, r) for e in range(s.dp) for p in range(s.pp) for r in range(s.tp)):
+                role = rank_name(rank_name(rank_name(side, engine, "dp"), stage, "pp"), rank)
+                h.record("invoke", op, role, 0, args={"layout": asdict(rank_layout(t, side, rank, stage)),
+                                                      "attn_tp": [s.tp, rank]})
+        return h.events
+
+    expect = {"p1-d1": set(), "p2-d1": set(), "p1-d4-kv2": set(), "p2-d4-kv2": set(), "p1dp2-d1": set(), "p1pp2-d1": set(),
+              "p2-d1-kv1": {"prefill.tp1"}, "p2-d1-mla": {"prefill.tp1"}, "p2-d2-mla": {"prefill.tp1"}}
+    assert {name: silent_ranks(starts(topology(name))) for name in expect} == expect
 
 
 def test_shapes_no_config_produces_are_refused():

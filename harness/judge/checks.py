@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from harness.judge.verdict import Level
-from harness.spec.history import Event, Op, completions, killed_roles, rank_statuses
+from harness.spec.history import Event, Op, completions, killed_roles, rank_statuses, silent_ranks
 from harness.spec.protocol import KVPoll, kvpoll_name
 from harness.spec.requirements import requirement
 
@@ -101,7 +101,6 @@ def located(events: list[dict], detail: str) -> int | None:
     say: the last completion of a call on the room it names (a room id of the history), else
     the last observation of the role it names; None when it names neither."""
     import re
-
     named_rooms = {int(x) for x in re.findall(r"(?<![\d.])\d{3,}(?![\d.])", detail)}
     done = [e for e in events if e["type"] in (Event.OK, Event.FAIL, Event.NEMESIS)]
     for e in reversed(done):
@@ -109,9 +108,7 @@ def located(events: list[dict], detail: str) -> int | None:
             return e["seq"]
     roles = sorted({e["role"] for e in done if e.get("role")}, key=len, reverse=True)
     role = next((r for r in roles if re.search(rf"(?<![\w-]){re.escape(r)}(?![\w-])", detail)), None)
-    if role is not None:
-        return observed_at(events, role)
-    return None
+    return None if role is None else observed_at(events, role)
 
 
 def observed_at(events: list[dict], role: str) -> int | None:
@@ -301,7 +298,8 @@ def loops_alive_at(label: str, roles: tuple[str, ...]) -> Checker:
 def status_at(label: str, expected: tuple[int, ...]) -> Checker:
     """The AwaitStatus step labelled ``label`` (harness.spec.steps.AwaitStatus) saw one of
     ``expected`` on every rank (:func:`rank_statuses`: the lowest of a group's ranks would
-    hide a rank that is ahead, e.g. one that took a late message for its own)."""
+    hide a rank that is ahead, e.g. one that took a late message for its own), but a rank
+    that writes nothing (:func:`silent_ranks`) may read WaitingForInput: it binds nothing."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         waits = [e for e in completions(events, op=Op.AWAIT_STATUS) if (e.get("args") or {}).get("label") == label]
@@ -314,7 +312,9 @@ def status_at(label: str, expected: tuple[int, ...]) -> Checker:
         seen = wait["value"]["status"]
         names = "/".join(kvpoll_name(x) for x in expected)
         ranks = rank_statuses(wait)
-        off = {rank: status for rank, status in ranks.items() if status not in expected}
+        silent = silent_ranks(events)
+        off = {rank: status for rank, status in ranks.items()
+               if status not in expected and not (rank in silent and status == KVPoll.WaitingForInput)}
         if seen in expected and off:
             said = ", ".join(f"{rank} {kvpoll_name(status)}" for rank, status in sorted(off.items()))
             return False, (f"{where} was {kvpoll_name(seen)} at {label!r} as a group, but not on every rank: {said} "

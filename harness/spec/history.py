@@ -317,6 +317,31 @@ def fact(events: list[dict], role: str, key: str) -> Any:
     return None
 
 
+def silent_ranks(events: list[dict]) -> set[str]:
+    """Prefill TP ranks no decode rank takes KV from (``harness.spec.topology.sources``: each
+    head comes from the lowest prefill rank of a stage that holds it, so MLA's extra ranks and a
+    replicated head's higher holders write nothing), from the layouts the roles were started
+    with.  Such a rank has no registration to wait for (sglang's dummy registrations), so its
+    WaitingForInput binds nothing.  A group is ``ROLE`` with its ``ROLE.tpN`` ranks."""
+    from harness.spec.protocol import Layout
+    from harness.spec.topology import sources
+
+    starts = [e for e in events if e["type"] == Event.INVOKE and e["op"] in START_OPS and "layout" in (e.get("args") or {})]
+    decodes = [Layout(**e["args"]["layout"]) for e in starts if e["op"] == Op.START_DECODE]
+    groups: dict[str, list[tuple[int, str, Layout]]] = {}
+    for e in starts:
+        if e["op"] == Op.START_PREFILL:
+            base, _, rank = str(e["role"]).rpartition(".tp")
+            tp = (e["args"].get("attn_tp") or [1, 0])[1]
+            groups.setdefault(base if base and rank.isdigit() else str(e["role"]), []).append((tp, e["role"], Layout(**e["args"]["layout"])))
+    silent: set[str] = set()
+    for ranks in groups.values():
+        ranks.sort(key=lambda r: r[0])
+        used = {i for d in decodes for i in sources([layout for _, _, layout in ranks], d)}
+        silent |= {role for i, (_, role, _) in enumerate(ranks) if i not in used}
+    return silent if decodes else set()
+
+
 def rank_statuses(wait: dict) -> dict[str, int]:
     """Each rank's status in a completed AwaitStatus event: a role of several ranks reports
     each under ``ranks`` (its own ``status`` is the lowest, as sglang's scheduler reduces
