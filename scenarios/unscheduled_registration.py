@@ -13,24 +13,23 @@ the room arrives.
   full room served meanwhile, then judges the prefill's state of ``never``.
 * ``unscheduled-registration-aborted``: default timeouts (the bootstrap timeout is far
   away).  The decode registers room ``never``, aborts and clears it; a full room is served;
-  the prefill is judged about a second after the ABORT: only the ABORT can have dropped it.
+  the prefill is judged a second after the ABORT: only the ABORT can have dropped it.
 
-The generic ``no-residue-after-clear`` (R-RESIDUE-1) is left out: it judges the prefill as
-soon as the decode cleared, before R-RESIDUE-2's bound.
+Both are judged by the rule of the generic post-condition ``unscheduled-registration-dropped``
+(harness.judge.unscheduled), which judges every unscheduled room of every cell once its bound
+has passed; these scenarios wait out the bound and require the room to be judged.
 """
 
 from __future__ import annotations
 
 from harness.judge import checks as c
+from harness.judge.unscheduled import ABORT_ARRIVAL_S, SLACK_S, registration_dropped
 from harness.spec.scenario import Scenario, register
 from harness.spec.steps import Abort, AwaitStatus, Clear, OpenRoom, RequestKV, Sleep, StartRoles
 from scenarios._flows import DONE, LAYOUT, RoomAllocator, full_room, pair_healthy, room_succeeds, verify
 
 TIMEOUT_S = 3
-SLACK_S = 2.0
 REGISTERED_S = 0.5  # for the decode's registration to reach the prefill (its handling takes milliseconds)
-OPT_OUT = (("no-residue-after-clear", "the room was never opened on the prefill: R-RESIDUE-2's own check judges "
-            "the prefill at its bound, not as soon as the decode cleared"),)
 
 
 def _plan(seed: int):
@@ -43,7 +42,7 @@ def steps(seed: int, aborted: bool):
     env = () if aborted else (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
                               ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)))
     if aborted:
-        end = [Abort(never.room, "decode"), Clear(never.room, "decode"), *full_room(later)]
+        end = [Abort(never.room, "decode"), Clear(never.room, "decode"), *full_room(later), Sleep(ABORT_ARRIVAL_S)]
     else:  # the decode's own timer ends it; then wait out the prefill's bound
         end = [AwaitStatus(never.room, "decode", DONE, timeout_s=TIMEOUT_S + 5), Clear(never.room, "decode"),
                *full_room(later), Sleep(TIMEOUT_S + SLACK_S - REGISTERED_S)]
@@ -58,9 +57,9 @@ def steps(seed: int, aborted: bool):
 
 
 def checks(seed: int, aborted: bool):
-    never, later = _plan(seed)
-    return [
-        c.Check("unscheduled-registration-dropped", "R-RESIDUE-2", c.no_residue(("prefill",), rooms=(never.room,))),
+    _, later = _plan(seed)
+    return [  # the generic post-condition's rule, here required to judge the room
+        c.Check("unscheduled-registration-dropped", "R-RESIDUE-2", registration_dropped(required=True)),
         *room_succeeds(later, "R-XFER-1", "later-room"),
         *pair_healthy(),
     ]
@@ -75,7 +74,6 @@ def _scenario(sid: str, aborted: bool) -> Scenario:
         checks=lambda seed: checks(seed, aborted),
         timeout_s=120.0,
         timeout_wait_s=0.0 if aborted else TIMEOUT_S,
-        opt_out=OPT_OUT,
         topologies=(("p1-d1",), "one prefill and one decode hold the registration; its state is the same on every shape"),
     ))
 

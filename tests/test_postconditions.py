@@ -105,13 +105,13 @@ def test_generic_checks_are_added_unless_declared_or_opted_out():
     names = [check.name for check in pc.checks_of(_scenario(), 0)]
     assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear",
                      "failure-reason-names-cause", "bytes-in-place-at-success", "ack-names-abort-generation",
-                     "every-abort-answered", "every-abort-sent"]
+                     "every-abort-answered", "every-abort-sent", "unscheduled-registration-dropped"]
     opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
     assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal",
                                                                 "no-residue-after-clear", "failure-reason-names-cause",
                                                                 "bytes-in-place-at-success",
                                                                 "ack-names-abort-generation", "every-abort-answered",
-                                                                "every-abort-sent"]
+                                                                "every-abort-sent", "unscheduled-registration-dropped"]
 
 
 def test_the_judge_fails_a_cell_on_a_generic_post_condition():

@@ -12,8 +12,8 @@ for less than the heartbeat window, a message the control loops cannot parse pus
 either role's control socket (harness.spec.frames.malformed), a status read in passing (the
 poll every scheduler loop makes), the prefill or the decode killed with rooms in flight (one
 program in four may: the decode's heartbeat must fail the rooms of a dead prefill, the
-prefill's writes the rooms of a dead decode), and (a profile drawn first) deferred KV
-release with its ABORT_ACKs.
+prefill's writes the rooms of a dead decode), a registration no prefill ever schedules
+(R-RESIDUE-2), and (a profile drawn first) deferred KV release with its ABORT_ACKs.
 :class:`ProgramMachine`, a hypothesis
 rule-based state machine, writes them: each rule's precondition keeps the program legal
 for a scheduler (a chunk only after the sender's init, a clear only after both sides
@@ -100,6 +100,8 @@ class ProgramMachine(RuleBasedStateMachine):
         self.may_kill = ""  # the role this program may kill, drawn with the first room ("": none)
         self.may_lose = False  # whether this program loses one kind of message of one room (drawn first)
         self.lost_one = False
+        self.unscheduled: dict[int, bool] = {}  # registrations no prefill takes: room -> aborted by the decode
+        self.may_unschedule = False  # drawn first
 
     # ---- the model ----------------------------------------------------------------
     def _live(self) -> list[_Room]:
@@ -111,6 +113,10 @@ class ProgramMachine(RuleBasedStateMachine):
 
     def _alive_prefills(self) -> list[str]:
         return [] if self.killed == "decode" else [p for p in self.prefills if p != self.killed]
+
+    def _room_left(self) -> bool:
+        """Whether the pools have pages and an aux slot for another room (lifecycle or unscheduled)."""
+        return len(self.rooms) + len(self.unscheduled) < MAX_LIFECYCLES
 
     def _reusable(self) -> list[int]:
         """Cleared room ids a new lifecycle may take: not a lost room's, whose loss plan (on the id,
@@ -138,9 +144,12 @@ class ProgramMachine(RuleBasedStateMachine):
         # waits out the decode's waiting timeout, so more would slow every lane
         elif self.faults and data.draw(st.integers(0, 15), label="may lose a message (15)") == 15:
             self.may_lose = True
+        # one program in eight leaves a registration unscheduled: on a backend that keeps it
+        # (B22) every such program fails, and a failing program costs its pair and a fresh cell
+        self.may_unschedule = self.faults and data.draw(st.integers(0, 7), label="may leave one unscheduled (7)") == 7
         self.open_room(data)
 
-    @precondition(lambda self: self._alive_prefills() and len(self.rooms) < MAX_LIFECYCLES)
+    @precondition(lambda self: self._alive_prefills() and self._room_left())
     @rule(data=st.data())
     def open_room(self, data) -> None:
         """The decode opens a receiver and registers its pages with one prefill; that prefill's
@@ -247,7 +256,7 @@ class ProgramMachine(RuleBasedStateMachine):
 
     def _lose(self, data, kind: str) -> None:
         serving = [r for r in self._serving() if not r.aborted and not r.concluded]
-        if kind == "registration" and self._alive_prefills() and len(self.rooms) < MAX_LIFECYCLES:
+        if kind == "registration" and self._alive_prefills() and self._room_left():
             at = len(self.steps)
             self.open_room(data)
             r = self.rooms[-1]
@@ -266,6 +275,33 @@ class ProgramMachine(RuleBasedStateMachine):
         else:
             return
         r.lost, self.lost_one = True, True
+
+    @precondition(lambda self: self.may_unschedule and self._alive_prefills() and self._room_left() and not self.unscheduled)
+    @rule(data=st.data())
+    def register_unscheduled(self, data) -> None:
+        """The decode registers a room that no prefill's scheduler ever takes (cancelled there, or
+        routed elsewhere): no sender is opened for it.  The prefill must drop the registration at
+        the decode's ABORT of it, or once its bootstrap timeout plus slack has passed (R-RESIDUE-2,
+        judged in every cell by the generic unscheduled-registration-dropped), and never write
+        its pages (every later pool check finds them untouched)."""
+        prefill = data.draw(st.sampled_from(self._alive_prefills()), label="prefill")
+        room = data.draw(st.integers(ROOM_MIN, 2**62), label="room")
+        if any(r.room == room for r in self.rooms) or room in self.unscheduled:
+            room = max([r.room for r in self.rooms] + list(self.unscheduled)) + 1
+        n = data.draw(st.integers(1, MAX_ROOM_PAGES), label="pages")
+        dst, self.free_pages = tuple(self.free_pages[:n]), self.free_pages[n:]
+        self.unscheduled[room] = False
+        self.steps += [OpenRoom(room, prefill=prefill, open_sender=False), RequestKV(room, dst, self.free_aux.pop(0))]
+
+    @precondition(lambda self: self.killed != "decode" and not all(self.unscheduled.values()))
+    @rule(data=st.data())
+    def abort_unscheduled(self, data) -> None:
+        """The decode's scheduler aborts an unscheduled registration (its client went away, or it
+        gave up waiting) and releases it: the receiver ends Failed, the prefill must drop it."""
+        room = data.draw(st.sampled_from(sorted(r for r, aborted in self.unscheduled.items() if not aborted)),
+                         label="unscheduled room")
+        self.unscheduled[room] = True
+        self.steps += [Abort(room, "decode"), AwaitStatus(room, "decode", DONE), Clear(room, "decode")]
 
     @precondition(lambda self: self.faults and not self.killed and self.restarts and self.rooms and not self._live() and
                   not any(isinstance(s, RestartRole) for s in self.steps))

@@ -42,7 +42,9 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   decode, once the ACK was due (see :func:`every_abort_answered`);
 * ``every-abort-sent`` (R-ABORT-1): with deferred KV release on, each decode ``abort()`` of a
   room whose registration it sent and that never read Success sent an ABORT, whatever the
-  room's status (see :func:`every_abort_sent`).
+  room's status (see :func:`every_abort_sent`);
+* ``unscheduled-registration-dropped`` (R-RESIDUE-2): harness.judge.unscheduled; the rooms it
+  judges (no prefill opened a sender) are left out of ``no-residue-after-clear`` on prefills.
 
 A scenario opts out of one only with a reason (Scenario ``opt_out``; ``pdconform list`` shows them).
 """
@@ -50,7 +52,8 @@ A scenario opts out of one only with a reason (Scenario ``opt_out``; ``pdconform
 from __future__ import annotations
 
 from harness.judge import checks as c
-from harness.spec.history import Event, Op, fact, held_rooms, last_observations, rooms_cleared_everywhere
+from harness.judge.unscheduled import registration_dropped, unscheduled_rooms
+from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_observations, rooms_cleared_everywhere
 from harness.spec.protocol import KVPoll, kvpoll_name
 
 TERMINAL = (kvpoll_name(KVPoll.Success), kvpoll_name(KVPoll.Failed))
@@ -180,7 +183,7 @@ def failure_reason_names_cause(events: list[dict]) -> tuple[bool, str, int | Non
             for name, reason in _failed_reads(e):
                 since, bootstrap = opened.get(room, (-1, ""))
                 dead = next((addr for seq, addr in killed if seq > since and addr == bootstrap), None)
-                if dead is not None and not _is_prefill(name):
+                if dead is not None and not is_prefill(name):
                     judged += 1
                     if not names(reason, dead):
                         misses.append(f"{name} room {room}: {reason[:120]!r} does not name the killed prefill {dead}")
@@ -200,11 +203,6 @@ _OTHER_FAULTS = (Op.ENGINE_FAULTS, Op.ENGINE_FAULT, Op.KILL, Op.FREEZE, Op.NETWO
                  Op.INJECT_ABORT, Op.INJECT_CAPTURED, Op.LOSE_MESSAGES)
 
 
-def _is_prefill(name: str | None) -> bool:
-    """Whether a role or rank name is a prefill's (``prefill``, ``prefill-a``, ``prefill-tp1``...)."""
-    return str(name or "").startswith("prefill")
-
-
 def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str, int | None]:
     """R-RESIDUE-1 for every room cleared on every role that named it: see the module docstring."""
     rooms = rooms_cleared_everywhere(events)
@@ -216,7 +214,8 @@ def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str, int | 
     for role, value in sorted(observed.items()):
         if role in stale:
             continue
-        for room, paths in sorted(held_rooms(value, rooms).items()):
+        for room, paths in sorted(held_rooms(value, rooms - set(unscheduled_rooms(events)) if is_prefill(role)
+                                             else rooms).items()):
             left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")
             at = c.observed_at(events, role) if at is None else at
         if value.get("residue_incomplete"):
@@ -329,7 +328,7 @@ def _ack_due_s(events: list[dict]) -> float:
             continue
         plan = e.get("args") or {}  # the EngineFaultPlan's fields (harness.drive.executors.nemesis)
         if plan.get("never_complete"):
-            waits = [fact(events, r, "waiting_timeout_s") for r in {x["role"] for x in events if _is_prefill(x["role"])}]
+            waits = [fact(events, r, "waiting_timeout_s") for r in {x["role"] for x in events if is_prefill(x["role"])}]
             waits = [w for w in waits if isinstance(w, (int, float)) and not isinstance(w, bool)]
             due = max(due, (max(waits) if waits else float("inf")) + LOST_WRITE_SLACK_S + ACK_DUE_S)
         due = max(due, ACK_DUE_S + sum(float(plan.get(k) or 0.0) for k in ("delay_s", "slow_s", "aux_delay_s")))
@@ -343,7 +342,7 @@ def answered(acks) -> set[tuple]:
 
 def prefill_silenced(events: list[dict]) -> bool:
     """Whether a prefill was killed, frozen, restarted or cut off (any network fault) in this cell."""
-    return any(e["type"] == Event.NEMESIS and e["op"] in _PREFILL_SILENCED and (_is_prefill(e["role"]) or e["op"] == Op.NETWORK)
+    return any(e["type"] == Event.NEMESIS and e["op"] in _PREFILL_SILENCED and (is_prefill(e["role"]) or e["op"] == Op.NETWORK)
                for e in events)
 
 
@@ -419,16 +418,16 @@ def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, floa
         if e["op"] == Op.AWAIT_STATUS:
             reads = set(value.get("trail") or ()).union(*[r.get("trail") or () for r in (value.get("ranks") or {}).values()
                                                          if isinstance(r, dict)])
-            if _is_prefill(role):
+            if is_prefill(role):
                 asked = any(k[1] == room for k in requested)
                 registered |= {room} if asked and reads & {"WaitingForInput", "Transferring"} else set()
             else:
                 seen.setdefault((role, room), set()).update(reads)
                 if "Success" in reads:
                     owed = concluded(role, room)
-        elif e["op"] == Op.REQUEST_KV and not _is_prefill(role):
+        elif e["op"] == Op.REQUEST_KV and not is_prefill(role):
             requested.add((role, room))
-        elif e["op"] == Op.CLEAR and not _is_prefill(role):
+        elif e["op"] == Op.CLEAR and not is_prefill(role):
             before = value.get("before") if isinstance(value.get("before"), dict) else {}
             if "Success" in (before.get("poll"), before.get("map")):  # read afresh just before the clear
                 owed = concluded(role, room)
@@ -437,7 +436,7 @@ def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, floa
             requested.discard((role, room))
             seen.pop((role, room), None)
             began[(role, room)] = e.get("wall", 0.0)
-        elif e["op"] == Op.ABORT and not _is_prefill(role):
+        elif e["op"] == Op.ABORT and not is_prefill(role):
             reads = seen.get((role, room), set()) | ({"WaitingForInput"} if room in registered else set())
             if reads & {"WaitingForInput", "Transferring"} and "Success" not in reads:
                 owed.append((role, room, began.get((role, room), 0.0), e["seq"]))
@@ -454,7 +453,7 @@ def every_abort_sent(events: list[dict]) -> tuple[bool | None, str, int | None]:
     its ranks) since the lifecycle began, as the cell's end records it; not for rooms whose ABORT a
     scenario injected, nor a decode killed or restarted since (its record died with it)."""
     gone = {e["role"].split(".")[0]: e["seq"] for e in events  # decode -> seq of its last kill or restart
-            if e["type"] == Event.NEMESIS and e["op"] in (Op.KILL, Op.RESTART) and not _is_prefill(e["role"])}
+            if e["type"] == Event.NEMESIS and e["op"] in (Op.KILL, Op.RESTART) and not is_prefill(e["role"])}
     owed = [o for o in _aborts_of_registered_rooms(events) if gone.get(o[0].split(".")[0], -1) < o[3]]
     if not owed:
         return True, "no decode aborted a registered room that had not succeeded", None
@@ -487,6 +486,7 @@ GENERIC = (
     ("ack-names-abort-generation", "R-ABORT-2", lambda: ack_names_abort_generation),
     ("every-abort-answered", "R-ABORT-2", lambda: every_abort_answered),
     ("every-abort-sent", "R-ABORT-1", lambda: every_abort_sent),
+    ("unscheduled-registration-dropped", "R-RESIDUE-2", registration_dropped),
 )
 
 

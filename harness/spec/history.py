@@ -377,6 +377,11 @@ def rooms_cleared_everywhere(events: list[dict]) -> set[int]:
             if all(e["op"] == Op.CLEAR and e["type"] == Event.OK for e in by_role.values())}
 
 
+def is_prefill(name: str | None) -> bool:
+    """Whether a role or rank name is a prefill's (``prefill``, ``prefill-b``, ``prefill.tp1``...)."""
+    return str(name or "").startswith("prefill")
+
+
 def last_observations(events: list[dict]) -> dict[str, dict]:
     """Each role's last end-of-cell observation event (``observe``, ok or fail), by role."""
     return {e["role"]: e for e in events if e["op"] == Op.OBSERVE and e["type"] in (Event.OK, Event.FAIL)}

@@ -1,0 +1,116 @@
+"""R-RESIDUE-2 in every cell: a registration the prefill never scheduled is dropped.
+
+A decode may register a room (send its pages) that no prefill ever opens a sender for: the
+request was cancelled on the prefill side, or routed elsewhere.  R-RESIDUE-2 bounds how long a
+prefill may keep that registration: until the room's bootstrap timeout plus :data:`SLACK_S`
+after it arrived, and no longer than the decode's ABORT of the room (plus
+:data:`ABORT_ARRIVAL_S` for the ABORT to arrive and be handled).  This post-condition judges
+every such room at each prefill's end-of-cell observation, once one of the two bounds has
+passed by then; a room whose bounds have not passed is not judged.
+
+Which rooms: those some decode registered (a ``request_kv`` that completed) and no prefill role
+ever opened a sender for in the cell.  Such rooms are R-RESIDUE-2's, not R-RESIDUE-1's: the
+prefill never had a sender to clear (harness.judge.postconditions.no_residue_after_clear leaves
+them out on the prefill side).  What may hold a prefill back is taken out of the bounds: the
+ABORT route is not used when the ABORT was lost on purpose (R-LOSS-1) or the prefill was killed,
+restarted, frozen or cut off from the network; a frozen prefill's timer also gets the time it
+stood still; a prefill with a point armed in it (a thread held on purpose) is not judged.
+"""
+
+from __future__ import annotations
+
+from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_observations
+
+SLACK_S = 2.0  # R-RESIDUE-2's bounded slack past the bootstrap timeout (docs/protocol.md)
+ABORT_ARRIVAL_S = 1.0  # for the decode's ABORT to reach the prefill and be handled (loopback: milliseconds)
+_HELD_BACK = (Op.KILL, Op.RESTART, Op.FREEZE, Op.NETWORK)  # after these the ABORT may not have arrived
+
+
+def unscheduled_rooms(events: list[dict]) -> dict[int, float]:
+    """Room -> ``t`` (s) of its first registration, for every room a decode registered and no
+    prefill role opened a sender for."""
+    opened = {(e.get("args") or {}).get("room") for e in events
+              if e["op"] == Op.OPEN_SENDER and e["type"] == Event.OK and is_prefill(e.get("role"))}
+    registered: dict[int, float] = {}
+    for e in events:
+        room = (e.get("args") or {}).get("room")
+        if e["op"] == Op.REQUEST_KV and e["type"] == Event.OK and isinstance(room, int) and room not in opened:
+            registered.setdefault(room, e["t"])
+    return registered
+
+
+def _frozen_s(events: list[dict], role: str) -> float:
+    """Seconds ``role``'s group stood frozen (FreezeRole to ThawRole, or to the cell's end)."""
+    base, total, since = role.split(".")[0], 0.0, None
+    for e in events:
+        if e["type"] == Event.NEMESIS and (e.get("role") or "").split(".")[0] == base:
+            if e["op"] == Op.FREEZE and since is None:
+                since = e["t"]
+            elif e["op"] == Op.THAW and since is not None:
+                total, since = total + e["t"] - since, None
+    return total + (events[-1]["t"] - since if since is not None and events else 0.0)
+
+
+def _observed_at(events: list[dict], observation: dict) -> float:
+    """``t`` (s) of the call that made ``observation``: its invocation, since the state was read
+    after it."""
+    calls = [e for e in events if e["op"] == Op.OBSERVE and e["type"] == Event.INVOKE
+             and e.get("role") == observation.get("role") and e["seq"] < observation["seq"]]
+    return calls[-1]["t"] if calls else observation["t"]
+
+
+def registration_dropped(required: bool = False):
+    """The checker: :func:`unscheduled_registration_dropped`; ``required`` (a scenario that
+    waits out the bound on purpose): a cell where no unscheduled room could be judged is not
+    judged either (None), never a PASS."""
+
+    def fn(events: list[dict]) -> tuple[bool | None, str, int | None]:
+        ok, detail, at = unscheduled_registration_dropped(events)
+        if required and ok is True and "past their bound" not in detail:
+            return None, f"R-RESIDUE-2 could not be judged: {detail}", None
+        return ok, detail, at
+
+    return fn
+
+
+def unscheduled_registration_dropped(events: list[dict]) -> tuple[bool | None, str, int | None]:
+    """R-RESIDUE-2 (see the module docstring): no prefill's end-of-cell observation holds state
+    of an unscheduled room whose bound had passed when it was made."""
+    rooms = unscheduled_rooms(events)
+    if not rooms:
+        return True, "no registration went unscheduled", None
+    aborted: dict[int, float] = {}
+    for e in events:
+        room = (e.get("args") or {}).get("room")
+        if e["op"] == Op.ABORT and e["type"] == Event.OK and (e.get("role") or "").startswith("decode") and room in rooms:
+            aborted.setdefault(room, e["t"])
+    lost = {(e.get("value") or {}).get("room") for e in events
+            if e["op"] == Op.MESSAGE_LOST and (e.get("value") or {}).get("kind") == "abort"}
+    held_back = {(e.get("role") or "").split(".")[0] for e in events if e["type"] == Event.NEMESIS and e["op"] in _HELD_BACK}
+    pointed = {(e.get("role") or "").split(".")[0] for e in events if e["op"] == Op.ARM_POINT}
+    left, judged, at = [], 0, None
+    for role, obs in sorted(last_observations(events).items()):
+        base = role.split(".")[0]
+        if not is_prefill(role) or obs["type"] != Event.OK or base in pointed:
+            continue
+        timeout = fact(events, role, "bootstrap_timeout_s")
+        now = _observed_at(events, obs)
+        due = {}
+        for room, registered in rooms.items():
+            bounds = [registered + timeout + SLACK_S + _frozen_s(events, role)] if isinstance(timeout, (int, float)) else []
+            if room in aborted and room not in lost and base not in held_back:
+                bounds.append(aborted[room] + ABORT_ARRIVAL_S)
+            if bounds and now >= min(bounds):
+                due[room] = min(bounds)
+        judged += len(due)
+        for room, paths in sorted(held_rooms(obs["value"], set(due)).items()):
+            how = "after the decode's ABORT" if room in aborted and due[room] == aborted[room] + ABORT_ARRIVAL_S \
+                else "past its bootstrap timeout"
+            left.append(f"{role} room {room}, never scheduled, still held {now - due[room]:.1f} s {how} "
+                        f"and its slack: {', '.join(sorted(set(paths))[:4])}")
+            at = obs["seq"] if at is None else at
+    if left:
+        return False, "a registration the prefill never scheduled was kept: " + "; ".join(left[:6]), at
+    if not judged:
+        return True, f"{len(rooms)} registration(s) went unscheduled, none past its bound at the end", None
+    return True, f"{judged} unscheduled registration(s) past their bound, none kept", None
