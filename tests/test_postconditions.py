@@ -105,13 +105,15 @@ def test_generic_checks_are_added_unless_declared_or_opted_out():
     names = [check.name for check in pc.checks_of(_scenario(), 0)]
     assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear",
                      "failure-reason-names-cause", "bytes-in-place-at-success", "ack-names-abort-generation",
-                     "every-abort-answered", "every-abort-sent", "unscheduled-registration-dropped"]
+                     "every-abort-answered", "every-abort-sent", "unscheduled-registration-dropped",
+                     "every-message-whole"]
     opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
     assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal",
                                                                 "no-residue-after-clear", "failure-reason-names-cause",
                                                                 "bytes-in-place-at-success",
                                                                 "ack-names-abort-generation", "every-abort-answered",
-                                                                "every-abort-sent", "unscheduled-registration-dropped"]
+                                                                "every-abort-sent", "unscheduled-registration-dropped",
+                     "every-message-whole"]
 
 
 def test_the_judge_fails_a_cell_on_a_generic_post_condition():
@@ -359,3 +361,19 @@ def test_a_decode_abort_of_a_registered_room_must_send_its_abort_even_when_alrea
     killed = history(timed_out, [])  # killed after its abort: no record of what it sent survives
     killed.record("nemesis", "kill", "decode", 3, args={"signal": "SIGKILL"})
     assert pc.every_abort_sent(killed.events)[0] is True
+
+
+def test_every_message_whole_judges_every_cell_but_the_roles_it_pushed_frames_into():
+    """R-LOAD-1 as a generic post-condition: a STATUS whose frames were interleaved with
+    another's fails any cell; frames the cell injected itself (malformed on purpose) do not."""
+    checker = dict((name, make) for name, _, make in pc.GENERIC)["every-message-whole"]()
+    h = History()
+    h.record("info", "message-audit", "decode", None,
+             value={"received": 9, "not_whole": 1, "examples": ["[b'STATUS', b'5', b'STATUS']"]})
+    h.record("info", "message-audit", "prefill", None, value={"received": 4, "not_whole": 0, "examples": []})
+    ok, detail, *_ = checker(h.events)
+    assert ok is False and "decode received 1 of 9 messages not whole" in detail
+    h.record("nemesis", "inject", "decode", 2, args={"frames": 1})
+    ok, detail, *_ = checker(h.events)
+    assert ok is True and "all 4 received messages whole in 1 role" in detail
+    assert checker(History().events)[0] is True  # no audit (a selftest cell): nothing to judge

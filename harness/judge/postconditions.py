@@ -20,10 +20,9 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   observes such a role again, every RESIDUE_POLL_S for ``harness.drive.cell.RESIDUE_SETTLE_S``
   (plus the last observation call, itself bounded), while it still holds state of such a
   room (work in flight may still be draining); a role whose last observation failed is
-  not judged on an older one; and the
-  memory of ended generations that R-REUSE-1 allows (an adapter's ``remembered``) is
-  not residue until the bootstrap timeout has passed, which the no-residue scenario
-  waits out and judges itself;
+  not judged on an older one; and the memory of ended generations that R-REUSE-1 allows
+  (an adapter's ``remembered``) is not residue until the bootstrap timeout has passed,
+  which the no-residue scenario waits out and judges itself;
 * ``failure-reason-names-cause`` (R-REASON-1, SHOULD): every Failed read whose cause the
   history shows names it: a decode room whose prefill (the bootstrap address it was opened
   with) was killed before the read names that address; otherwise a room aborted (by either
@@ -42,9 +41,10 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   decode, once the ACK was due (see :func:`every_abort_answered`);
 * ``every-abort-sent`` (R-ABORT-1): with deferred KV release on, each decode ``abort()`` of a
   room whose registration it sent and that never read Success sent an ABORT, whatever the
-  room's status (see :func:`every_abort_sent`);
+  room's status;
 * ``unscheduled-registration-dropped`` (R-RESIDUE-2): harness.judge.unscheduled; the rooms it
-  judges (no prefill opened a sender) are left out of ``no-residue-after-clear`` on prefills.
+  judges (no prefill opened a sender) are left out of ``no-residue-after-clear`` on prefills;
+* ``every-message-whole`` (R-LOAD-1): fault_checks.messages_whole, in every role the cell pushed no frames into.
 
 A scenario opts out of one only with a reason (Scenario ``opt_out``; ``pdconform list`` shows them).
 """
@@ -52,6 +52,7 @@ A scenario opts out of one only with a reason (Scenario ``opt_out``; ``pdconform
 from __future__ import annotations
 
 from harness.judge import checks as c
+from harness.judge import fault_checks as fc
 from harness.judge.unscheduled import registration_dropped, unscheduled_rooms
 from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_observations, rooms_cleared_everywhere
 from harness.spec.protocol import KVPoll, kvpoll_name
@@ -160,8 +161,6 @@ def _failed_reads(e: dict) -> list[tuple[str, str]]:
 def failure_reason_names_cause(events: list[dict]) -> tuple[bool, str, int | None]:
     """R-REASON-1 (SHOULD) on every Failed read whose cause the history shows: see the module
     docstring.  The cause of a read is decided at that read, from what came before it."""
-    from harness.judge.fault_checks import names
-
     opened: dict[int, tuple[int, str]] = {}  # room -> (seq, bootstrap address) of its last open_receiver
     killed: list[tuple[int, str]] = []  # (seq, bootstrap address) of each killed prefill
     aborted: dict[int, int] = {}  # room -> seq of its last abort
@@ -185,7 +184,7 @@ def failure_reason_names_cause(events: list[dict]) -> tuple[bool, str, int | Non
                 dead = next((addr for seq, addr in killed if seq > since and addr == bootstrap), None)
                 if dead is not None and not is_prefill(name):
                     judged += 1
-                    if not names(reason, dead):
+                    if not fc.names(reason, dead):
                         misses.append(f"{name} room {room}: {reason[:120]!r} does not name the killed prefill {dead}")
                         at = e["seq"] if at is None else at
                 elif aborted.get(room, -1) > since and (faulted is None or faulted > e["seq"]):
@@ -487,6 +486,7 @@ GENERIC = (
     ("every-abort-answered", "R-ABORT-2", lambda: every_abort_answered),
     ("every-abort-sent", "R-ABORT-1", lambda: every_abort_sent),
     ("unscheduled-registration-dropped", "R-RESIDUE-2", registration_dropped),
+    ("every-message-whole", "R-LOAD-1", lambda: fc.messages_whole(uninjected=True)),
 )
 
 
