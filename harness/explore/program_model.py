@@ -94,8 +94,9 @@ class Program:
         kill = next((s for s in self.steps if isinstance(s, KillRole)), None)
         aborted_rooms = tuple(s.room for s in self.steps if isinstance(s, Abort))
         # a clean lifecycle opened on a prefill after its restart stands for R-RESTART-1 (lifecycle i is the
-        # i-th OpenRoom); one opened on the other prefill is an ordinary clean room
-        opened = [(i, s.prefill) for i, s in enumerate(self.steps) if isinstance(s, OpenRoom)]
+        # i-th OpenRoom that opens a sender: an unscheduled registration's is no lifecycle); one opened on the
+        # other prefill is an ordinary clean room
+        opened = [(i, s.prefill) for i, s in enumerate(self.steps) if isinstance(s, OpenRoom) and s.open_sender]
         restart = next(((i, s.role) for i, s in enumerate(self.steps) if isinstance(s, RestartRole)),
                        (len(self.steps), ""))
         later = {f"L{n}" for n, (i, prefill) in enumerate(opened) if i > restart[0] and prefill == restart[1]}
