@@ -15,75 +15,36 @@ hold 64 or 256 at once (both in ``make matrix``: a few seconds a cell):
 
 Every room concludes (Success on both sides; an aborted one Failed on the decode and ended on
 the prefill), every byte of the rooms not aborted is in place, and every message each role's
-control sockets received was whole (harness.role.message_loss.whole).  The time from a room's
+control sockets received was whole (harness.role.message_loss.whole).  The plan is
+harness.spec.load_plan's, which explore's load programs draw too.  The time from a room's
 last chunk to its decode's Success read is each backend's control-path time per room under
 load (harness.bench.rooms; docs/performance.md).
 """
 
 from __future__ import annotations
 
-import random
-
 from harness.judge import checks as c
 from harness.judge import fault_checks as fc
-from harness.spec.protocol import KVPoll, Layout
-from harness.spec.rooms import RoomAllocator
+from harness.spec import load_plan
+from harness.spec.protocol import KVPoll
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import Abort, AwaitStatus, InitSender, OpenRoom, RequestKV, SendChunk, StartRoles, VerifyPools
+from harness.spec.steps import StartRoles
 from scenarios._flows import DONE, pair_healthy
 
-ENV = (("SGLANG_DISAGGREGATION_QUEUE_SIZE", "4"), ("SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", "8"))
-ABORT_ONE_IN = 8
-
-
-def _layout(rooms: int) -> Layout:
-    """Pools for ``rooms`` rooms of up to 3 pages each and an aux slot each, every byte checkable."""
-    return Layout(num_layers=2, num_pages=3 * rooms, page_size=2, page_bytes=64, aux_slots=rooms, aux_bytes=16)
-
-
-def _plan(seed: int, rooms: int):
-    rng = random.Random(seed)
-    planner = RoomAllocator(seed, _layout(rooms))
-    plans = [planner.room(num_pages=rng.randint(1, 3), chunks=rng.randint(1, 3)) for _ in range(rooms)]
-    aborted = {p.room for p in plans if rng.randrange(ABORT_ONE_IN) == 0}
-    chunks = [(p, i) for p in plans if p.room not in aborted for i in range(len(p.chunks))]
-    rng.shuffle(chunks)
-    # a room's chunks go in their own order: the k-th of a room's draws sends its k-th chunk
-    sent: dict[int, int] = {}
-    order = []
-    for p, _ in chunks:
-        order.append((p, sent.get(p.room, 0)))
-        sent[p.room] = sent.get(p.room, 0) + 1
-    return plans, aborted, order
+ENV = load_plan.ENV
 
 
 def steps(seed: int, rooms: int):
-    plans, aborted, order = _plan(seed, rooms)
-    out = [StartRoles(layout=_layout(rooms), env=ENV)]
-    for p in plans:
-        out += [OpenRoom(p.room), RequestKV(p.room, p.dst, p.aux_dst)]
-    out += [AwaitStatus(p.room, "prefill", (KVPoll.WaitingForInput, KVPoll.Failed)) for p in plans]
-    out += [Abort(p.room, "decode") for p in plans if p.room in aborted]
-    out += [InitSender(p.room, len(p.src), p.aux_src) for p in plans if p.room not in aborted]
-    out += [SendChunk(p.room, p.chunks[i]) for p, i in order]
-    last = list(dict.fromkeys(p.room for p, _ in reversed(order)))[::-1]  # rooms by their last chunk
-    by_room = {p.room: p for p in plans}
-    for room in [*last, *sorted(aborted)]:
-        out += [AwaitStatus(room, "decode", DONE, timeout_s=30.0), AwaitStatus(room, "prefill", DONE, timeout_s=30.0)]
-    done = [by_room[r] for r in last]
-    out.append(VerifyPools(tuple(m for p in done for m in p.kv_moves), tuple((p.aux_src, p.aux_dst) for p in done),
-                           unchecked_kv=tuple(x for r in sorted(aborted) for x in by_room[r].dst),
-                           unchecked_aux=tuple(by_room[r].aux_dst for r in sorted(aborted))))
-    return out
+    return [StartRoles(layout=load_plan.layout(rooms), env=ENV), *load_plan.steps(load_plan.plan(seed, rooms))]
 
 
 def checks(seed: int, rooms: int):
-    plans, aborted, _ = _plan(seed, rooms)
-    served = tuple(p.room for p in plans if p.room not in aborted)
+    burst = load_plan.plan(seed, rooms)
     return [
-        c.Check("every-room-succeeds", "R-LOAD-1", fc.all_rooms_reached(served, ("decode", "prefill"), (KVPoll.Success,))),
-        c.Check("aborted-rooms-end", "R-LOAD-1", fc.all_rooms_reached(tuple(sorted(aborted)), ("decode", "prefill"),
-                                                                      DONE)),
+        c.Check("every-room-succeeds", "R-LOAD-1", fc.all_rooms_reached(burst.served, ("decode", "prefill"),
+                                                                        (KVPoll.Success,))),
+        c.Check("aborted-rooms-end", "R-LOAD-1", fc.all_rooms_reached(tuple(sorted(burst.aborted)),
+                                                                      ("decode", "prefill"), DONE)),
         c.Check("every-message-whole", "R-LOAD-1", fc.messages_whole()),
         *pair_healthy(),
     ]

@@ -223,3 +223,26 @@ def test_a_prefill_killed_beside_another_fails_its_rooms_and_spares_the_others()
     ok, detail, *_ = checks["rooms-fail-after-kill"].fn(kill.events)
     assert ok is False and "prefill-b never had kill" not in detail and "prefill-b (" in detail, detail  # its address
     assert "prefill never had kill" in pc.failed_after_kill(("L0",))(kill.events)[1]  # the default names "prefill"
+
+
+def test_a_load_program_holds_its_burst_of_rooms_as_lifecycles_and_checks_every_byte():
+    """explore's load rule (R-LOAD-1): a burst of harness.spec.load_plan's rooms, each a lifecycle
+    polled to its end on both sides under its label; the program's end checks every served
+    room's bytes and leaves the aborted rooms' pages unchecked."""
+    from harness.explore.program_model import PROFILES
+    from harness.spec import load_plan
+
+    m = ProgramMachine()
+    m.load_burst(_Draws(**{"rooms in flight": 64, "burst seed": 3}))
+    program = m.program()
+    burst = load_plan.plan(3, 64, load_plan.layout(256))
+    assert program.steps[0] == PROFILES["load"] and len(program.lifecycles) == 64
+    assert [x[1] for x in program.lifecycles] == [p.room in burst.aborted for p in burst.rooms]
+    polls = {(s.room, s.role): s.label for s in program.steps if isinstance(s, AwaitStatus) and s.label}
+    assert all(polls[(p.room, side)] == f"L{i}" for i, p in enumerate(burst.rooms) for side in ("decode", "prefill"))
+    final = [s for s in program.steps if isinstance(s, VerifyPools)][-1]
+    served = [p for p in burst.rooms if p.room not in burst.aborted]
+    assert set(final.kv_moves) == {m for p in served for m in p.kv_moves}
+    assert set(final.unchecked_kv) == {d for p in burst.rooms if p.room in burst.aborted for d in p.dst}
+    assert not m._room_left()  # the pools hold no room beyond the burst's
+    assert sum(isinstance(s, Clear) for s in program.steps) == 2 * 64

@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from harness.explore.program_model import (ANY_STATUS, AT_RISK_BOUND_S, AUX_DELAY_S, ENGINE_DELAYS_S, FAIL_NTH,
-                                           FREEZES_S, KILL_BOUND_S, LAYOUT, LONG_WAIT_S, MAX_ENGINE_PLANS,
+                                           FREEZES_S, KILL_BOUND_S, LAYOUT, LOAD_ROOMS, LONG_WAIT_S, MAX_ENGINE_PLANS,
                                            MAX_INJECTIONS, MAX_LIFECYCLES, MAX_ROOM_PAGES, OUT_OF_ORDER_S, PREFILLS,
                                            PROFILES, ROOM_MIN, SLEEPS_S, Program)
-from harness.spec import frames
+from harness.spec import frames, load_plan
 from harness.spec.protocol import KVPoll
 from harness.spec.rooms import DONE
 from harness.spec.steps import (Abort, AwaitStatus, Clear, EngineFaults, FreezeRole, InitSender, InjectFrames, KillRole,
@@ -116,7 +116,7 @@ class ProgramMachine(RuleBasedStateMachine):
 
     def _room_left(self) -> bool:
         """Whether the pools have pages and an aux slot for another room (lifecycle or unscheduled)."""
-        return len(self.rooms) + len(self.unscheduled) < MAX_LIFECYCLES
+        return len(self.rooms) + len(self.unscheduled) < MAX_LIFECYCLES and bool(self.free_aux)
 
     def _reusable(self) -> list[int]:
         """Cleared room ids a new lifecycle may take: not a lost room's, whose loss plan (on the id,
@@ -147,7 +147,30 @@ class ProgramMachine(RuleBasedStateMachine):
         # one program in eight leaves a registration unscheduled: on a backend that keeps it
         # (B22) every such program fails, and a failing program costs its pair and a fresh cell
         self.may_unschedule = self.faults and data.draw(st.integers(0, 7), label="may leave one unscheduled (7)") == 7
+        # one program in sixteen that kills and loses nothing starts with a burst of many rooms (1 to 4 s)
+        if self.faults and not (self.may_kill or self.may_lose) and \
+                data.draw(st.integers(0, 15), label="a load burst (15)") == 15:
+            self.load_burst(data)
+            return
         self.open_room(data)
+
+    def load_burst(self, data) -> None:
+        """64 to 256 rooms in flight at once through several transfer workers (R-LOAD-1;
+        harness.spec.load_plan, as load-64 and load-256 but drawn): every room registered, one in
+        eight aborted, the rest's chunks interleaved across rooms, every room polled to its end.
+        The rooms are the program's lifecycles (the pools hold no more); the other rules go on
+        with them (clears, polls, faults)."""
+        n = data.draw(st.integers(64, LOAD_ROOMS), label="rooms in flight")
+        burst = load_plan.plan(data.draw(st.integers(0, 2**32 - 1), label="burst seed"), n,
+                               load_plan.layout(LOAD_ROOMS))
+        self.steps[0] = PROFILES["load"]
+        self.free_pages, self.free_aux = [], []  # no room beyond the burst's
+        labels = {p.room: f"L{i}" for i, p in enumerate(burst.rooms)}
+        for p in burst.rooms:
+            aborted = p.room in burst.aborted
+            self.rooms.append(_Room(p.room, p.src, p.dst, p.aux_src, p.aux_dst, list(p.chunks), inited=not aborted,
+                                    sent=0 if aborted else len(p.chunks), concluded=True, aborted=aborted))
+        self.steps += load_plan.steps(burst, labels, verify=False)  # the program's end checks every byte
 
     @precondition(lambda self: self._alive_prefills() and self._room_left())
     @rule(data=st.data())

@@ -15,6 +15,7 @@ import msgspec
 
 from harness.explore.program_checks import KILL_SLACK_S, lifecycle_checks
 from harness.judge import checks as c
+from harness.spec import load_plan
 from harness.spec.protocol import KVPoll, Layout
 from harness.spec.rooms import MAX_SHIFTS, ROOM_STRIDE
 from harness.spec.steps import Abort, KillRole, OpenRoom, RestartRole, StartRoles, Step
@@ -23,6 +24,7 @@ from harness.spec.steps import Abort, KillRole, OpenRoom, RestartRole, StartRole
 #: of up to 4 pages that never share a decode page or aux slot (so every byte stays checkable)
 LAYOUT = Layout(num_layers=2, num_pages=32, page_size=4, page_bytes=128, aux_slots=8, aux_bytes=32)
 MAX_LIFECYCLES = 8
+LOAD_ROOMS = 256  # the most rooms a load program holds in flight at once (its pools fit them; R-LOAD-1)
 MAX_ROOM_PAGES = 4
 SLEEPS_S = (0.05, 0.2, 0.5)  # waits a program may take between steps (seconds): heartbeats and handling run
 BOOTSTRAP_TIMEOUT_S = 3  # the prefill's bootstrap timeout in programs (R-TIMEOUT-1)
@@ -61,7 +63,9 @@ PROFILES = {"plain": StartRoles(layout=LAYOUT, env=WAITING_ENV),
             "deferred-release": StartRoles(layout=LAYOUT, env=DEFERRED_ENV),
             "two-prefills": StartRoles(prefills=PREFILLS, layout=LAYOUT, env=WAITING_ENV),
             "two-prefills-deferred-release": StartRoles(prefills=PREFILLS, layout=LAYOUT, env=DEFERRED_ENV),
-            "bare": StartRoles(layout=LAYOUT)}
+            "bare": StartRoles(layout=LAYOUT),
+            # a burst of up to LOAD_ROOMS rooms through several transfer workers (R-LOAD-1; ProgramMachine.load_burst)
+            "load": StartRoles(layout=load_plan.layout(LOAD_ROOMS), env=(*WAITING_ENV, *load_plan.ENV))}
 
 
 @dataclass(frozen=True)
