@@ -52,6 +52,24 @@ def test_points_fire_by_a_hit_or_an_await_and_driver_faults_by_their_event():
                                                          ("kill prefill", True)]
 
 
+def test_a_network_fault_fires_by_the_packets_its_heal_counted():
+    """A fault on a path no packet took (say the bootstrap port, after every room registered)
+    tests nothing; where the host's tool counts nothing, applying it is the evidence."""
+    def cell(counted: dict | None, healed: bool = True) -> list[dict]:
+        fault = _ev(0, Event.NEMESIS, Op.NETWORK, "prefill",
+                    args={"a": "prefill", "b": "decode", "partition": True, "path": "bootstrap"})
+        heal = _ev(1, Event.NEMESIS, Op.NETWORK, "prefill", args={"a": "prefill", "b": "decode", "heal": True,
+                                                                  **({"packets": counted} if counted is not None else {})})
+        return [fault, heal] if healed else [fault]
+
+    idle, = faults_of(cell({"prefill->decode": 0, "decode->prefill": 0}))
+    assert not idle["fired"] and "prefill->decode: 0" in idle["evidence"]
+    assert faults_of(cell({"prefill->decode": 0, "decode->prefill": 7}))[0]["fired"]
+    uncounted, = faults_of(cell({"prefill->decode": None}))
+    assert uncounted["fired"] and "counts none" in uncounted["evidence"]
+    assert faults_of(cell(None, healed=False))[0]["fired"]
+
+
 def _scenario():
     return Scenario(id="t-fired", title="t", steps=lambda seed: [], checks=lambda seed: [
         c.Check("steps-complete", "R-XFER-1", c.steps_completed())], test_only=True)

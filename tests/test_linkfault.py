@@ -22,12 +22,12 @@ WHY_NOT = netns.unavailable() or (None if shutil.which("nft") else "nftables' nf
 
 def test_each_path_picks_its_packets_by_port():
     data = nft_ruleset("pdconform_1", "10.1.2.3", "data", [7000, 5000, 7000], "drop")
-    assert data.index("tcp dport { 5000, 7000 } accept") < data.index("ip daddr 10.1.2.3 drop")
-    assert data.index("tcp sport { 5000, 7000 } accept") < data.index("ip daddr 10.1.2.3 drop")
+    assert data.index("tcp dport { 5000, 7000 } accept") < data.index("ip daddr 10.1.2.3 counter drop")
+    assert data.index("tcp sport { 5000, 7000 } accept") < data.index("ip daddr 10.1.2.3 counter drop")
     control = nft_ruleset("pdconform_1", "10.1.2.3", "control", [6000], "meta mark set 0x70cf")
-    assert "tcp dport { 6000 } meta mark set 0x70cf" in control and "tcp sport { 6000 } meta mark set" in control
+    assert "tcp dport { 6000 } counter meta mark set 0x70cf" in control and "tcp sport { 6000 } counter meta" in control
     assert "!=" not in control
-    assert "ip daddr 10.1.2.3 drop" in nft_ruleset("pdconform_1", "10.1.2.3", "all", [], "drop")
+    assert "ip daddr 10.1.2.3 counter drop" in nft_ruleset("pdconform_1", "10.1.2.3", "all", [], "drop")
 
 
 @pytest.mark.parametrize("peer, path, ports", [
@@ -74,6 +74,7 @@ PROBE = textwrap.dedent("""
     seen["control-cut"] = [reach(p) for p in ports]
     faults.apply(peer, {"loss_pct": 50, "path": "all"}, [])
     seen["half-lost"] = reach(ports[1], tries=40)
+    seen["half-lost-counted"] = faults.packets()  # every packet the rule saw, lost or not
     faults.apply(peer, {"loss_pct": 100, "path": "control"}, ports[:1])
     seen["control-all-lost"] = [reach(p) for p in ports]
     faults.apply(peer, {"partition": True}, [])
@@ -82,8 +83,9 @@ PROBE = textwrap.dedent("""
         seen["cut-link"] = "connected"
     except OSError as exc:  # a cut link leaves the connect unanswered; it does not refuse it at once
         seen["cut-link"] = type(exc).__name__
-    faults.heal()
+    seen["cut-link-counted"] = faults.heal()
     seen["healed"] = [reach(p) for p in ports]
+    seen["after-heal"] = faults.packets()
     print(json.dumps(seen))
 """)
 SERVE = "import socket, sys, time\nss = []\nfor p in sys.argv[2:]:\n    s = socket.socket()\n" \
@@ -111,5 +113,6 @@ def test_a_fault_on_one_path_between_two_namespaces_drops_that_path_only_and_hea
     assert 5 <= seen["half-lost"] <= 35  # the SYN is lost half the time: some connects, not all
     assert seen["control-all-lost"] == [0, 1]
     assert seen["cut-link"] == "TimeoutError"
+    assert seen["half-lost-counted"] >= 40 and seen["cut-link-counted"] >= 1 and seen["after-heal"] == 0
     assert seen["healed"] == [1, 1]
     assert "pdconform" not in tables

@@ -91,6 +91,7 @@ class _Started:
 
     def __init__(self, peer, spec, ports):
         self.peer, self.spec, self.ports, self.stopped = peer, spec, ports, False
+        self.counts = {"drop": 1, "now": 3, "held": 2, "copy": 1}  # as QueueFault's: a copy is no packet of its own
         _Started.made.append(self)
 
     def start(self):
@@ -117,7 +118,7 @@ def test_a_host_without_netem_falls_back_to_the_reader_once_and_says_what_both_n
     assert len(tries) == 1  # netem's absence is found once
     first, second = _Started.made
     assert first.stopped and not second.stopped and second.ports == [5000] and faults.queue is second
-    faults.heal()
+    assert faults.heal() == 6  # the packets the reader gave a verdict: its evidence that the fault fired
     assert second.stopped and faults.queue is None and not faults.nft_on
     with pytest.raises(NotImplementedError, match="lacks sch_netem; and host h: the NFQUEUE fallback needs iptables"):
         faults.apply("10.1.2.3", {"delay_ms": 13}, [])

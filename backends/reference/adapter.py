@@ -91,7 +91,7 @@ class ReferenceRole(RoleAdapter):
         self.staging = staging_on()
         self.staging_ctx: dict | None = None
 
-    def engine(self) -> str:
+    def engine(self) -> str:  # no engine of its own: KV rides the control sockets, so no data path ("data_path")
         return "reference"
 
     # ---- pools -------------------------------------------------------------------
@@ -143,7 +143,7 @@ class ReferenceRole(RoleAdapter):
                 **({"attn_tp": [tp_size, tp_rank]} if tp_size > 1 else {}),
                 **({"dp": [dp_size, dp_rank]} if dp_size > 1 else {}),
                 "rank_port": self.side.port, "deferred_release": self.deferred_release,
-                "bootstrap_timeout_s": self.bootstrap_timeout_s, "staging": self.staging}
+                "bootstrap_timeout_s": self.bootstrap_timeout_s, "staging": self.staging, "data_path": False}
 
     def _prefill_event(self, event) -> None:
         for action in self.prefill.handle(event):
@@ -278,7 +278,7 @@ class ReferenceRole(RoleAdapter):
         self.side.thread.start()
         self.points.hit("decode-control-started", endpoint=self.side.endpoint)
         self.threads = [self.side.thread, probe_thread]
-        return {"mode": "decode", "engine": self.engine(), "rank_port": self.side.port,
+        return {"mode": "decode", "engine": self.engine(), "rank_port": self.side.port, "data_path": False,
                 "heartbeat_window_s": self.decode.heartbeat_interval_s * self.decode.heartbeat_max_failures,
                 "waiting_timeout_s": self.waiting_timeout_s, "deferred_release": self.deferred_release}
 

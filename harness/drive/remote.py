@@ -199,12 +199,13 @@ class PlacedLauncher(Launcher):
             return self.hosts[self.placement[name]]["address"]
         return super().address_of(name)
 
-    def netem(self, src: int, dst: int, spec: dict | None, ports: list[int] = ()) -> None:
-        """Fault the traffic host ``src`` sends to host ``dst`` as ``spec`` says (None: heal it;
+    def netem(self, src: int, dst: int, spec: dict | None, ports: list[int] = ()) -> int | None:
+        """Fault the traffic host ``src`` sends to host ``dst`` as ``spec`` says (None: heal it,
+        and return how many packets the healed fault applied to, None when not counted;
         ``ports``: those that pick out its path), through ``src``'s agent
         (harness.hosts.agent.AgentServer.op_netem)."""
         self.faulted.add(src)
-        self.launchers[src].client.call("netem", peer=self.hosts[dst]["address"], spec=spec, ports=list(ports))
+        return self.launchers[src].client.call("netem", peer=self.hosts[dst]["address"], spec=spec, ports=list(ports))
 
     def heal(self) -> None:
         """Heal every link this cell faulted (a cell leaves no qdisc to the next one)."""

@@ -244,18 +244,19 @@ class AgentServer:
     def op_stop(self, name: str, timeout_s: float) -> None:
         self._role(name).stop(min(float(timeout_s), CALL_TIMEOUT_S / 2))
 
-    def op_netem(self, peer: str, spec: dict | None, ports: list[int] | None = None) -> None:
+    def op_netem(self, peer: str, spec: dict | None, ports: list[int] | None = None) -> int | None:
         """Fault this host's traffic to ``peer`` (an IPv4 address) as ``spec`` says
         (NetworkFault's fields, ``path`` among them; ``ports``: the cell's bootstrap and
         control ports), or (None) heal every fault this agent set
-        (harness.hosts.linkfault.LinkFaults).  NotImplementedError when this host lacks what
-        the fault needs (the cell is then UNSUPPORTED)."""
+        (harness.hosts.linkfault.LinkFaults) and return how many packets the healed fault
+        applied to (None: not counted).  NotImplementedError when this host lacks what the
+        fault needs (the cell is then UNSUPPORTED)."""
         if not self.interface or self.interface == "lo":
             raise ValueError("this agent listens on loopback: there is no network to fault (--hosts netns:N)")
         if spec is None:
-            self.faults.heal()
-            return
+            return self.faults.heal()
         self.faults.apply(peer, spec, [int(p) for p in ports or []])
+        return None
 
     def op_forget(self, name: str) -> None:
         """Drop a stopped role: its handle, log and ready file (an agent serves a whole run)."""

@@ -38,6 +38,7 @@ and queues with it.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -98,6 +99,7 @@ def nft_ruleset(table: str, peer: str, path: str, ports: list[int], action: str)
     ValueError for a bad address, path or port."""
     check_path(peer, path, ports)
     listed = "{ " + ", ".join(str(p) for p in sorted(set(ports))) + " }"
+    action = f"counter {action}"  # every packet the fault applies to, before a random drop picks: its evidence
     if path == "all":
         rules = [f"ip daddr {peer} {action}"]
     elif path == "data":  # everything but the bootstrap and control connections, which pass first
@@ -204,9 +206,30 @@ class LinkFaults:
                     f"with netem ({exc})") from None
             raise
 
-    def heal(self) -> None:
+    def packets(self) -> int | None:
+        """How many packets the fault in force has applied to so far (its evidence that it fired,
+        harness.judge.fired): the NFQUEUE reader's verdicts, else the nftables rules' counters,
+        else the netem qdisc's; None when no tool counts them (a blackhole route) or the count
+        cannot be read; 0 with no fault."""
+        try:
+            if self.queue is not None:
+                return sum(self.queue.counts[k] for k in ("drop", "now", "held"))
+            if self.nft_on:
+                listed = json.loads(run_tool(["nft", "-j", "list", "table", "inet", self.table]))
+                return sum(int(e["counter"]["packets"]) for item in listed.get("nftables", ()) if "rule" in item
+                           for e in item["rule"].get("expr", ()) if isinstance(e, dict) and "counter" in e)
+            if self.netem_on:
+                shown = json.loads(run_tool(["tc", "-s", "-j", "qdisc", "show", "dev", self.interface]))
+                return sum(int(q.get("packets", 0)) for q in shown if q.get("kind") == "netem")
+        except (NetnsError, ValueError, KeyError, TypeError):
+            return None
+        return None if self.blackholes else 0
+
+    def heal(self) -> int | None:
         """Remove every route, nftables table, qdisc, iptables chain and NFQUEUE reader this
-        agent added (the reader's held packets are delivered)."""
+        agent added (the reader's held packets are delivered); returns :meth:`packets` of the
+        fault it removed, read first."""
+        packets = self.packets()
         if self.queue is not None:
             self.queue.stop()  # its rules first, then the reader
             self.queue = None
@@ -219,6 +242,7 @@ class LinkFaults:
         if self.netem_on:
             run_tool(["tc", "qdisc", "del", "dev", self.interface, "root"], check=False)
             self.netem_on = False
+        return packets
 
 
 __all__ = ["LinkFaults", "NetemMissing", "PATHS", "MARK", "NETEM_LIMITS", "check_spec", "netem_args", "nft_ruleset"]

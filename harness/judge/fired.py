@@ -14,9 +14,11 @@ it fired (issue 38, item 6):
   logged a dropped message of its kind while the plan was in force;
 * an interleaving point (:class:`harness.spec.steps.ArmPoint`): it fired when a thread of the
   role reached it (a point hit, or an ``AwaitPoint`` that saw a thread there);
-* the driver's own faults (a kill, freeze, thaw, restart, injected frames or ABORT, a
-  network fault): the driver performs them itself, so the nemesis event is the evidence; a
-  network heal is no fault.
+* the driver's own faults (a kill, freeze, thaw, restart, injected frames or ABORT): the
+  driver performs them itself, so the nemesis event is the evidence;
+* a network fault: it fired when its heal counted packets it applied to (the NFQUEUE
+  reader's verdicts, the nftables rules' counters or netem's; harness.hosts.linkfault), or,
+  where nothing counts them or the cell never heals it, when it was applied; a heal is no fault.
 
 The judge (harness.judge.judge) makes a cell whose fault never fired ERROR, never PASS.
 """
@@ -115,15 +117,33 @@ def _point_faults(events: list[dict]) -> list[dict]:
     return faults
 
 
+def _network_evidence(events: list[dict], index: int) -> tuple[bool, str]:
+    """Whether the network fault ``events[index]`` applied to a packet: the packets its heal
+    (the next heal of the same link) counted (harness.hosts.linkfault.LinkFaults.packets); a
+    fault never healed in the cell, or whose tool counts nothing, fired when it was applied."""
+    fault = events[index].get("args") or {}
+    heal = next((e for e in events[index + 1:] if e["op"] == Op.NETWORK and e["type"] == Event.NEMESIS
+                 and (e.get("args") or {}).get("heal") and {(e.get("args") or {}).get(k) for k in "ab"}
+                 == {fault.get("a"), fault.get("b")}), None)
+    counts = {way: n for way, n in ((heal or {}).get("args") or {}).get("packets", {}).items() if n is not None}
+    if not counts:
+        return True, "applied by the driver (its packets were not counted: " + \
+            ("no heal in the cell)" if heal is None else "the host's tool counts none)")
+    said = ", ".join(f"{way}: {n}" for way, n in sorted(counts.items()))
+    return any(counts.values()), f"packets it applied to until its heal: {said}"
+
+
 def _driver_faults(events: list[dict]) -> list[dict]:
-    """The driver's own faults, each fired by its nemesis event (a heal is none)."""
+    """The driver's own faults, each fired by its nemesis event (a heal is none); a network
+    fault by the packets it applied to (:func:`_network_evidence`)."""
     faults = []
-    for e in events:
+    for i, e in enumerate(events):
         args = e.get("args") or {}
         if e["op"] not in DRIVER_FAULTS or e["type"] != Event.NEMESIS or args.get("heal"):
             continue
+        fired, evidence = _network_evidence(events, i) if e["op"] == Op.NETWORK else (True, "performed by the driver")
         faults.append({"fault": f"{e['op']} {e.get('role') or ''}".strip(), "role": e.get("role"),
-                       "step": e.get("step"), "fired": True, "evidence": "performed by the driver"})
+                       "step": e.get("step"), "fired": fired, "evidence": evidence})
     return faults
 
 

@@ -14,7 +14,7 @@ from harness.drive.executors.lifecycle import CALL_TIMEOUT_S, connect, start_pre
 from harness.drive.launcher import RoleSpec
 from harness.role.faults import push_frames
 from harness.spec import steps as s
-from harness.spec.history import Event, Op
+from harness.spec.history import Event, Op, fact
 
 if TYPE_CHECKING:
     from harness.drive.cell import CellDriver
@@ -82,19 +82,25 @@ def network_fault(d: "CellDriver", step: s.NetworkFault) -> None:
         raise CellAborted(f"NetworkFault: the coordinator listens on {coordinator}, the address of a faulted host: "
                           "the fault would cut the harness's own calls; run the coordinator on another address "
                           "(docs/cluster.md)", unsupported=True)
+    # the data path is the one the KV bytes take: a role that carries them on its control
+    # connections (the reference: "data_path" false) has no other, and a fault on nothing fires never
+    path = "control" if step.path == "data" and any(
+        fact(d.history.events, r, "data_path") is False for r in (step.a, step.b)) else step.path
     spec = {name: getattr(step, name) for name in NETEM_FIELDS if getattr(step, name)}
-    ports = path_ports(d, step.path)
+    ports = path_ports(d, path)
     if spec:
-        spec["path"] = step.path
+        spec["path"] = path
+    packets = {}  # a heal: how many packets the fault it ends applied to, per direction (harness.judge.fired)
     try:
-        launcher.netem(hosts[0], hosts[1], spec or None, ports)
+        packets[f"{step.a}->{step.b}"] = launcher.netem(hosts[0], hosts[1], spec or None, ports)
         if step.both_ways:
-            launcher.netem(hosts[1], hosts[0], spec or None, ports)
+            packets[f"{step.b}->{step.a}"] = launcher.netem(hosts[1], hosts[0], spec or None, ports)
     except RoleError as exc:  # a host that cannot run the fault: not the implementation's failure
         raise CellAborted(f"NetworkFault: {exc}", unsupported="NotImplementedError" in str(exc)) from exc
     d.record(Event.NEMESIS, Op.NETWORK, step.a, args={"a": step.a, "b": step.b, "hosts": hosts,
                                                       "both_ways": step.both_ways, **(spec or {"heal": True}),
-                                                      **({"ports": ports} if spec and ports else {})})
+                                                      **({"ports": ports} if spec and ports else {}),
+                                                      **({} if spec else {"packets": packets})})
 
 
 def path_ports(d: "CellDriver", path: str) -> list[int]:
