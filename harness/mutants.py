@@ -22,6 +22,7 @@ from harness.judge.results import CellResult, RunResult
 from harness.judge.verdict import Verdict
 from harness.report.files import write_json_and_markdown
 from harness.report.safe import md, md_code
+from harness.spec.topology import default_set
 
 
 #: cells on other topologies than p1-d1 that ``pdconform mutants`` runs besides every
@@ -34,10 +35,13 @@ from harness.report.safe import md, md_code
 #: sender with several decode ranks or prefill stages (each rank parks its own; an ABORT reaches
 #: every stage), and aborts of bound rooms where a room has several decode ranks (each rank's ABORT is
 #: answered at that rank)
-TOPOLOGY_CELLS = ("happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1", "happy-path@p1-d2",
+TOPOLOGY_CELLS = (*(f"happy-path@{t.name}" for t in default_set() if t.name != "p1-d1"),  # every default shape,
+                  # as it grows (p1-d4-kv2's replicated heads were missing from a list written out by hand)
+                  "happy-path@p1dp2-d1", "multi-chunk-long-prompt@p1dp2-d1", "happy-path@p2-d1", "happy-path@p1-d2",
                   "happy-path@p1pp2-d1", "happy-path@p1-d1dp2", "write-out-of-order@p2-d1",
                   "write-out-of-order@p1pp2-d1", "abort-unguarded@p1-d2", "happy-path@p2-d1-mla",
                   "decode-first@p1-d2", "decode-first@p1pp2-d1", "abort-in-every-state@p1-d2")
+TOPOLOGY_CELLS = tuple(dict.fromkeys(TOPOLOGY_CELLS))
 
 @dataclass
 class MutantOutcome:

@@ -13,7 +13,9 @@ scheduler would:
   the aux as a message: Mori by default, Mooncake with ``SGLANG_MOONCAKE_SEND_AUX_TCP``, which
   the scenario sets; UNSUPPORTED where the engine writes the aux);
 * ``lost-abort``: the decode aborts the room after registering it, and its ABORT never reaches
-  the prefill, whose scheduler goes on sending the room's chunks.
+  the prefill, whose scheduler goes on sending the room's chunks; ``lost-abort-deferred-release``
+  the same with deferred KV release on, where the decode's abort waits for the prefill's answer
+  (its ABORT_ACK) and the abort path is another one.
 
 Bootstrap and waiting timeouts are 3 s.  Each side of the lost room must conclude within both
 timeouts plus 5 s of the room's request (:data:`BOUND_S`): Failed with a reason, or Success
@@ -39,7 +41,9 @@ ENV = (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
        ("SGLANG_MOONCAKE_SEND_AUX_TCP", "true"))
 #: scenario id -> (the role that sends the kind, the kind)
 LOSSES = {"lost-registration": ("decode", "registration"), "lost-status": ("prefill", "status"),
-          "lost-aux-data": ("prefill", "aux_data"), "lost-abort": ("decode", "abort")}
+          "lost-aux-data": ("prefill", "aux_data"), "lost-abort": ("decode", "abort"),
+          "lost-abort-deferred-release": ("decode", "abort")}
+DEFERRED = (("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "1"),)
 
 
 def _plan(seed: int):
@@ -52,7 +56,7 @@ def steps(seed: int, sid: str):
     sender, kind = LOSSES[sid]
     abort = [Abort(lost.room, "decode")] if kind == "abort" else []
     return [
-        StartRoles(layout=LAYOUT, env=ENV),
+        StartRoles(layout=LAYOUT, env=ENV + (DEFERRED if sid.endswith("-deferred-release") else ())),
         LoseMessages(sender, kind, room=lost.room, count=0),
         OpenRoom(lost.room),
         RequestKV(lost.room, lost.dst, lost.aux_dst),

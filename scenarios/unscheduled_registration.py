@@ -9,8 +9,10 @@ the room arrives.
 
 * ``unscheduled-registration``: bootstrap and waiting timeouts of 3 s.  The decode registers
   room ``never``; its own waiting timer fails it and its scheduler clears it.  The cell waits
-  until the bootstrap timeout plus :data:`SLACK_S` has passed since the registration, with a
-  full room served meanwhile, then judges the prefill's state of ``never``.
+  until the bootstrap timeout plus :data:`SLACK_S` has passed since the registration while the
+  decode goes on registering and serving rooms (one a second, as a served decode does: the
+  bound is the registration's own, whatever comes after it), then judges the prefill's state
+  of ``never``.
 * ``unscheduled-registration-aborted``: default timeouts (the bootstrap timeout is far
   away).  The decode registers room ``never``, aborts and clears it; a full room is served;
   the prefill is judged a second after the ABORT: only the ABORT can have dropped it.
@@ -22,6 +24,8 @@ has passed; these scenarios wait out the bound and require the room to be judged
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from harness.judge import checks as c
 from harness.judge.unscheduled import ABORT_ARRIVAL_S, SLACK_S, registration_dropped
 from harness.spec.scenario import Scenario, register
@@ -30,34 +34,39 @@ from scenarios._flows import DONE, LAYOUT, RoomAllocator, full_room, pair_health
 
 TIMEOUT_S = 3
 REGISTERED_S = 0.5  # for the decode's registration to reach the prefill (its handling takes milliseconds)
+TRAFFIC = 5  # rooms the decode goes on registering and serving while the bound passes, one a second
+#: the scenarios' pools: the unscheduled room, the later room and the traffic each need an aux slot
+POOLS = replace(LAYOUT, aux_slots=2 + TRAFFIC)
 
 
 def _plan(seed: int):
-    planner = RoomAllocator(seed)
-    return planner.room(), planner.room()
+    planner = RoomAllocator(seed, POOLS)
+    return planner.room(), planner.room(), [planner.room(num_pages=1, chunks=1) for _ in range(TRAFFIC)]
 
 
 def steps(seed: int, aborted: bool):
-    never, later = _plan(seed)
+    never, later, traffic = _plan(seed)
     env = () if aborted else (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
                               ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)))
     if aborted:
         end = [Abort(never.room, "decode"), Clear(never.room, "decode"), *full_room(later), Sleep(ABORT_ARRIVAL_S)]
-    else:  # the decode's own timer ends it; then wait out the prefill's bound
+    else:  # the decode's own timer ends it; then the prefill's bound passes while other rooms come and go
         end = [AwaitStatus(never.room, "decode", DONE, timeout_s=TIMEOUT_S + 5), Clear(never.room, "decode"),
-               *full_room(later), Sleep(TIMEOUT_S + SLACK_S - REGISTERED_S)]
+               *full_room(later)]
+        for room in traffic:  # a served decode keeps registering: the bound is the registration's own
+            end += [Sleep((TIMEOUT_S + SLACK_S - REGISTERED_S) / TRAFFIC), *full_room(room)]
     return [
-        StartRoles(layout=LAYOUT, env=env),
+        StartRoles(layout=POOLS, env=env),
         OpenRoom(never.room, open_sender=False),
         RequestKV(never.room, never.dst, never.aux_dst),
         Sleep(REGISTERED_S),
         *end,
-        verify([later]),  # the unscheduled room's pages were never written
+        verify([later, *([] if aborted else traffic)]),  # the unscheduled room's pages were never written
     ]
 
 
 def checks(seed: int, aborted: bool):
-    _, later = _plan(seed)
+    _, later, _ = _plan(seed)
     return [  # the generic post-condition's rule, here required to judge the room
         c.Check("unscheduled-registration-dropped", "R-RESIDUE-2", registration_dropped(required=True)),
         *room_succeeds(later, "R-XFER-1", "later-room"),

@@ -46,7 +46,8 @@ def test_a_completed_cell_is_judged_by_its_checks_and_carries_the_runners_figure
                                                "no-dead-thread", "no-residue-after-clear", "failure-reason-names-cause",
                                                "bytes-in-place-at-success", "ack-names-abort-generation",
                                                "every-abort-answered", "every-abort-sent",
-                                               "unscheduled-registration-dropped", "every-message-whole"]
+                                               "unscheduled-registration-dropped", "every-message-whole",
+                                               "decode-abort-fails-room"]
     failed = judge(NOOP, 0, history(STEP0, (Event.FAIL, Op.OPEN_SENDER, "prefill", 0, {"error": "boom"}),
                                     end=COMPLETED, exit_={}))
     assert failed.verdict == "FAIL" and "open_sender on prefill failed: boom" in failed.reason

@@ -106,14 +106,14 @@ def test_generic_checks_are_added_unless_declared_or_opted_out():
     assert names == ["no-dead-thread", "every-trail-terminal", "every-failure-has-reason", "no-residue-after-clear",
                      "failure-reason-names-cause", "bytes-in-place-at-success", "ack-names-abort-generation",
                      "every-abort-answered", "every-abort-sent", "unscheduled-registration-dropped",
-                     "every-message-whole"]
+                     "every-message-whole", "decode-abort-fails-room"]
     opted = _scenario(opt_out=(("every-failure-has-reason", "reasons are this scenario's subject"),))
     assert [check.name for check in pc.checks_of(opted, 0)] == ["no-dead-thread", "every-trail-terminal",
                                                                 "no-residue-after-clear", "failure-reason-names-cause",
                                                                 "bytes-in-place-at-success",
                                                                 "ack-names-abort-generation", "every-abort-answered",
                                                                 "every-abort-sent", "unscheduled-registration-dropped",
-                     "every-message-whole"]
+                     "every-message-whole", "decode-abort-fails-room"]
 
 
 def test_the_judge_fails_a_cell_on_a_generic_post_condition():
@@ -377,3 +377,24 @@ def test_every_message_whole_judges_every_cell_but_the_roles_it_pushed_frames_in
     ok, detail, *_ = checker(h.events)
     assert ok is True and "all 4 received messages whole in 1 role" in detail
     assert checker(History().events)[0] is True  # no audit (a selftest cell): nothing to judge
+
+
+def test_a_room_the_decode_aborted_reads_failed_there_until_its_clear():
+    """R-ABORT-1's decode half: after abort(), a decode rank that had not read Success reads
+    Failed, even when the ABORT never reached the prefill and the prefill's Success came in."""
+    from harness.judge.decode_abort import decode_abort_fails_room
+
+    def cell(after: str, before: str = "WaitingForInput") -> History:
+        h = History()
+        _wait(h, "decode", 5, [before])
+        h.record("ok", "abort", "decode", 2, args={"room": 5})
+        _wait(h, "decode", 5, [after])
+        h.record("ok", "clear", "decode", 3, args={"room": 5})
+        _wait(h, "decode", 5, ["Success"])  # a new lifecycle after the clear: not judged
+        return h
+
+    ok, detail, at = decode_abort_fails_room(cell("Success").events)
+    assert ok is False and "decode room 5 read Success after the decode's abort()" in detail and at is not None
+    assert decode_abort_fails_room(cell("WaitingForInput").events)[0] is False
+    assert decode_abort_fails_room(cell("Failed").events)[0] is True
+    assert decode_abort_fails_room(cell("Success", before="Success").events)[0] is True  # R-TERM-1 keeps it

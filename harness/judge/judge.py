@@ -153,8 +153,9 @@ def judge(scenario: Scenario, seed: int, history: list[dict], *, impl: str | Non
     )
     result.load = cell_load(history)
     result.pair = (start or {}).get("pair")
-    result.starved, result.timing_only = starved(result.load), verdict != Verdict.PASS and timing_only(
-        history, result.checks)
+    # a fault that never fired in a starved cell may have missed its moment (a room that timed out first): rerun alone
+    result.starved, result.timing_only = starved(result.load), verdict != Verdict.PASS and (timing_only(
+        history, result.checks) or reason == never_fired(faults) != "")
     if reference and impl != REFERENCE and not scenario.test_only and verdict != Verdict.UNSUPPORTED:
         result.divergence = divergence.first_divergence(reference, history, result.checks)
     apply_expectation(result, expectation)  # its verdict, reason, link, failing checks and the bug's class

@@ -1,7 +1,7 @@
 """Generic post-conditions: checks the judge adds to every scenario's own.
 
-Some requirements hold in every cell, whatever the scenario sets out to show, so no
-scenario has to remember them (a scenario that forgets one lets a broken backend pass):
+Some requirements hold in every cell, whatever the scenario sets out to show, so no scenario
+has to remember them (one that forgets lets a broken backend pass):
 
 * ``every-trail-terminal`` (R-TERM-1): over every recorded poll of every room on every
   role (each wait's whole trail of statuses, not only the status it ended on), once a room
@@ -10,10 +10,8 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   end of the cell included (1c of issue 36: sglang's poll() caches its first terminal
   answer, so its table is read too); a lifecycle ends at ``clear`` of the room on that
   role, or when the role was started again;
-* ``every-failure-has-reason`` (R-REASON-1): every read that saw Failed, on any role and
-  any decode rank, came with a failure reason;
-* ``no-dead-thread`` (R-LIVE-2): no thread of any role died (only when the scenario does
-  not already judge it under that name);
+* ``every-failure-has-reason`` (R-REASON-1): every Failed read, on any role and rank, has a reason;
+* ``no-dead-thread`` (R-LIVE-2): no thread of any role died (unless the scenario judges it);
 * ``no-residue-after-clear`` (R-RESIDUE-1): every room whose lifecycle ended with a
   ``clear`` on every role that named it (harness.spec.history.rooms_cleared_everywhere)
   has no per-room state left in any role at the end of the cell.  Quiescence: the cell
@@ -44,7 +42,8 @@ scenario has to remember them (a scenario that forgets one lets a broken backend
   room's status;
 * ``unscheduled-registration-dropped`` (R-RESIDUE-2): harness.judge.unscheduled; the rooms it
   judges (no prefill opened a sender) are left out of ``no-residue-after-clear`` on prefills;
-* ``every-message-whole`` (R-LOAD-1): fault_checks.messages_whole, in every role the cell pushed no frames into.
+* ``every-message-whole`` (R-LOAD-1): fault_checks.messages_whole, in every role the cell pushed no frames into;
+* ``decode-abort-fails-room`` (R-ABORT-1): harness.judge.decode_abort.
 
 A scenario opts out of one only with a reason (Scenario ``opt_out``; ``pdconform list`` shows them).
 """
@@ -53,6 +52,7 @@ from __future__ import annotations
 
 from harness.judge import checks as c
 from harness.judge import fault_checks as fc
+from harness.judge.decode_abort import decode_abort_fails_room
 from harness.judge.unscheduled import registration_dropped, unscheduled_rooms
 from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_observations, rooms_cleared_everywhere
 from harness.spec.protocol import KVPoll, kvpoll_name
@@ -487,6 +487,7 @@ GENERIC = (
     ("every-abort-sent", "R-ABORT-1", lambda: every_abort_sent),
     ("unscheduled-registration-dropped", "R-RESIDUE-2", registration_dropped),
     ("every-message-whole", "R-LOAD-1", lambda: fc.messages_whole(uninjected=True)),
+    ("decode-abort-fails-room", "R-ABORT-1", lambda: decode_abort_fails_room),
 )
 
 
