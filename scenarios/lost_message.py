@@ -79,6 +79,8 @@ def checks(seed: int, sid: str):
     ends = [c.Check(f"lost-room-{side}-concludes", "R-LOSS-1",
                     fc.concluded_within(lost.room, side, "request_kv", "decode", BOUND_S))
             for side in ("decode", "prefill")]
+    if kind == "abort":  # the decode's own abort() ends its room Failed, lost ABORT or not (R-ABORT-1)
+        ends.append(c.Check("lost-abort-decode-failed", "R-LOSS-1", c.status_at("lost-decode", (KVPoll.Failed,))))
     # an aborted room is Failed on the decode by its own abort(): its bytes are not owed
     exact = [] if kind == "abort" else [c.Check("lost-room-exact-or-failed", "R-LOSS-1",
                                                 fc.exact_or_failed(lost.room, "decode", 0))]

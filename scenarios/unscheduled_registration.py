@@ -7,12 +7,12 @@ prefill's manager with no sender to clear it.  R-RESIDUE-2: the prefill drops it
 room's bootstrap timeout has passed (plus slack), and at once when the decode's ABORT of
 the room arrives.
 
-* ``unscheduled-registration``: bootstrap and waiting timeouts of 3 s.  The decode registers
-  room ``never``; its own waiting timer fails it and its scheduler clears it.  The cell waits
-  until the bootstrap timeout plus :data:`SLACK_S` has passed since the registration while the
-  decode goes on registering and serving rooms (one a second, as a served decode does: the
-  bound is the registration's own, whatever comes after it), then judges the prefill's state
-  of ``never``.
+* ``unscheduled-registration``: a bootstrap timeout of 3 s, the default waiting timeout (far
+  away).  The decode registers room ``never`` and keeps its receiver: no ABORT, no timeout of
+  its own may drop the registration, only the prefill's bound.  The cell waits until the
+  bootstrap timeout plus :data:`SLACK_S` has passed since the registration while the decode goes
+  on registering and serving rooms (one a second, as a served decode does: the bound is the
+  registration's own, whatever comes after it), then judges the prefill's state of ``never``.
 * ``unscheduled-registration-aborted``: default timeouts (the bootstrap timeout is far
   away).  The decode registers room ``never``, aborts and clears it; a full room is served;
   the prefill is judged a second after the ABORT: only the ABORT can have dropped it.
@@ -29,8 +29,8 @@ from dataclasses import replace
 from harness.judge import checks as c
 from harness.judge.unscheduled import ABORT_ARRIVAL_S, SLACK_S, registration_dropped
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import Abort, AwaitStatus, Clear, OpenRoom, RequestKV, Sleep, StartRoles
-from scenarios._flows import DONE, LAYOUT, RoomAllocator, full_room, pair_healthy, room_succeeds, verify
+from harness.spec.steps import Abort, Clear, OpenRoom, RequestKV, Sleep, StartRoles
+from scenarios._flows import LAYOUT, RoomAllocator, full_room, pair_healthy, room_succeeds, verify
 
 TIMEOUT_S = 3
 REGISTERED_S = 0.5  # for the decode's registration to reach the prefill (its handling takes milliseconds)
@@ -46,15 +46,14 @@ def _plan(seed: int):
 
 def steps(seed: int, aborted: bool):
     never, later, traffic = _plan(seed)
-    env = () if aborted else (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),
-                              ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(TIMEOUT_S)))
+    # the decode's waiting timeout stays far away: nothing the decode does (a timeout, an ABORT) may drop it
+    env = () if aborted else (("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(TIMEOUT_S)),)
     if aborted:
         end = [Abort(never.room, "decode"), Clear(never.room, "decode"), *full_room(later), Sleep(ABORT_ARRIVAL_S)]
-    else:  # the decode's own timer ends it; then the prefill's bound passes while other rooms come and go
-        end = [AwaitStatus(never.room, "decode", DONE, timeout_s=TIMEOUT_S + 5), Clear(never.room, "decode"),
-               *full_room(later)]
+    else:  # the prefill's bound passes while other rooms come and go
+        end = [*full_room(later)]
         for room in traffic:  # a served decode keeps registering: the bound is the registration's own
-            end += [Sleep((TIMEOUT_S + SLACK_S - REGISTERED_S) / TRAFFIC), *full_room(room)]
+            end += [Sleep((TIMEOUT_S + SLACK_S) / TRAFFIC), *full_room(room)]
     return [
         StartRoles(layout=POOLS, env=env),
         OpenRoom(never.room, open_sender=False),
