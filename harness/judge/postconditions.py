@@ -42,8 +42,7 @@ has to remember them (one that forgets lets a broken backend pass):
   room's status;
 * ``unscheduled-registration-dropped`` (R-RESIDUE-2): harness.judge.unscheduled; the rooms it
   judges (no prefill opened a sender) are left out of ``no-residue-after-clear`` on prefills;
-* ``every-message-whole`` (R-LOAD-1): fault_checks.messages_whole, in every role the cell pushed no frames into;
-* ``decode-abort-fails-room`` (R-ABORT-1): harness.judge.decode_abort.
+* ``every-message-whole`` (R-LOAD-1, in each role the cell pushed no frames into), ``decode-abort-fails-room`` (R-ABORT-1).
 
 A scenario opts out of one only with a reason (Scenario ``opt_out``; ``pdconform list`` shows them).
 """
