@@ -46,6 +46,7 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
     for p in programs:
         assert program_from_json(p.to_json()) == p
         opened, inited, concluded, dst_pages, frozen, dead = set(), set(), set(), [], set(), ""
+        unscheduled = set()
         for step in p.steps:
             dead = step.role if isinstance(step, KillRole) else dead
             if isinstance(step, (FreezeRole, ThawRole)):
@@ -56,6 +57,7 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
             if isinstance(step, OpenRoom):
                 assert room not in opened, "a room id reused before its lifecycle was cleared"
                 opened.add(room)
+                unscheduled |= {room} if not step.open_sender else set()
             elif isinstance(step, InitSender):
                 assert room in opened and room not in inited
                 inited.add(room)
@@ -63,6 +65,7 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
                 assert room in inited, "a chunk before the sender's init"
             elif isinstance(step, Abort):
                 assert room in opened and step.role == "decode"
+                concluded |= {room} & unscheduled  # a registration no prefill took ends with its abort
             elif isinstance(step, AwaitStatus) and step.label:  # a conclusion poll, not a read in passing
                 concluded.add(room)
             elif isinstance(step, Clear) and (step.role == "decode" or dead == "decode"):  # the lifecycle's last
@@ -73,6 +76,7 @@ def test_generated_programs_are_legal_for_a_scheduler_and_replay_as_data():
             elif isinstance(step, VerifyPools):
                 dst_pages = [d for _, d in step.kv_moves] + list(step.unchecked_kv)
         assert len(dst_pages) == len(set(dst_pages)), "two lifecycles wrote the same decode page"
+        opened -= unscheduled if dead == "decode" else set()  # a dead decode's registrations no prefill took: gone
         assert not opened and not frozen, "the program ends with a room not cleared or a role frozen"
         labels = [x[0] for x in p.lifecycles]
         polled = {s.label for s in p.steps if isinstance(s, AwaitStatus) and s.label}

@@ -117,6 +117,13 @@ def test_timing_only_means_every_failure_was_a_bound_on_time():
     refused = _history(2.5) + [{"seq": 99, "t": 9.0, "op": "observe", "role": "decode", "type": "fail",
                                 "error": "decode.observe raised KeyError", "timed_out": False}]
     assert not timing_only(refused, [{"ok": False, "name": "loops-alive"}])  # an answer, wrong: no timing
+    # a room's wait ran out its bound before the status came (multi-chunk-long-prompt@p1-d4-kv2 at load 29):
+    # the checks that failed there are on time; one that failed elsewhere is not
+    ran_out = _history(2.5) + [{"seq": 105, "t": 9.0, "op": "await_status", "role": "decode", "type": "ok",
+                                "args": {"room": 7, "must_come": True}, "value": {"reached": False, "status": 2}}]
+    assert timing_only(ran_out, [{"ok": False, "name": "long-room-decode-success", "at": 105}])
+    assert not timing_only(ran_out, [{"ok": False, "name": "long-room-decode-success", "at": 105},
+                                     {"ok": False, "name": "bytes-exact", "at": 110}])
 
 
 def _run(cells, alone=None, expected="PASS"):

@@ -163,7 +163,7 @@ class ProgramMachine(RuleBasedStateMachine):
         n = data.draw(st.integers(64, LOAD_ROOMS), label="rooms in flight")
         burst = load_plan.plan(data.draw(st.integers(0, 2**32 - 1), label="burst seed"), n,
                                load_plan.layout(LOAD_ROOMS))
-        self.steps[0] = PROFILES["load"]
+        self.steps[0], self.prefills = PROFILES["load"], PREFILLS[:1]  # one prefill's workers carry the load
         self.free_pages, self.free_aux = [], []  # no room beyond the burst's
         labels = {p.room: f"L{i}" for i, p in enumerate(burst.rooms)}
         for p in burst.rooms:
@@ -186,8 +186,8 @@ class ProgramMachine(RuleBasedStateMachine):
             # bootstrap rooms are random 63-bit numbers in sglang; never small ones, which a
             # manager's state holds as counts and settings too (the residue walk matches values)
             room = data.draw(st.integers(ROOM_MIN, 2**62), label="room")
-            if any(r.room == room for r in self.rooms):
-                room = max(r.room for r in self.rooms) + 1
+            if any(r.room == room for r in self.rooms) or room in self.unscheduled:
+                room = max([r.room for r in self.rooms] + list(self.unscheduled)) + 1
         src = tuple(sorted(data.draw(st.lists(st.integers(0, LAYOUT.num_pages - 1), min_size=n, max_size=n,
                                               unique=True), label="source pages")))
         dst, self.free_pages = tuple(self.free_pages[:n]), self.free_pages[n:]
@@ -448,7 +448,8 @@ class ProgramMachine(RuleBasedStateMachine):
     def program(self) -> Program:
         """The steps so far, then what every scheduler does before it goes idle: each room
         that is not aborted gets its remaining chunks (from a prefill still alive), each room is
-        polled to its end, the decode's pools are checked, every room is cleared."""
+        polled to its end, an unscheduled registration is aborted, the decode's pools are checked,
+        every room is cleared."""
         for r in self._live():  # a room whose ABORT was lost is still the prefill's to send
             if (not r.aborted or r.lost) and not r.all_sent and r.prefill != self.killed:
                 if not r.inited:
@@ -459,6 +460,8 @@ class ProgramMachine(RuleBasedStateMachine):
         for r in self._live():
             if not r.concluded:
                 self._await(r)
+        for room in [r for r, aborted in self.unscheduled.items() if not aborted and self.killed != "decode"]:
+            self.abort_unscheduled(_Pick(room))  # an idle decode scheduler releases its waiting requests too
         exempt = ("fail", "end", "sender-fail", "sender-end")
         judged = [r for r in self.rooms if not r.aborted and not r.at_risk and not r.lost and r.after_kill not in exempt]
         rest = [r for r in self.rooms if r not in judged]
@@ -472,6 +475,16 @@ class ProgramMachine(RuleBasedStateMachine):
             self.steps += [Clear(r.room, role) for role in (r.prefill, "decode") if role != self.killed]
         return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk, r.after_kill, r.lost)
                                                 for i, r in enumerate(self.rooms)))
+
+
+class _Pick:
+    """Stands in for hypothesis's ``data`` where the program's end, not a draw, picks: every draw is ``value``."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def draw(self, strategy, label: str = ""):
+        return self.value
 
 
 __all__ = ["ProgramMachine", "MALFORMED"]

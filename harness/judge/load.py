@@ -29,8 +29,10 @@ the run-queue wait of each process of the cell).  Here, as pure functions of tha
 wrong value:
 
 - every failed check (``ok`` False) carries :attr:`harness.judge.checks.CheckResult.timing`
-  (its checker is marked by harness.judge.checks.timing_bound: a latency held to a bound), and
-  no check could not tell; or
+  (its checker is marked by harness.judge.checks.timing_bound: a latency held to a bound) or
+  failed at a wait that ran out its bound before its status came (an ``await_status`` that had
+  to see it and did not: 24.6 s waited for a core in an 11.7 s cell at load 29), and no check
+  could not tell; or
 - the runner killed the cell at its deadline (a bound on the cell's wall time); or
 - a role did not start within its bound (a ``launch`` that failed ``timed_out``); or
 - a role call got no answer within the harness's own bound (a ``fail`` event ``timed_out``:
@@ -40,7 +42,8 @@ wrong value:
   times out again and the cell stays a regression.
 
 Not (yet) counted as timing: a fork server that did not answer a fork (docs/performance.md,
-"Load"); it stays a regression.
+"Load"); it stays a regression.  A fault that never fired in a starved cell is run again alone
+too (harness.judge.judge: it may have missed its moment to a room that timed out first).
 
 **Run again alone** (:func:`needs_alone`): a cell worse than expected, timing only and starved.
 """
@@ -132,7 +135,10 @@ def timing_only(history: list[dict], checks: list[dict]) -> bool:
         return True
     failed = [c for c in checks if c.get("ok") is False]
     unknown = [c for c in checks if c.get("ok") is None and not c.get("unsupported")]
-    return bool(failed) and not unknown and all(c.get("timing") for c in failed)
+    # a check that failed at a wait which ran out its bound before its status came: that bound was on time too
+    ran_out = {e["seq"] for e in history if e.get("op") == Op.AWAIT_STATUS and e.get("type") == Event.OK
+               and (e.get("args") or {}).get("must_come", True) and (e.get("value") or {}).get("reached") is False}
+    return bool(failed) and not unknown and all(c.get("timing") or c.get("at") in ran_out for c in failed)
 
 
 def needs_alone(cell) -> bool:
