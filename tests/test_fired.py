@@ -55,9 +55,9 @@ def test_points_fire_by_a_hit_or_an_await_and_driver_faults_by_their_event():
 def test_a_network_fault_fires_by_the_packets_its_heal_counted():
     """A fault on a path no packet took (say the bootstrap port, after every room registered)
     tests nothing; where the host's tool counts nothing, applying it is the evidence."""
-    def cell(counted: dict | None, healed: bool = True) -> list[dict]:
-        fault = _ev(0, Event.NEMESIS, Op.NETWORK, "prefill",
-                    args={"a": "prefill", "b": "decode", "partition": True, "path": "bootstrap"})
+    def cell(counted: dict | None, healed: bool = True, both_ways: bool = True) -> list[dict]:
+        fault = _ev(0, Event.NEMESIS, Op.NETWORK, "prefill", args={"a": "prefill", "b": "decode", "partition": True,
+                                                                   "path": "bootstrap", "both_ways": both_ways})
         heal = _ev(1, Event.NEMESIS, Op.NETWORK, "prefill", args={"a": "prefill", "b": "decode", "heal": True,
                                                                   **({"packets": counted} if counted is not None else {})})
         return [fault, heal] if healed else [fault]
@@ -68,6 +68,16 @@ def test_a_network_fault_fires_by_the_packets_its_heal_counted():
     uncounted, = faults_of(cell({"prefill->decode": None}))
     assert uncounted["fired"] and "counts none" in uncounted["evidence"]
     assert faults_of(cell(None, healed=False))[0]["fired"]
+    # a one-way fault is judged on its own direction only: the other one's packets were never its
+    assert not faults_of(cell({"prefill->decode": 0, "decode->prefill": 7}, both_ways=False))[0]["fired"]
+    # its direction not counted (a blackhole route), the other counted 0 by a both-ways heal: not counted
+    assert faults_of(cell({"prefill->decode": None, "decode->prefill": 0}, both_ways=False))[0]["fired"]
+    replaced = [*cell(None, healed=False), _ev(1, Event.NEMESIS, Op.NETWORK, "prefill",
+                                               args={"a": "prefill", "b": "decode", "delay_ms": 5}),
+                _ev(2, Event.NEMESIS, Op.NETWORK, "prefill", args={"a": "prefill", "b": "decode", "heal": True,
+                                                                   "packets": {"prefill->decode": 0}})]
+    first, second = faults_of(replaced)
+    assert first["fired"] and "replaced before a heal" in first["evidence"] and not second["fired"]
 
 
 def _scenario():

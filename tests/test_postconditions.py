@@ -249,8 +249,9 @@ def test_a_prefill_rank_that_writes_nothing_may_read_waiting_for_input_alone():
     from harness.spec.topology import rank_layout, topology
     t = topology("p2-d1-kv1")
 
-    def history(tp0: KVPoll, tp1: KVPoll) -> History:
+    def history(tp0: KVPoll, tp1: KVPoll, tp1_received: int = 0) -> History:
         h = History()
+        h.record("info", "message-audit", "prefill.tp1", None, value={"received": tp1_received, "not_whole": 0})
         for rank, role in enumerate(("prefill", "prefill.tp1")):
             h.record("invoke", "start_prefill", role, 0, args={"layout": asdict(rank_layout(t, "prefill", rank)),
                                                                "attn_tp": [2, rank]})
@@ -265,6 +266,8 @@ def test_a_prefill_rank_that_writes_nothing_may_read_waiting_for_input_alone():
     ok, detail, _ = check(history(KVPoll.WaitingForInput, KVPoll.Bootstrapping).events)
     assert not ok and "prefill WaitingForInput" in detail
     assert not check(history(KVPoll.Bootstrapping, KVPoll.Success).events)[0]
+    # a rank sent messages (sglang's dummy registration, an ABORT) is judged as every rank is
+    assert not check(history(KVPoll.Bootstrapping, KVPoll.WaitingForInput, tp1_received=2).events)[0]
 
 
 def _acks_history(acks: list[dict], sent: list[dict], inject_room: int | None = None) -> History:

@@ -220,7 +220,7 @@ class LinkFaults:
                            for e in item["rule"].get("expr", ()) if isinstance(e, dict) and "counter" in e)
             if self.netem_on:
                 shown = json.loads(run_tool(["tc", "-s", "-j", "qdisc", "show", "dev", self.interface]))
-                return sum(int(q.get("packets", 0)) for q in shown if q.get("kind") == "netem")
+                return sum(int(q.get("packets", 0)) + int(q.get("drops", 0)) for q in shown if q.get("kind") == "netem")
         except (NetnsError, ValueError, KeyError, TypeError):
             return None
         return None if self.blackholes else 0

@@ -298,8 +298,8 @@ def loops_alive_at(label: str, roles: tuple[str, ...]) -> Checker:
 def status_at(label: str, expected: tuple[int, ...]) -> Checker:
     """The AwaitStatus step labelled ``label`` (harness.spec.steps.AwaitStatus) saw one of
     ``expected`` on every rank (:func:`rank_statuses`: the lowest of a group's ranks would
-    hide a rank that is ahead, e.g. one that took a late message for its own), but a rank
-    that writes nothing (:func:`silent_ranks`) may read WaitingForInput: it binds nothing."""
+    hide a rank that is ahead, e.g. one that took a late message), but a rank that writes nothing
+    (:func:`silent_ranks`) and got no message in the cell may read WaitingForInput: nothing to bind."""
 
     def fn(events: list[dict]) -> tuple[bool, str]:
         waits = [e for e in completions(events, op=Op.AWAIT_STATUS) if (e.get("args") or {}).get("label") == label]
@@ -309,10 +309,9 @@ def status_at(label: str, expected: tuple[int, ...]) -> Checker:
         where = f"{wait.get('role')} room {(wait.get('args') or {}).get('room')}"
         if wait["type"] != Event.OK:
             return False, f"{where}: polling failed at {label!r}: {wait.get('error')}", wait["seq"]
-        seen = wait["value"]["status"]
-        names = "/".join(kvpoll_name(x) for x in expected)
-        ranks = rank_statuses(wait)
-        silent = silent_ranks(events)
+        seen, names, ranks = wait["value"]["status"], "/".join(kvpoll_name(x) for x in expected), rank_statuses(wait)
+        silent = silent_ranks(events) & {e["role"] for e in events if e["op"] == Op.MESSAGE_AUDIT
+                                         and (e.get("value") or {}).get("received") == 0}
         off = {rank: status for rank, status in ranks.items()
                if status not in expected and not (rank in silent and status == KVPoll.WaitingForInput)}
         if seen in expected and off:

@@ -122,13 +122,18 @@ def _network_evidence(events: list[dict], index: int) -> tuple[bool, str]:
     (the next heal of the same link) counted (harness.hosts.linkfault.LinkFaults.packets); a
     fault never healed in the cell, or whose tool counts nothing, fired when it was applied."""
     fault = events[index].get("args") or {}
-    heal = next((e for e in events[index + 1:] if e["op"] == Op.NETWORK and e["type"] == Event.NEMESIS
-                 and (e.get("args") or {}).get("heal") and {(e.get("args") or {}).get(k) for k in "ab"}
-                 == {fault.get("a"), fault.get("b")}), None)
-    counts = {way: n for way, n in ((heal or {}).get("args") or {}).get("packets", {}).items() if n is not None}
-    if not counts:
+    link = {fault.get("a"), fault.get("b")}
+    after = next((e for e in events[index + 1:] if e["op"] == Op.NETWORK and e["type"] == Event.NEMESIS
+                  and {(e.get("args") or {}).get(k) for k in "ab"} == link), None)  # its heal, or its replacement
+    heal = after if after is not None and (after.get("args") or {}).get("heal") else None
+    ways = {f"{fault.get('a')}->{fault.get('b')}"} | ({f"{fault.get('b')}->{fault.get('a')}"} if fault.get("both_ways")
+                                                       else set())
+    counted = {way: n for way, n in ((heal or {}).get("args") or {}).get("packets", {}).items() if way in ways}
+    counts = {way: n for way, n in counted.items() if n is not None}
+    if not counts or len(counts) < len(counted):  # a direction it faulted whose tool counts nothing
         return True, "applied by the driver (its packets were not counted: " + \
-            ("no heal in the cell)" if heal is None else "the host's tool counts none)")
+            ("no heal in the cell)" if after is None else "replaced before a heal)" if heal is None
+             else "the host's tool counts none)")
     said = ", ".join(f"{way}: {n}" for way, n in sorted(counts.items()))
     return any(counts.values()), f"packets it applied to until its heal: {said}"
 

@@ -86,7 +86,8 @@ def unscheduled_registration_dropped(events: list[dict]) -> tuple[bool | None, s
             aborted.setdefault(room, e["t"])
     lost = {(e.get("value") or {}).get("room") for e in events
             if e["op"] == Op.MESSAGE_LOST and (e.get("value") or {}).get("kind") == "abort"}
-    held_back = {(e.get("role") or "").split(".")[0] for e in events if e["type"] == Event.NEMESIS and e["op"] in _HELD_BACK}
+    held_back = {str(name or "").split(".")[0] for e in events if e["type"] == Event.NEMESIS and e["op"] in _HELD_BACK
+                 for name in (e.get("role"), (e.get("args") or {}).get("a"), (e.get("args") or {}).get("b"))}
     pointed = {(e.get("role") or "").split(".")[0] for e in events if e["op"] == Op.ARM_POINT}
     left, judged, at = [], 0, None
     for role, obs in sorted(last_observations(events).items()):

@@ -326,7 +326,8 @@ def silent_ranks(events: list[dict]) -> set[str]:
     from harness.spec.protocol import Layout
     from harness.spec.topology import sources
 
-    starts = [e for e in events if e["type"] == Event.INVOKE and e["op"] in START_OPS and "layout" in (e.get("args") or {})]
+    starts = list({e["role"]: e for e in events if e["type"] == Event.INVOKE and e["op"] in START_OPS
+                   and "layout" in (e.get("args") or {})}.values())  # a restarted role: its last start
     decodes = [Layout(**e["args"]["layout"]) for e in starts if e["op"] == Op.START_DECODE]
     groups: dict[str, list[tuple[int, str, Layout]]] = {}
     for e in starts:
