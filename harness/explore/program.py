@@ -321,8 +321,10 @@ class ProgramMachine(RuleBasedStateMachine):
     def abort_unscheduled(self, data) -> None:
         """The decode's scheduler aborts an unscheduled registration (its client went away, or it
         gave up waiting) and releases it: the receiver ends Failed, the prefill must drop it."""
-        room = data.draw(st.sampled_from(sorted(r for r, aborted in self.unscheduled.items() if not aborted)),
-                         label="unscheduled room")
+        self._release_unscheduled(data.draw(st.sampled_from(sorted(r for r, aborted in self.unscheduled.items()
+                                                                   if not aborted)), label="unscheduled room"))
+
+    def _release_unscheduled(self, room: int) -> None:
         self.unscheduled[room] = True
         self.steps += [Abort(room, "decode"), AwaitStatus(room, "decode", DONE), Clear(room, "decode")]
 
@@ -461,7 +463,7 @@ class ProgramMachine(RuleBasedStateMachine):
             if not r.concluded:
                 self._await(r)
         for room in [r for r, aborted in self.unscheduled.items() if not aborted and self.killed != "decode"]:
-            self.abort_unscheduled(_Pick(room))  # an idle decode scheduler releases its waiting requests too
+            self._release_unscheduled(room)  # an idle decode scheduler releases its waiting requests too
         exempt = ("fail", "end", "sender-fail", "sender-end")
         judged = [r for r in self.rooms if not r.aborted and not r.at_risk and not r.lost and r.after_kill not in exempt]
         rest = [r for r in self.rooms if r not in judged]
@@ -475,16 +477,6 @@ class ProgramMachine(RuleBasedStateMachine):
             self.steps += [Clear(r.room, role) for role in (r.prefill, "decode") if role != self.killed]
         return Program(tuple(self.steps), tuple((f"L{i}", r.aborted, r.at_risk, r.after_kill, r.lost)
                                                 for i, r in enumerate(self.rooms)))
-
-
-class _Pick:
-    """Stands in for hypothesis's ``data`` where the program's end, not a draw, picks: every draw is ``value``."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def draw(self, strategy, label: str = ""):
-        return self.value
 
 
 __all__ = ["ProgramMachine", "MALFORMED"]

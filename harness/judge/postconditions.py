@@ -208,12 +208,11 @@ def no_residue_after_clear(events: list[dict]) -> tuple[bool | None, str, int | 
         return True, "no room was cleared on every role that used it, so no residue to judge", None
     observed, _ = c.observations(events)  # a role that could not be observed fails no-dead-thread
     stale = {role for role, e in last_observations(events).items() if e["type"] == Event.FAIL}  # no older view
-    left, partial, at = [], [], None
+    left, partial, at, prefills_judge = [], [], None, rooms - set(unscheduled_rooms(events))  # R-RESIDUE-2's are not
     for role, value in sorted(observed.items()):
         if role in stale:
             continue
-        for room, paths in sorted(held_rooms(value, rooms - set(unscheduled_rooms(events)) if is_prefill(role)
-                                             else rooms).items()):
+        for room, paths in sorted(held_rooms(value, prefills_judge if is_prefill(role) else rooms).items()):
             left.append(f"{role} room {room}: {', '.join(sorted(set(paths))[:4])}")
             at = c.observed_at(events, role) if at is None else at
         if value.get("residue_incomplete"):

@@ -94,11 +94,10 @@ def unscheduled_registration_dropped(events: list[dict]) -> tuple[bool | None, s
         base = role.split(".")[0]
         if not is_prefill(role) or obs["type"] != Event.OK or base in pointed:
             continue
-        timeout = fact(events, role, "bootstrap_timeout_s")
-        now = _observed_at(events, obs)
+        timeout, now, frozen = fact(events, role, "bootstrap_timeout_s"), _observed_at(events, obs), _frozen_s(events, role)
         due = {}
         for room, registered in rooms.items():
-            bounds = [registered + timeout + SLACK_S + _frozen_s(events, role)] if isinstance(timeout, (int, float)) else []
+            bounds = [registered + timeout + SLACK_S + frozen] if isinstance(timeout, (int, float)) else []
             if room in aborted and room not in lost and base not in held_back:
                 bounds.append(aborted[room] + ABORT_ARRIVAL_S)
             if bounds and now >= min(bounds):
