@@ -69,6 +69,37 @@ def test_a_room_the_prefill_opened_is_r_residue_1s_not_this_checks():
     assert unscheduled_registration_dropped(cell.events)[1] == "no registration went unscheduled"
 
 
+def test_a_reused_room_is_judged_on_its_last_lifecycle():
+    """ROOM is served once (sender opened, both ends cleared), then the decode registers it again
+    and no prefill opens a sender: the second registration is R-RESIDUE-2's, bounded from its
+    own arrival and its own ABORT, not excused by the first lifecycle's sender."""
+    def reused(held: bool, second_sender: bool = False) -> History:
+        h = History()
+        h.record("ok", "start_prefill", "prefill", 0, t=0.0, value={"bootstrap_timeout_s": TIMEOUT_S})
+        h.record("ok", "start_decode", "decode", 0, t=0.0, value={})
+        h.record("ok", "open_sender", "prefill", 1, t=0.5, args={"room": ROOM})
+        h.record("ok", "request_kv", "decode", 1, t=0.6, args={"room": ROOM})
+        h.record("ok", "clear", "prefill", 2, t=0.9, args={"room": ROOM})
+        h.record("ok", "clear", "decode", 2, t=1.0, args={"room": ROOM})
+        h.record("ok", "abort", "decode", 3, t=0.95, args={"room": ROOM})  # the first lifecycle's: not this one's
+        if second_sender:
+            h.record("ok", "open_sender", "prefill", 3, t=1.5, args={"room": ROOM})
+        h.record("ok", "request_kv", "decode", 4, t=2.0, args={"room": ROOM})
+        h.record("ok", "abort", "decode", 5, t=3.0, args={"room": ROOM})
+        h.record("invoke", "observe", "prefill", None, t=3.0 + ABORT_ARRIVAL_S + 0.5, args={})
+        h.record("ok", "observe", "prefill", None, t=3.6 + ABORT_ARRIVAL_S, args={},
+                 value={"role": "prefill", "loops": {}, "log_records": [], "dead_threads": [], "remembered": {},
+                        "rooms": {ROOM: [f"transfer_infos[{ROOM}]"]} if held else {}, "residue_incomplete": ""})
+        return h
+
+    ok, detail, _ = unscheduled_registration_dropped(reused(held=True).events)
+    assert ok is False and "after the decode's ABORT" in detail, detail
+    assert unscheduled_registration_dropped(reused(held=False).events)[0] is True
+    # the second lifecycle's sender was opened (and not cleared): R-RESIDUE-1's room, not this check's
+    assert unscheduled_registration_dropped(reused(held=True, second_sender=True).events)[1] == \
+        "no registration went unscheduled"
+
+
 def test_no_residue_after_clear_leaves_an_unscheduled_room_to_r_residue_2():
     """The decode cleared ROOM and the prefill never named it, so it counts as cleared on every
     role that named it; its state on the prefill is R-RESIDUE-2's, judged at that bound."""

@@ -8,8 +8,8 @@ after it arrived, and no longer than the decode's ABORT of the room (plus
 every such room at each prefill's end-of-cell observation, once one of the two bounds has
 passed by then; a room whose bounds have not passed is not judged.
 
-Which rooms: those some decode registered (a ``request_kv`` that completed) and no prefill role
-ever opened a sender for in the cell.  Such rooms are R-RESIDUE-2's, not R-RESIDUE-1's: the
+Which rooms: those whose last lifecycle some decode registered (a ``request_kv`` that completed)
+and no prefill role opened a sender for (:func:`unscheduled_rooms`).  Such rooms are R-RESIDUE-2's, not R-RESIDUE-1's: the
 prefill never had a sender to clear (harness.judge.postconditions.no_residue_after_clear leaves
 them out on the prefill side).  What may hold a prefill back is taken out of the bounds: the
 ABORT route is not used when the ABORT was lost on purpose (R-LOSS-1) or the prefill was killed,
@@ -24,19 +24,46 @@ from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_o
 SLACK_S = 2.0  # R-RESIDUE-2's bounded slack past the bootstrap timeout (docs/protocol.md)
 ABORT_ARRIVAL_S = 1.0  # for the decode's ABORT to reach the prefill and be handled (loopback: milliseconds)
 _HELD_BACK = (Op.KILL, Op.RESTART, Op.FREEZE, Op.NETWORK)  # after these the ABORT may not have arrived
+_DECODE_ENDS = (Op.CLEAR, Op.RESTART, Op.START_DECODE)  # a room's lifecycle on the decode ends
 
 
 def unscheduled_rooms(events: list[dict]) -> dict[int, float]:
-    """Room -> ``t`` (s) of its first registration, for every room a decode registered and no
-    prefill role opened a sender for."""
-    opened = {(e.get("args") or {}).get("room") for e in events
-              if e["op"] == Op.OPEN_SENDER and e["type"] == Event.OK and is_prefill(e.get("role"))}
-    registered: dict[int, float] = {}
+    """Room -> ``t`` (s) of the first registration of its last lifecycle, for every room whose
+    last registered lifecycle no prefill role opened a sender for, and of which no prefill
+    sender is left open at the end (a state held then may be that sender's).
+
+    A room's lifecycle on the decode ends at its ``clear`` there (or a decode start/restart);
+    a sender the prefill opens after that belongs to the next one, whether it opens before or
+    after that lifecycle's registration.  So a room reused after a served lifecycle is judged
+    on its own last registration, not excused by the earlier sender."""
+    lives: dict[int, list[dict]] = {}  # room -> its lifecycles: {"t": first registration, "opened": bool}
+    open_senders: set[tuple[str, int]] = set()  # (prefill role, room): a sender opened and not cleared
     for e in events:
-        room = (e.get("args") or {}).get("room")
-        if e["op"] == Op.REQUEST_KV and e["type"] == Event.OK and isinstance(room, int) and room not in opened:
-            registered.setdefault(room, e["t"])
-    return registered
+        role, room = str(e.get("role") or ""), (e.get("args") or {}).get("room")
+        if e["type"] not in (Event.OK, Event.NEMESIS):
+            continue
+        if not is_prefill(role) and e["op"] in _DECODE_ENDS:
+            for r, rl in lives.items():  # the room's lifecycle on the decode ended
+                if (room is None or r == room) and rl[-1]["t"] is not None:
+                    rl.append({"t": None, "opened": False})
+        if is_prefill(role) and e["op"] in (Op.RESTART, Op.START_PREFILL):
+            open_senders = {key for key in open_senders if key[0] != role.split(".")[0]}
+        if not isinstance(room, int):
+            continue
+        life = lives.setdefault(room, [{"t": None, "opened": False}])[-1]
+        if e["op"] == Op.OPEN_SENDER and is_prefill(role):
+            life["opened"] = True
+            open_senders.add((role.split(".")[0], room))
+        elif e["op"] == Op.CLEAR and is_prefill(role):
+            open_senders.discard((role.split(".")[0], room))
+        elif e["op"] == Op.REQUEST_KV and not is_prefill(role) and life["t"] is None:
+            life["t"] = e["t"]
+    out = {}
+    for room, rl in lives.items():
+        last = next((life for life in reversed(rl) if life["t"] is not None), None)
+        if last is not None and not last["opened"] and not any(key[1] == room for key in open_senders):
+            out[room] = last["t"]
+    return out
 
 
 def _frozen_s(events: list[dict], role: str) -> float:
@@ -82,7 +109,8 @@ def unscheduled_registration_dropped(events: list[dict]) -> tuple[bool | None, s
     aborted: dict[int, float] = {}
     for e in events:
         room = (e.get("args") or {}).get("room")
-        if e["op"] == Op.ABORT and e["type"] == Event.OK and (e.get("role") or "").startswith("decode") and room in rooms:
+        if e["op"] == Op.ABORT and e["type"] == Event.OK and (e.get("role") or "").startswith("decode") \
+                and room in rooms and e["t"] >= rooms[room]:  # an abort of this lifecycle, not an earlier one
             aborted.setdefault(room, e["t"])
     lost = {(e.get("value") or {}).get("room") for e in events
             if e["op"] == Op.MESSAGE_LOST and (e.get("value") or {}).get("kind") == "abort"}
