@@ -95,6 +95,25 @@ def test_every_failed_read_needs_a_reason_on_every_rank():
     assert not ok and "decode-1 room 4" in detail and "decode-0" not in detail
 
 
+def test_a_group_wait_judges_each_ranks_own_reason():
+    """A group's wait reads its reason from its lowest rank; another rank that failed without a
+    reason, or whose reason names the wrong cause, is judged on its own read."""
+    h = _reason_history("prefill 127.0.0.1:8998 lost", "kill")
+    ranks = {"decode.tp0": {"status": int(KVPoll.Failed), "trail": ["Failed"], "failure_reason": "prefill 127.0.0.1:8998 lost"},
+             "decode.tp1": {"status": int(KVPoll.Failed), "trail": ["Failed"], "failure_reason": ""}}
+    h.record("ok", "await_status", "decode", 3, args={"room": 5},
+             value={"status": int(KVPoll.Failed), "trail": ["Failed"], "failure_reason": "prefill 127.0.0.1:8998 lost",
+                    "ranks": ranks, "rank": "decode.tp0"})
+    ok, detail, *_ = pc.every_failure_has_reason(h.events)
+    assert not ok and "decode.tp1 room 5" in detail and "decode.tp0" not in detail
+    ranks["decode.tp1"]["failure_reason"] = "KV transfer failed"
+    assert pc.every_failure_has_reason(h.events)[0]
+    ok, detail, _ = pc.failure_reason_names_cause(h.events)
+    assert ok is False and "decode.tp1" in detail
+    ranks["decode.tp1"]["failure_reason"] = "heartbeat to 127.0.0.1:8998 failed"
+    assert pc.failure_reason_names_cause(h.events)[0] is True
+
+
 def _scenario(opt_out=()) -> Scenario:
     return Scenario(id="x", title="x", steps=lambda seed: [],
                     checks=lambda seed: [c.Check("no-dead-thread", "R-LIVE-2", lambda events: (True, ""))],

@@ -14,7 +14,8 @@ TIMEOUT_S = 3.0
 
 
 def _cell(*, abort_at: float | None, observed_at: float, held: bool, lost_abort: bool = False,
-          frozen: tuple[float, float] | None = None, opened: bool = False) -> History:
+          frozen: tuple[float, float] | None = None, opened: bool = False,
+          cut: tuple[float, float | None] | None = None) -> History:
     """A decode registers ROOM at t=1; the prefill (bootstrap timeout 3 s) never opens a sender
     for it unless ``opened``; the decode aborts it at ``abort_at``; the prefill is observed at
     ``observed_at`` holding it or not."""
@@ -27,6 +28,10 @@ def _cell(*, abort_at: float | None, observed_at: float, held: bool, lost_abort:
     if frozen:
         h.record("nemesis", "freeze", "prefill", 2, t=frozen[0], args={})
         h.record("nemesis", "thaw", "prefill", 2, t=frozen[1], args={})
+    if cut:  # a partition between the decode and the prefill, healed at cut[1]
+        h.record("nemesis", "network", "decode", 2, t=cut[0], args={"a": "decode", "b": "prefill", "both_ways": True})
+        if cut[1] is not None:
+            h.record("nemesis", "network", "decode", 2, t=cut[1], args={"a": "decode", "b": "prefill", "heal": True})
     if lost_abort:
         h.record("info", "message-lost", "decode", None, t=1.1, value={"room": ROOM, "kind": "abort"})
     if abort_at is not None:
@@ -62,6 +67,21 @@ def test_before_its_bound_a_kept_registration_is_not_judged():
                  _cell(abort_at=2.0, observed_at=1.0 + TIMEOUT_S + SLACK_S + 1.0, held=True, frozen=(1.5, 3.5))):
         ok, detail, _ = unscheduled_registration_dropped(cell.events)
         assert ok is True and "none past its bound" in detail, detail
+
+
+def test_a_partition_moves_the_timeout_bound_by_as_long_as_it_lasted():
+    """A registration sent during a partition arrives at the heal: its bound counts from there."""
+    past = 1.0 + TIMEOUT_S + SLACK_S + 1.0
+    ok, detail, _ = unscheduled_registration_dropped(_cell(abort_at=None, observed_at=past, held=True,
+                                                           cut=(0.9, 3.0)).events)
+    assert ok is True and "none past its bound" in detail, detail
+    ok, detail, _ = unscheduled_registration_dropped(_cell(abort_at=None, observed_at=past + 2.2, held=True,
+                                                           cut=(0.9, 3.0)).events)
+    assert ok is False and "past its bootstrap timeout" in detail
+    # never healed in the cell: held to its end
+    ok, detail, _ = unscheduled_registration_dropped(_cell(abort_at=None, observed_at=past + 2.2, held=True,
+                                                           cut=(0.9, None)).events)
+    assert ok is True and "none past its bound" in detail, detail
 
 
 def test_a_room_the_prefill_opened_is_r_residue_1s_not_this_checks():

@@ -12,7 +12,7 @@ room alive).
 
 from __future__ import annotations
 
-from harness.spec.history import Event, Op
+from harness.spec.history import Event, Op, rank_reads
 from harness.spec.protocol import KVPoll, kvpoll_name
 
 _ENDS = (Op.CLEAR, Op.RESTART, Op.START_DECODE)  # a lifecycle of the room on that role ends
@@ -21,11 +21,8 @@ _ENDS = (Op.CLEAR, Op.RESTART, Op.START_DECODE)  # a lifecycle of the room on th
 def _reads(e: dict) -> dict[str, list[int]]:
     """Each rank's statuses in a completed AwaitStatus: its trail (names) turned back into KVPoll
     values, and the status it ended on."""
-    value = e.get("value") or {}
-    ranks = {name: r for name, r in (value.get("ranks") or {}).items() if isinstance(r, dict)} \
-        or {str(e.get("role")): value}
     out = {}
-    for name, r in ranks.items():
+    for name, r in rank_reads(e).items():
         trail = [KVPoll[s] for s in r.get("trail") or () if s in KVPoll.__members__]
         out[name] = trail + ([r["status"]] if isinstance(r.get("status"), int) else [])
     return out

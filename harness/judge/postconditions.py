@@ -53,7 +53,8 @@ from harness.judge import checks as c
 from harness.judge import fault_checks as fc
 from harness.judge.decode_abort import decode_abort_fails_room
 from harness.judge.unscheduled import registration_dropped, unscheduled_rooms
-from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_observations, rooms_cleared_everywhere
+from harness.spec.history import (Event, Op, fact, held_rooms, is_prefill, last_observations, lost_message_rooms,
+                                  rank_reads, rooms_cleared_everywhere)
 from harness.spec.protocol import KVPoll, kvpoll_name
 
 TERMINAL = (kvpoll_name(KVPoll.Success), kvpoll_name(KVPoll.Failed))
@@ -90,8 +91,7 @@ def trails(events: list[dict]) -> dict[tuple[str, int], list[list[str]]]:
             for key, before in value["statuses"].items():  # the end of the cell: each open room read afresh
                 _add_fresh_reads(out.get((role, int(key))), before)
         elif e["op"] == Op.AWAIT_STATUS and e["type"] == Event.OK and room is not None:
-            reads = {name: r.get("trail") for name, r in value["ranks"].items()} if value.get("ranks") \
-                else {role: value.get("trail")}
+            reads = {name: r.get("trail") for name, r in rank_reads(e).items()}
             for name, trail in reads.items():
                 life = out.setdefault((name, room), [[]])[-1]
                 for status in trail or []:
@@ -130,18 +130,18 @@ def every_failure_has_reason(events: list[dict]) -> tuple[bool, str, int | None]
     for e in events:
         if e["op"] != Op.AWAIT_STATUS or e["type"] != Event.OK:
             continue
-        value = e.get("value") or {}
-        if value.get("status") != KVPoll.Failed:
-            continue
-        failed += 1
-        if value.get("failure_reason_error"):
-            missing.append(f"{e.get('role')} room {e['args'].get('room')} (its reason could not be read: "
-                           f"{value['failure_reason_error'][:120]})")
-        elif not (value.get("failure_reason") or "").strip():
-            missing.append(f"{e.get('role')} room {e['args'].get('room')}")
-        else:
-            continue
-        at = e["seq"] if at is None else at
+        for name, read in rank_reads(e).items():
+            if read.get("status") != KVPoll.Failed:
+                continue
+            failed += 1
+            if read.get("failure_reason_error"):
+                missing.append(f"{name} room {e['args'].get('room')} (its reason could not be read: "
+                               f"{read['failure_reason_error'][:120]})")
+            elif not (read.get("failure_reason") or "").strip():
+                missing.append(f"{name} room {e['args'].get('room')}")
+            else:
+                continue
+            at = e["seq"] if at is None else at
     if missing:
         return False, f"Failed without a failure reason: {', '.join(dict.fromkeys(missing))}", at
     return True, f"all {failed} Failed read(s) came with a reason", None
@@ -150,10 +150,7 @@ def every_failure_has_reason(events: list[dict]) -> tuple[bool, str, int | None]
 def _failed_reads(e: dict) -> list[tuple[str, str]]:
     """``(role or rank, reason)`` of each Failed read of one completed AwaitStatus event (a
     group's value holds each rank's under ``ranks``), reasons stripped, empty ones left out."""
-    value = e.get("value") or {}
-    reads = [(name, r) for name, r in (value.get("ranks") or {}).items() if isinstance(r, dict)] \
-        or [(e.get("role"), value)]
-    return [(name, (r.get("failure_reason") or "").strip()) for name, r in reads
+    return [(name, (r.get("failure_reason") or "").strip()) for name, r in rank_reads(e).items()
             if r.get("status") == KVPoll.Failed and (r.get("failure_reason") or "").strip()]
 
 
@@ -262,9 +259,8 @@ _INJECTED_ABORTS = (Op.INJECT_ABORT, Op.INJECT_CAPTURED, Op.CAPTURE, Op.INJECT) 
 def _injected_abort_rooms(events: list[dict]) -> set:
     """The rooms whose ABORT frames a scenario injected (:data:`_INJECTED_ABORTS`), or whose ABORT
     or ABORT_ACK a role lost on purpose (R-LOSS-1: no ACK can come back)."""
-    return {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS} | {
-        (e.get("value") or {}).get("room") for e in events if e["op"] == Op.MESSAGE_LOST
-        and (e.get("value") or {}).get("kind") in ("abort", "abort_ack")}
+    return {(e.get("args") or {}).get("room") for e in events if e["op"] in _INJECTED_ABORTS} \
+        | lost_message_rooms(events, ("abort", "abort_ack"))
 
 
 def ack_names_abort_generation(events: list[dict]) -> tuple[bool | None, str, int | None]:
@@ -413,8 +409,7 @@ def _aborts_of_registered_rooms(events: list[dict]) -> list[tuple[str, int, floa
             continue
         value = e.get("value") if isinstance(e.get("value"), dict) else {}
         if e["op"] == Op.AWAIT_STATUS:
-            reads = set(value.get("trail") or ()).union(*[r.get("trail") or () for r in (value.get("ranks") or {}).values()
-                                                         if isinstance(r, dict)])
+            reads = set(value.get("trail") or ()).union(*[r.get("trail") or () for r in rank_reads(e).values()])
             if is_prefill(role):
                 asked = any(k[1] == room for k in requested)
                 registered |= {room} if asked and reads & {"WaitingForInput", "Transferring"} else set()

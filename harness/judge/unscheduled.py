@@ -13,13 +13,14 @@ and no prefill role opened a sender for (:func:`unscheduled_rooms`).  Such rooms
 prefill never had a sender to clear (harness.judge.postconditions.no_residue_after_clear leaves
 them out on the prefill side).  What may hold a prefill back is taken out of the bounds: the
 ABORT route is not used when the ABORT was lost on purpose (R-LOSS-1) or the prefill was killed,
-restarted, frozen or cut off from the network; a frozen prefill's timer also gets the time it
-stood still; a prefill with a point armed in it (a thread held on purpose) is not judged.
+restarted, frozen or cut off from the network; the timeout bound also gets the time the prefill
+stood frozen or cut off (a registration sent meanwhile arrives only at the thaw or heal); a prefill
+with a point armed in it (a thread held on purpose) is not judged.
 """
 
 from __future__ import annotations
 
-from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_observations
+from harness.spec.history import Event, Op, fact, held_rooms, is_prefill, last_observations, lost_message_rooms
 
 SLACK_S = 2.0  # R-RESIDUE-2's bounded slack past the bootstrap timeout (docs/protocol.md)
 ABORT_ARRIVAL_S = 1.0  # for the decode's ABORT to reach the prefill and be handled (loopback: milliseconds)
@@ -66,16 +67,29 @@ def unscheduled_rooms(events: list[dict]) -> dict[int, float]:
     return out
 
 
-def _frozen_s(events: list[dict], role: str) -> float:
-    """Seconds ``role``'s group stood frozen (FreezeRole to ThawRole, or to the cell's end)."""
-    base, total, since = role.split(".")[0], 0.0, None
+def _held_s(events: list[dict], role: str) -> float:
+    """Seconds ``role``'s group was held back: frozen (FreezeRole to ThawRole, or to the cell's
+    end), or named at either end of a network fault (the fault to the next heal of that link, or
+    to the cell's end), as a registration sent meanwhile may arrive only at the thaw or heal.
+    Overlapping windows are each counted (a bound that is too late is safe; too early is not)."""
+    base, total, frozen, faulted = role.split(".")[0], 0.0, None, {}
+    end = events[-1]["t"] if events else 0.0
     for e in events:
-        if e["type"] == Event.NEMESIS and (e.get("role") or "").split(".")[0] == base:
-            if e["op"] == Op.FREEZE and since is None:
-                since = e["t"]
-            elif e["op"] == Op.THAW and since is not None:
-                total, since = total + e["t"] - since, None
-    return total + (events[-1]["t"] - since if since is not None and events else 0.0)
+        if e["type"] != Event.NEMESIS:
+            continue
+        args = e.get("args") or {}
+        if e["op"] in (Op.FREEZE, Op.THAW) and (e.get("role") or "").split(".")[0] == base:
+            if e["op"] == Op.FREEZE and frozen is None:
+                frozen = e["t"]
+            elif e["op"] == Op.THAW and frozen is not None:
+                total, frozen = total + e["t"] - frozen, None
+        elif e["op"] == Op.NETWORK and base in {str(args.get(k) or "").split(".")[0] for k in "ab"}:
+            link = frozenset((args.get("a"), args.get("b")))
+            if link in faulted:  # a heal, or a fault that replaces the last: that window ends here
+                total += e["t"] - faulted.pop(link)
+            if not args.get("heal"):
+                faulted[link] = e["t"]
+    return total + (end - frozen if frozen is not None else 0.0) + sum(end - t for t in faulted.values())
 
 
 def _observed_at(events: list[dict], observation: dict) -> float:
@@ -112,8 +126,7 @@ def unscheduled_registration_dropped(events: list[dict]) -> tuple[bool | None, s
         if e["op"] == Op.ABORT and e["type"] == Event.OK and (e.get("role") or "").startswith("decode") \
                 and room in rooms and e["t"] >= rooms[room]:  # an abort of this lifecycle, not an earlier one
             aborted.setdefault(room, e["t"])
-    lost = {(e.get("value") or {}).get("room") for e in events
-            if e["op"] == Op.MESSAGE_LOST and (e.get("value") or {}).get("kind") == "abort"}
+    lost = lost_message_rooms(events, ("abort",))
     held_back = {str(name or "").split(".")[0] for e in events if e["type"] == Event.NEMESIS and e["op"] in _HELD_BACK
                  for name in (e.get("role"), (e.get("args") or {}).get("a"), (e.get("args") or {}).get("b"))}
     pointed = {(e.get("role") or "").split(".")[0] for e in events if e["op"] == Op.ARM_POINT}
@@ -122,10 +135,10 @@ def unscheduled_registration_dropped(events: list[dict]) -> tuple[bool | None, s
         base = role.split(".")[0]
         if not is_prefill(role) or obs["type"] != Event.OK or base in pointed:
             continue
-        timeout, now, frozen = fact(events, role, "bootstrap_timeout_s"), _observed_at(events, obs), _frozen_s(events, role)
+        timeout, now, held = fact(events, role, "bootstrap_timeout_s"), _observed_at(events, obs), _held_s(events, role)
         due = {}
         for room, registered in rooms.items():
-            bounds = [registered + timeout + SLACK_S + frozen] if isinstance(timeout, (int, float)) else []
+            bounds = [registered + timeout + SLACK_S + held] if isinstance(timeout, (int, float)) else []
             if room in aborted and room not in lost and base not in held_back:
                 bounds.append(aborted[room] + ABORT_ARRIVAL_S)
             if bounds and now >= min(bounds):

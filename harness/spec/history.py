@@ -343,14 +343,27 @@ def silent_ranks(events: list[dict]) -> set[str]:
     return silent if decodes else set()
 
 
+def rank_reads(wait: dict) -> dict[str, dict]:
+    """Each rank's read in a completed AwaitStatus event, by rank name: a role of several ranks
+    reports each under ``ranks`` (a dict with ``status``, ``trail``, ``failure_reason``), else
+    the role's own value is its one read.  Issue 36 1d: a group's read never hides a rank."""
+    value = wait.get("value") if isinstance(wait.get("value"), dict) else {}
+    ranks = {name: r for name, r in (value.get("ranks") or {}).items() if isinstance(r, dict)}
+    return ranks or {str(wait.get("role")): value}
+
+
 def rank_statuses(wait: dict) -> dict[str, int]:
-    """Each rank's status in a completed AwaitStatus event: a role of several ranks reports
-    each under ``ranks`` (its own ``status`` is the lowest, as sglang's scheduler reduces
-    them), else the role's own.  Issue 36 1d: a group's status never hides a rank."""
-    value = wait.get("value") or {}
-    ranks = {name: r.get("status") for name, r in (value.get("ranks") or {}).items()
-             if isinstance(r, dict) and r.get("status") is not None}
-    return ranks or {str(wait.get("role")): value.get("status")}
+    """Each rank's status in a completed AwaitStatus event (:func:`rank_reads`; a group's own
+    ``status`` is the lowest of its ranks', as sglang's scheduler reduces them)."""
+    ranks = {name: r["status"] for name, r in rank_reads(wait).items() if r.get("status") is not None}
+    return ranks or {str(wait.get("role")): (wait.get("value") or {}).get("status")}
+
+
+def lost_message_rooms(events: list[dict], kinds: tuple[str, ...]) -> set:
+    """The rooms of the control messages of ``kinds`` (message-kind names such as ``"abort"``,
+    ``"abort_ack"``) that a role lost on purpose (``message-lost`` events, R-LOSS-1)."""
+    return {(e.get("value") or {}).get("room") for e in events
+            if e["op"] == Op.MESSAGE_LOST and (e.get("value") or {}).get("kind") in kinds}
 
 
 def killed_roles(events: list[dict]) -> set[str]:

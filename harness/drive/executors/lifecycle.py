@@ -240,13 +240,9 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
         return
     # the scheduler's view of TP ranks: the lowest status of any rank (poll_and_all_reduce, MIN)
     rank, seen = min(by_rank.items(), key=lambda item: item[1]["status"])
-    status, reason_error = seen["status"], None
+    status = seen["status"]
     asked = time.monotonic()
-    try:
-        reason = d.clients[rank].call("failure_reason", CALL_TIMEOUT_S, room=step.room) \
-            if status == KVPoll.Failed else None
-    except RoleError as exc:  # the status was read: keep it, and say the reason could not be (R-REASON-1)
-        reason, reason_error = None, str(exc)
+    reason, reason_error = _failure_reason(d, rank, step.room) if status == KVPoll.Failed else (None, None)
     reason_call_s = round(time.monotonic() - asked, 3)
     reached = status in step.statuses
     if not reached and step.must_come and not d.full_waits and d.stalled_step is None:
@@ -261,10 +257,33 @@ def await_status(d: "CellDriver", step: s.AwaitStatus) -> None:
         value["failure_reason_error"] = reason_error
     if d.dp.get(step.role, 1) > 1:  # the DP engine that was asked (R-DP-1, harness.judge.topology_checks)
         value["engine"] = rank
-    if len(by_rank) > 1:  # each rank's own read, for R-TERM-1 over every rank (harness.judge.postconditions)
-        value["ranks"] = {name: {"status": r["status"], "trail": r["trail"]} for name, r in by_rank.items()}
+    if len(by_rank) > 1:  # each rank's own read, for R-TERM-1 and R-REASON-1 over every rank (harness.judge.postconditions)
+        value["ranks"] = {name: _rank_read(d, name, r, step.room, (reason, reason_error) if name == rank else None)
+                          for name, r in by_rank.items()}
         value["rank"] = rank
     d.record(Event.OK, Op.AWAIT_STATUS, step.role, args=args, value=value)
+
+
+def _failure_reason(d: "CellDriver", client: str, room: int) -> tuple[str | None, str | None]:
+    """``(reason, error)``: role client ``client``'s failure reason for ``room``, or, when it
+    could not be asked, ``None`` and why (the status was read: R-REASON-1 judges the miss)."""
+    try:
+        return d.clients[client].call("failure_reason", CALL_TIMEOUT_S, room=room), None
+    except RoleError as exc:
+        return None, str(exc)
+
+
+def _rank_read(d: "CellDriver", name: str, read: dict, room: int, asked: tuple | None) -> dict:
+    """One rank's read of a group's wait: its status and trail and, when it is Failed, its own
+    failure reason (``asked``: already asked of it), so no rank's reason hides behind another's
+    (issue "Checks that generalize" 1d)."""
+    out = {"status": read["status"], "trail": read["trail"]}
+    if read["status"] == KVPoll.Failed:
+        reason, error = asked or _failure_reason(d, name, room)
+        out["failure_reason"] = reason
+        if error:
+            out["failure_reason_error"] = error
+    return out
 
 
 def verify_pools(d: "CellDriver", step: s.VerifyPools) -> None:
