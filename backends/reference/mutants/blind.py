@@ -23,7 +23,7 @@ def planted(blind_set: str):
     return spec
 
 
-# the sets, each as its writer left it (blind5_*: as written, 2026-12-07; blind4_*: as written, 2026-12-06; blind3_* and blind2_*: as written, 2026-12-05; blind1_*: split in modules by subject, and its own copies of
+# the sets, each as its writer left it (blind6_*: as written, 2026-12-07; blind5_*: as written, 2026-12-07; blind4_*: as written, 2026-12-06; blind3_* and blind2_*: as written, 2026-12-05; blind1_*: split in modules by subject, and its own copies of
 # _base's PlantedLoopDeath and wrap replaced by those, after scoring; 2026-12-05)
 from backends.reference.mutants import blind1_transfer  # noqa: E402,F401  (it registers)
 from backends.reference.mutants import blind1_liveness  # noqa: E402,F401,I001
@@ -35,3 +35,5 @@ from backends.reference.mutants import blind4_transfer  # noqa: E402,F401,I001
 from backends.reference.mutants import blind4_liveness  # noqa: E402,F401,I001
 from backends.reference.mutants import blind5_transfer  # noqa: E402,F401,I001
 from backends.reference.mutants import blind5_liveness  # noqa: E402,F401,I001
+from backends.reference.mutants import blind6_transfer  # noqa: E402,F401,I001
+from backends.reference.mutants import blind6_liveness  # noqa: E402,F401,I001
