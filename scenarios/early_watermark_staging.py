@@ -5,8 +5,10 @@ Staging on (``SGLANG_DISAGG_STAGING_BUFFER=1``) on both roles.  The WATERMARK is
 into the prefill's control socket from inside its manager's constructor, right after the
 control thread started (``prefill-control-started``), while the constructor is held
 0.5 s: the window in which Mooncake's ``_staging_ctx`` is not yet assigned (PR #35281
-review). `early-watermark` judges the same window with staging off; this one isolates
-staging on. An implementation that has no staging is UNSUPPORTED (the window does not
+review); and, on a second prefill, a WATERMARK after start-up and before its first
+registration, when a staging context made lazily at the first room does not exist yet
+(R-LIVE-3: a message before the part it targets exists).  `early-watermark` judges the same two
+with staging off; this one isolates staging on. An implementation that has no staging is UNSUPPORTED (the window does not
 exist), and so is one whose staging buffers this machine cannot hold (sglang supports
 them on cuda and xpu devices only; pdconform's roles keep their pools on the CPU).
 """
@@ -15,33 +17,44 @@ from __future__ import annotations
 
 from harness.judge import checks as c
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import ArmPoint, Observe, RequireFact, StartRoles
+from harness.spec.steps import ArmPoint, InjectFrames, Observe, RequireFact, StartRoles
 from scenarios._flows import LAYOUT, RoomAllocator, full_room, room_succeeds, verify
-from scenarios.early_watermark import WATERMARK, injected_in_window
+from scenarios.early_watermark import INIT, LATER, WATERMARK, injected_in_window
 
 STAGING_ON = (("SGLANG_DISAGG_STAGING_BUFFER", "1"),)
 LABEL = "after the init-window WATERMARK with staging on"
+LATER_LABEL = "after a WATERMARK before the first registration, staging on"
 NO_STAGING = "the implementation has no staging buffers, so the staging-on init window does not exist"
 
 
+def _plan(seed: int):
+    planner = RoomAllocator(seed)
+    return planner.room(prefill=INIT), planner.room(prefill=LATER)
+
+
 def steps(seed: int):
-    room = RoomAllocator(seed).room()
-    arm = ArmPoint("prefill", "prefill-control-started", action="inject", frames=(WATERMARK,), hold_s=0.5)
+    room_init, room_later = _plan(seed)
+    arm = ArmPoint(INIT, "prefill-control-started", action="inject", frames=(WATERMARK,), hold_s=0.5)
     return [
-        StartRoles(layout=LAYOUT, arm=(arm,), env=STAGING_ON),
-        RequireFact("prefill", "staging", NO_STAGING),
-        Observe(("prefill",), settle_s=0.3, label=LABEL),
-        *full_room(room),
-        verify([room]),
+        StartRoles(prefills=(INIT, LATER), layout=LAYOUT, arm=(arm,), env=STAGING_ON),
+        RequireFact(INIT, "staging", NO_STAGING),
+        Observe((INIT,), settle_s=0.3, label=LABEL),
+        InjectFrames(LATER, (WATERMARK,)),
+        Observe((LATER,), settle_s=0.3, label=LATER_LABEL),
+        *full_room(room_init),
+        *full_room(room_later),
+        verify([room_init, room_later]),
     ]
 
 
 def checks(seed: int):
-    room = RoomAllocator(seed).room()
+    room_init, room_later = _plan(seed)
     return [
         c.Check("init-window-reached", "R-LIVE-3", injected_in_window),
-        c.Check("survives-init-window-watermark", "R-LIVE-3", c.loops_alive_at(LABEL, ("prefill",))),
-        *room_succeeds(room, "R-LIVE-4", "room-after-init-window"),
+        c.Check("survives-init-window-watermark", "R-LIVE-3", c.loops_alive_at(LABEL, (INIT,))),
+        c.Check("survives-watermark-before-first-room", "R-LIVE-3", c.loops_alive_at(LATER_LABEL, (LATER,))),
+        *room_succeeds(room_init, "R-LIVE-4", "room-after-init-window"),
+        *room_succeeds(room_later, "R-LIVE-3", "room-after-early-watermark"),
         c.Check("bytes-exact", "R-LAYOUT-1", c.pools_exact()),
     ]
 
