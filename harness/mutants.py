@@ -92,12 +92,20 @@ class EarlyStop:
 
     def priority(self) -> dict[tuple[str, str], int]:
         """(scenario id, impl) -> when a mutant's cell starts (lower first; the control's cells,
-        absent, start first): the scenarios citing its requirement before its others, and within
-        each the shortest first (tenths of a second of inherent wait), so a mutant a short cell
-        catches never waits out its long ones."""
-        return {(sid, impl): (0 if bug["requirement"] in sc.requirements else 1) * 10**6
-                + 1 + round(10 * sc.inherent_wait_s(self.seed))
-                for impl, bug in self.planted.items() for sid, sc in self.scenarios.items()}
+        absent, start first): each mutant's cells ranked 1, 2, ... in its own order, the
+        scenarios citing its requirement before its others, and within each the cheapest first
+        (Scenario.expected_s: waits and steps), so a mutant a short cell catches never waits
+        out its long ones.  The ranks interleave the mutants: every mutant's first cell, then
+        every second one, so a mutant's next cell starts only after many others' and its first
+        catch has usually been judged by then (its later cells are then skipped) instead of all
+        its cheap cells running at once."""
+        cost = {sid: sc.expected_s(self.seed) for sid, sc in self.scenarios.items()}
+        out = {}
+        for impl, bug in self.planted.items():
+            order = sorted(self.scenarios, key=lambda sid: (bug["requirement"] not in self.scenarios[sid].requirements,
+                                                           cost[sid], sid))
+            out.update({(sid, impl): rank for rank, sid in enumerate(order, start=1)})
+        return out
 
     def skip(self, impl: str, scenario: str) -> bool:
         with self._lock:

@@ -150,6 +150,24 @@ def test_a_mutants_cells_stop_at_its_first_catch(tmp_path):
     assert "1 cell(s) of caught mutants were not run" in out.stdout
 
 
+def test_early_stop_ranks_each_mutants_cells_cheapest_citing_first_and_interleaves_mutants():
+    """Each mutant's cells are ranked 1..n on their own (the control's, unranked, start first):
+    the scenarios citing its requirement first, the cheapest first within them, steps counted
+    (a load of 256 rooms has no sleeps but is not instant)."""
+    from harness.mutants import EarlyStop
+    from harness.spec.scenario import get_scenario
+
+    scenarios = {sid: get_scenario(sid) for sid in ("happy-path", "load-64", "load-256", "abort-ack-after-drain")}
+    planted = {"mutant.l": {"requirement": "R-LOAD-1"}, "mutant.a": {"requirement": "R-ABORT-2"}}
+    rank = EarlyStop(planted, scenarios, 0).priority()
+    assert [sid for sid in sorted(scenarios, key=lambda sid: rank[(sid, "mutant.l")])] == [
+        "load-64", "load-256", "happy-path", "abort-ack-after-drain"]
+    assert [sid for sid in sorted(scenarios, key=lambda sid: rank[(sid, "mutant.a")])] == [
+        "abort-ack-after-drain", "happy-path", "load-64", "load-256"]
+    assert sorted(rank[(sid, "mutant.a")] for sid in scenarios) == [1, 2, 3, 4]  # interleaved: ranks per mutant
+    assert ("happy-path", "reference") not in rank
+
+
 def test_a_cell_run_again_alone_is_judged_by_its_rerun():
     """outcomes reads a cell's rerun alone where there is one: a starved timing failure that
     passes alone catches nothing, and a catch the rerun alone shows counts."""

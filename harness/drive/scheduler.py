@@ -196,12 +196,12 @@ def close_fork_servers(servers: dict[str, ForkServer | OwnForkServer], interrupt
 def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
                        expected_verdict: Callable[[str, str], str]) -> dict[tuple[str, str], float]:
     """A duration hint (seconds per (scenario, impl)) for a run with no earlier results: the
-    scenario's inherent waits, plus one step bound for a cell expected to FAIL or ERROR
+    scenario's expected seconds (Scenario.expected_s: its waits and steps), plus one step bound for a cell expected to FAIL or ERROR
     (``expected_verdict(impl, scenario)``), since such cells wait out a status that never
     comes.  Only the order of the cells depends on it."""
     hint = {}
     for sc in scenarios:
-        inherent = sc.inherent_wait_s(seed)  # steps(seed) may sample: once per scenario
+        inherent = sc.expected_s(seed)  # steps(seed) may sample: once per scenario
         for impl in impls:
             stuck = Verdict(expected_verdict(impl, sc.id)) >= Verdict.FAIL
             hint[(sc.id, impl)] = inherent + (STEP_TIMEOUT_S if stuck else 0.0)
@@ -354,7 +354,7 @@ class _Run:
 
         def key(i: int) -> tuple[int, float]:
             task = self.tasks[i]
-            return self.priority(i), -hint.get((task.scenario.id, task.impl), task.scenario.inherent_wait_s(seed))
+            return self.priority(i), -hint.get((task.scenario.id, task.impl), task.scenario.expected_s(seed))
 
         return sorted(range(len(self.tasks)), key=key)
 

@@ -78,6 +78,18 @@ class Scenario:
 
         return round(sum(step.seconds for step in self.steps(seed) if isinstance(step, Sleep)) + self.timeout_wait_s, 3)
 
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - scenarios live as long as the process
+    def expected_s(self, seed: int) -> float:
+        """Seconds a conforming cell of this scenario is expected to take for ``seed``: its
+        :meth:`inherent_wait_s` plus :data:`STEP_COST_S` per step, so a scenario of many steps
+        and no sleeps (a load of 256 rooms) is not taken for an instant one when cells are
+        ordered (harness.drive.scheduler, harness.mutants.EarlyStop)."""
+        return round(self.inherent_wait_s(seed) + STEP_COST_S * len(self.steps(seed)), 3)
+
+
+#: seconds a step costs a cell beyond its waits, measured on the reference on 2 cores at make
+#: matrix's load (load-64: 471 steps in 5.4 s, load-256: 1,871 in 20 s; docs/performance.md)
+STEP_COST_S = 0.01
 
 _REGISTRY: dict[str, Scenario] = {}
 TEST_SCENARIOS_ENV = "PDCONFORM_TEST_SCENARIOS"
