@@ -25,23 +25,32 @@ INIT, LATER = "prefill-init", "prefill-later"
 INIT_LABEL, LATER_LABEL = "after the init-window WATERMARK", "after the WATERMARK sent after start-up"
 
 
-def _plan(seed: int):
+def rooms(seed: int):
+    """The room served by ``prefill-init`` and the one served by ``prefill-later``."""
     planner = RoomAllocator(seed)
     return planner.room(prefill=INIT), planner.room(prefill=LATER)
 
 
-def steps(seed: int):
-    room_init, room_later = _plan(seed)
+def watermark_steps(seed: int, init_label: str, later_label: str, env: tuple = (), before: tuple = ()) -> list:
+    """The two WATERMARKs and a room to each prefill after them (the module docstring), the
+    roles started with ``env`` and ``before`` run right after they start (early-watermark-staging:
+    staging on, and the fact it needs)."""
+    room_init, room_later = rooms(seed)
     arm = ArmPoint(INIT, "prefill-control-started", action="inject", frames=(WATERMARK,), hold_s=0.5)
     return [
-        StartRoles(prefills=(INIT, LATER), layout=LAYOUT, arm=(arm,)),
-        Observe((INIT,), settle_s=0.3, label=INIT_LABEL),
+        StartRoles(prefills=(INIT, LATER), layout=LAYOUT, arm=(arm,), env=env),
+        *before,
+        Observe((INIT,), settle_s=0.3, label=init_label),
         InjectFrames(LATER, (WATERMARK,)),
-        Observe((LATER,), settle_s=0.3, label=LATER_LABEL),
+        Observe((LATER,), settle_s=0.3, label=later_label),
         *full_room(room_init),
         *full_room(room_later),
         verify([room_init, room_later]),
     ]
+
+
+def steps(seed: int):
+    return watermark_steps(seed, INIT_LABEL, LATER_LABEL)
 
 
 def injected_in_window(events):
@@ -54,7 +63,7 @@ def injected_in_window(events):
 
 
 def checks(seed: int):
-    room_init, room_later = _plan(seed)
+    room_init, room_later = rooms(seed)
     return [
         c.Check("init-window-reached", "R-LIVE-3", injected_in_window),
         c.Check("survives-init-window-watermark", "R-LIVE-3", c.loops_alive_at(INIT_LABEL, (INIT,))),

@@ -7,19 +7,20 @@ control thread started (``prefill-control-started``), while the constructor is h
 0.5 s: the window in which Mooncake's ``_staging_ctx`` is not yet assigned (PR #35281
 review); and, on a second prefill, a WATERMARK after start-up and before its first
 registration, when a staging context made lazily at the first room does not exist yet
-(R-LIVE-3: a message before the part it targets exists).  `early-watermark` judges the same two
-with staging off; this one isolates staging on. An implementation that has no staging is UNSUPPORTED (the window does not
-exist), and so is one whose staging buffers this machine cannot hold (sglang supports
-them on cuda and xpu devices only; pdconform's roles keep their pools on the CPU).
+(R-LIVE-3: a message before the part it targets exists).  `early-watermark` judges the same
+two with staging off, through the same steps (scenarios.early_watermark.watermark_steps); this one
+isolates staging on.  An implementation that has no staging is UNSUPPORTED (the window does not
+exist), and so is one whose staging buffers this machine cannot hold (sglang supports them on
+cuda and xpu devices only; pdconform's roles keep their pools on the CPU).
 """
 
 from __future__ import annotations
 
 from harness.judge import checks as c
 from harness.spec.scenario import Scenario, register
-from harness.spec.steps import ArmPoint, InjectFrames, Observe, RequireFact, StartRoles
-from scenarios._flows import LAYOUT, RoomAllocator, full_room, room_succeeds, verify
-from scenarios.early_watermark import INIT, LATER, WATERMARK, injected_in_window
+from harness.spec.steps import RequireFact
+from scenarios._flows import room_succeeds
+from scenarios.early_watermark import INIT, LATER, injected_in_window, rooms, watermark_steps
 
 STAGING_ON = (("SGLANG_DISAGG_STAGING_BUFFER", "1"),)
 LABEL = "after the init-window WATERMARK with staging on"
@@ -27,28 +28,12 @@ LATER_LABEL = "after a WATERMARK before the first registration, staging on"
 NO_STAGING = "the implementation has no staging buffers, so the staging-on init window does not exist"
 
 
-def _plan(seed: int):
-    planner = RoomAllocator(seed)
-    return planner.room(prefill=INIT), planner.room(prefill=LATER)
-
-
 def steps(seed: int):
-    room_init, room_later = _plan(seed)
-    arm = ArmPoint(INIT, "prefill-control-started", action="inject", frames=(WATERMARK,), hold_s=0.5)
-    return [
-        StartRoles(prefills=(INIT, LATER), layout=LAYOUT, arm=(arm,), env=STAGING_ON),
-        RequireFact(INIT, "staging", NO_STAGING),
-        Observe((INIT,), settle_s=0.3, label=LABEL),
-        InjectFrames(LATER, (WATERMARK,)),
-        Observe((LATER,), settle_s=0.3, label=LATER_LABEL),
-        *full_room(room_init),
-        *full_room(room_later),
-        verify([room_init, room_later]),
-    ]
+    return watermark_steps(seed, LABEL, LATER_LABEL, env=STAGING_ON, before=(RequireFact(INIT, "staging", NO_STAGING),))
 
 
 def checks(seed: int):
-    room_init, room_later = _plan(seed)
+    room_init, room_later = rooms(seed)
     return [
         c.Check("init-window-reached", "R-LIVE-3", injected_in_window),
         c.Check("survives-init-window-watermark", "R-LIVE-3", c.loops_alive_at(LABEL, (INIT,))),
