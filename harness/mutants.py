@@ -76,7 +76,10 @@ class EarlyStop:
     judges each finished cell, ``skip`` answers the scheduler, for the reruns alone too): a
     mutant's cell catches only once the control's cell of its scenario has ended, on a check the
     control did not fail, as :func:`outcomes` counts; one that failed only on timing bounds while
-    starved catches nothing until its rerun alone does.  :meth:`priority` puts
+    starved catches nothing until its rerun alone does.  Such a starved catch is *provisional*:
+    the mutant's other cells are deferred (``skip`` declines them, and its other reruns alone)
+    until that rerun has run; if the rerun does not catch, the scheduler runs what was deferred
+    in another round (harness.drive.scheduler._rounds).  :meth:`priority` puts
     each mutant's cells of the scenarios citing its requirement first, so the cell likeliest
     to catch it runs before the rest.  The verdicts and the score still come from the run's
     result tree (:func:`outcomes`); this only decides what need not run.
@@ -88,6 +91,7 @@ class EarlyStop:
         self.planted, self.scenarios, self.seed = planted, scenarios, seed
         self.caught: set[str] = set()
         self.control_failed: dict[str, set[str]] = {}  # scenario -> the checks its control cell failed
+        self.provisional: dict[str, str] = {}  # impl -> the scenario of its starved catch awaiting its rerun alone
         self._lock = threading.Lock()
 
     def priority(self) -> dict[tuple[str, str], int]:
@@ -108,8 +112,10 @@ class EarlyStop:
         return out
 
     def skip(self, impl: str, scenario: str) -> bool:
+        """Whether ``impl``'s cell (or rerun alone) of ``scenario`` need not run now: its mutant
+        was caught, or waits for the rerun alone of another scenario's provisional catch."""
         with self._lock:
-            return impl in self.caught
+            return impl in self.caught or self.provisional.get(impl, scenario) != scenario
 
     def on_alone(self, cell) -> None:
         """A cell run once more alone ended: it may catch its mutant (and spare that mutant's other reruns)."""
@@ -133,14 +139,19 @@ class EarlyStop:
             with self._lock:
                 self.control_failed[cell.scenario] = {c["name"] for c in judged.checks if c["ok"] is not True}
             return
-        if needs_alone(judged) and not alone:  # failed only on timing bounds while starved: its rerun decides
-            return
+        starved = needs_alone(judged) and not alone  # failed only on timing bounds while starved: its rerun decides
         with self._lock:
             control = self.control_failed.get(cell.scenario)
             if control is None:  # the control's cell has not ended: a catch cannot be told yet
                 return
-            if _catching(judged, bug["requirement"], {(cell.scenario, name) for name in control}):
+            catches = bool(_catching(judged, bug["requirement"], {(cell.scenario, name) for name in control}))
+            if starved:
+                if catches:
+                    self.provisional.setdefault(cell.impl, cell.scenario)
+            elif catches:
                 self.caught.add(cell.impl)
+            elif alone and self.provisional.get(cell.impl) == cell.scenario:  # not confirmed: what waited runs
+                del self.provisional[cell.impl]
 
 
 def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOutcome], list[dict]]:
@@ -149,6 +160,8 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
     problems: every cell of an unmutated implementation that is not PASS
     (``{"scenario", "impl", "verdict", "reason"}``).  A check that also failed (or could
     not tell) in the control's cell of the same scenario catches nothing."""
+    from harness.judge.load import needs_alone
+
     control_cells = [c.alone or c for c in result.cells if c.impl not in planted]
     control_failed = {(c.scenario, check["name"]) for c in control_cells for check in c.checks
                       if check["ok"] is not True}
@@ -157,7 +170,8 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
         out = MutantOutcome(id=bug["id"], impl=impl, requirement=bug["requirement"], bug=bug["bug"],
                             like=bug["like"])
         for cell in (c.alone or c for c in result.cells if c.impl == impl):  # a rerun alone settles its cell
-            hits = _catching(cell, out.requirement, control_failed)
+            # a starved timing failure not run again alone is no catch (EarlyStop skipped its rerun)
+            hits = [] if needs_alone(cell) else _catching(cell, out.requirement, control_failed)
             out.catching += hits
             if not hits and cell.verdict != Verdict.PASS:
                 out.other.append({"scenario": cell.scenario, "verdict": str(cell.verdict), "reason": cell.reason})

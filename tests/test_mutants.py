@@ -181,3 +181,45 @@ def test_a_cell_run_again_alone_is_judged_by_its_rerun():
         _cell("reference", "happy-path", "PASS", [("decode-success", "R-XFER-1", True)]), first_a, first_b])
     found, control = outcomes(run, planted)
     assert [(m.id, m.caught) for m in found] == [("a", False), ("b", True)] and control == []
+
+
+def test_a_starved_catch_is_provisional_until_its_rerun_alone(tmp_path, monkeypatch):
+    """EarlyStop: a catch made only on timing bounds while starved defers the mutant's other
+    cells and reruns (``skip``) but catches nothing; its rerun alone either catches the mutant or,
+    passing, lets what was deferred run.  outcomes counts no starved timing failure that was not
+    run again alone."""
+    from types import SimpleNamespace
+
+    from harness.judge import judge as judge_module
+    from harness.mutants import EarlyStop
+    from harness.spec import history as hist
+
+    verdicts = {}  # a cell's history path -> its judged cell
+    monkeypatch.setattr(hist, "load", lambda path: [str(path)])
+    monkeypatch.setattr(judge_module, "judge_cell", lambda sc, seed, history, impl, exp: verdicts[history[0]])
+
+    def ended(stop, impl, scenario, judged, alone=False):
+        workdir = tmp_path / f"{impl}-{scenario}-{alone}"
+        workdir.mkdir()
+        (workdir / "history.jsonl").write_text("")
+        verdicts[str(workdir / "history.jsonl")] = judged
+        cell = SimpleNamespace(impl=impl, scenario=scenario, workdir=str(workdir))
+        (stop.on_alone if alone else lambda c: stop.on_cell(0, 0, c))(cell)
+
+    timer = [("bootstrap-deadline", "R-TIMEOUT-1", False)]
+    starved_fail = _cell("mutant.t", "s1", "FAIL", timer)
+    starved_fail.starved, starved_fail.timing_only = "load 16.0 on 2 cores", True
+    for confirmed in (False, True):
+        stop = EarlyStop({"mutant.t": {"id": "t", "requirement": "R-TIMEOUT-1"}}, {"s1": None, "s2": None}, 0)
+        ended(stop, "reference", "s1", _cell("reference", "s1", "PASS", []))
+        ended(stop, "mutant.t", "s1", starved_fail)
+        assert not stop.caught and stop.skip("mutant.t", "s2") and not stop.skip("mutant.t", "s1")
+        rerun = _cell("mutant.t", "s1", "FAIL" if confirmed else "PASS", timer if confirmed else [])
+        ended(stop, "mutant.t", "s1", rerun, alone=True)
+        assert (stop.caught == {"mutant.t"}) is confirmed and stop.skip("mutant.t", "s2") is confirmed
+        tmp_path = tmp_path / "next"
+        tmp_path.mkdir()
+    unconfirmed = RunResult(sglang=SglangInfo(version=None, path=None), seed=0, cells=[
+        _cell("reference", "s1", "PASS", []), starved_fail])
+    planted = {"mutant.t": {"id": "t", "of": "reference", "requirement": "R-TIMEOUT-1", "bug": "b", "like": "l"}}
+    assert not outcomes(unconfirmed, planted)[0][0].caught

@@ -288,6 +288,26 @@ def test_a_skipped_cell_is_not_run_and_priority_orders_the_start(tmp_path):
     assert started == ["selftest-noop", "selftest-clean"]
 
 
+def test_a_cell_skip_declined_runs_in_a_later_round_once_skip_wants_it(tmp_path):
+    """A cell ``skip`` declined is asked again after the round (its cells and reruns alone): one
+    it now wants runs in another round and is reported; one it still declines is not
+    (harness.drive.scheduler._rounds: what pdconform mutants defers while a catch is provisional)."""
+    from harness.drive.scheduler import Callbacks
+
+    for jobs in (1, 2):
+        started, done = [], set()
+        run = run_cells(["selftest"], [get_scenario("selftest-noop"), get_scenario("selftest-clean"),
+                                       get_scenario("selftest-misplaced")], tmp_path / str(jobs), jobs=jobs,
+                        priority={("selftest-noop", "selftest"): 0, ("selftest-clean", "selftest"): 1,
+                                  ("selftest-misplaced", "selftest"): 2},
+                        callbacks=Callbacks(on_start=lambda i, n, impl, sc: started.append(sc.id),
+                                            on_cell=lambda i, n, cell: done.add(cell.scenario),
+                                            skip=lambda impl, sid: sid == "selftest-misplaced" or (
+                                                sid == "selftest-noop" and "selftest-clean" not in done)))
+        assert started == ["selftest-clean", "selftest-noop"], jobs  # noop declined first, run in round 2
+        assert sorted(c.scenario for c in run.cells) == ["selftest-clean", "selftest-noop"]
+
+
 def test_a_rerun_alone_the_callbacks_skip_is_left_out_and_each_that_ran_is_heard(tmp_path):
     """run_alone asks ``skip`` before each rerun (one an earlier rerun settled is not run) and
     tells ``on_alone`` of each that ran."""
@@ -304,8 +324,9 @@ def test_a_rerun_alone_the_callbacks_skip_is_left_out_and_each_that_ran_is_heard
         return CellRun(task.scenario.id, task.impl, task.workdir, False)
 
     settled = {"b"}
-    run = SimpleNamespace(tasks=[SimpleNamespace(scenario=scenario)], out_dir=tmp_path, work=work,
+    run = SimpleNamespace(tasks=[SimpleNamespace(scenario=scenario)], out_dir=tmp_path, work=work, declined_alone=[],
                           cb=Callbacks(skip=lambda impl, sid: impl in settled,
                                        on_alone=lambda cell: (heard.append(cell.impl), settled.add("c"))))
     run_alone(run, [("selftest-noop", "a"), ("selftest-noop", "b"), ("selftest-noop", "c")])
     assert ran == ["a"] and heard == ["a"]
+    assert run.declined_alone == [("selftest-noop", "b"), ("selftest-noop", "c")]  # asked again after the round

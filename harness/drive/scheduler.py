@@ -247,6 +247,8 @@ class _Run:
         self.noted: set[str] = set()
         self.stopping = threading.Event()
         self.gate = _Gate(self.stopping)
+        # what ``skip`` left unrun this round (task indices; reruns alone): asked again after it (_rounds)
+        self.declined, self.declined_alone = [], []
         # idle pairs at most: one per cell at once (at least MIN_IDLE_PAIRS), so a run holds about twice its cells' roles
         self.warm = (WarmPairs(schedule.target, out_dir, self.stopping, max(schedule.jobs, MIN_IDLE_PAIRS))
                      if schedule.pairs else None)
@@ -280,9 +282,17 @@ class _Run:
                 self.noted.add(group)
             return None
 
-    def work(self, task: _Task) -> CellRun | None:
-        """Run one cell; None when the run is being interrupted or ``skip`` said so (nothing was started)."""
-        if self.stopping.is_set() or (task.reported and self.cb.skip and self.cb.skip(task.impl, task.scenario.id)):
+    def declines(self, task: _Task) -> bool:
+        """Whether the callbacks' ``skip`` leaves reported ``task`` unrun now."""
+        return task.reported and self.cb.skip is not None and self.cb.skip(task.impl, task.scenario.id)
+
+    def work(self, task: _Task, i: int | None = None) -> CellRun | None:
+        """Run one cell (task ``i`` of the run, None: a rerun alone); None when the run is being
+        interrupted or ``skip`` said so (nothing was started; task ``i`` is then noted as declined)."""
+        if self.stopping.is_set() or self.declines(task):
+            if i is not None and not self.stopping.is_set():
+                with self.lock:
+                    self.declined.append(i)
             return None
         fork_server = self.zygote_for(task.impl)
         if self.stopping.is_set():  # interrupted while the fork server imported: start nothing
@@ -348,20 +358,20 @@ class _Run:
         """Task ``i``'s ``Schedule.priority`` (lower starts first; 0 when not given)."""
         return self.schedule.priority.get((self.tasks[i].scenario.id, self.tasks[i].impl), 0)
 
-    def order(self) -> list[int]:
-        """Task indices: by priority, then longest expected first."""
+    def order(self, indices: list[int]) -> list[int]:
+        """Task ``indices``: by priority, then longest expected first."""
         hint, seed = self.schedule.duration_hint, self.schedule.seed
 
         def key(i: int) -> tuple[int, float]:
             task = self.tasks[i]
             return self.priority(i), -hint.get((task.scenario.id, task.impl), task.scenario.expected_s(seed))
 
-        return sorted(range(len(self.tasks)), key=key)
+        return sorted(indices, key=key)
 
-    def run_parallel(self) -> list[CellRun | None]:
-        """Run every task, ``jobs`` at a time; an interrupt kills the running cells and starts no other."""
-        results: list[CellRun | None] = [None] * len(self.tasks)
-        pending = self.order()
+    def run_parallel(self, indices: list[int], results: list[CellRun | None]) -> None:
+        """Run tasks ``indices`` into ``results``, ``jobs`` at a time; an interrupt kills the running
+        cells and starts no other."""
+        pending = self.order(indices)
 
         def next_task() -> int | None:
             """The longest pending cell an idle warm pair can serve; else the longest whose fork
@@ -384,9 +394,9 @@ class _Run:
 
         def worker() -> None:
             while (i := next_task()) is not None:
-                results[i] = self.work(self.tasks[i])
+                results[i] = self.work(self.tasks[i], i)
 
-        workers = min(self.schedule.jobs, len(self.tasks))  # no thread without a cell to run
+        workers = min(self.schedule.jobs, len(indices))  # no thread without a cell to run
         pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="pdconform-cell")
         futures = []
         try:
@@ -400,7 +410,6 @@ class _Run:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        return results
 
 
 def _stop_workers(futures: list) -> None:
@@ -417,14 +426,39 @@ def _stop_workers(futures: list) -> None:
 def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
     """Run each ``(scenario, impl)`` of ``keys`` once more, one after the other (every other cell
     has ended), into ``OUT/alone/SCENARIO--IMPL/``; not reported as cells of the run.  One the
-    callbacks' ``skip`` no longer wants is left out; ``on_alone`` hears of each that ran."""
+    callbacks' ``skip`` does not want now is left out (and noted in ``run.declined_alone``);
+    ``on_alone`` hears of each that ran."""
     by_id = {t.scenario.id: t.scenario for t in run.tasks}
     for scenario_id, impl in keys:
         if run.cb.skip and run.cb.skip(impl, scenario_id):  # an earlier rerun settled what this one would
+            run.declined_alone.append((scenario_id, impl))
             continue
         cell = run.work(_Task(by_id[scenario_id], impl, alone_dir(run.out_dir, scenario_id, impl), False, isolated=True))
         if cell is not None and run.cb.on_alone:
             run.cb.on_alone(cell)
+
+
+def _rounds(run: _Run, again: Callable[[list[CellRun]], list[tuple[str, str]]] | None) -> list[CellRun | None]:
+    """Every task in rounds: a round runs its tasks, then the reruns alone its cells call for
+    (``again``); the tasks and reruns ``skip`` declined are asked again after it, and those it
+    now wants make the next round (``pdconform mutants`` defers a mutant's cells while a
+    starved catch waits for its rerun alone, harness.mutants.EarlyStop).  Each round runs only
+    what an earlier one declined, so the rounds end."""
+    results: list[CellRun | None] = [None] * len(run.tasks)
+    indices, keys = list(range(len(run.tasks))), []
+    while (indices or keys) and not run.stopping.is_set():
+        run.declined, run.declined_alone = [], []
+        if run.schedule.jobs <= 1:  # (run_cell_isolated itself kills an interrupted cell's group)
+            for i in sorted(indices, key=run.priority):  # one at a time: listed order within a priority
+                results[i] = run.work(run.tasks[i], i)
+        else:
+            run.run_parallel(indices, results)
+        if again is not None:
+            ran = [results[i] for i in indices if run.tasks[i].reported and results[i] is not None]
+            run_alone(run, keys + (again(ran) if ran else []))
+        indices = [i for i in run.declined if not run.declines(run.tasks[i])]
+        keys = [(sid, impl) for sid, impl in run.declined_alone if not (run.cb.skip and run.cb.skip(impl, sid))]
+    return results
 
 
 def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, schedule: Schedule,
@@ -451,14 +485,7 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
     try:
         if schedule.fork:
             run.start_fork_servers()
-        if schedule.jobs <= 1:  # (run_cell_isolated itself kills an interrupted cell's group)
-            results: list[CellRun | None] = [None] * len(tasks)
-            for i in sorted(range(len(tasks)), key=run.priority):  # one at a time: listed order within a priority
-                results[i] = run.work(tasks[i])
-        else:
-            results = run.run_parallel()
-        if again is not None:
-            run_alone(run, again([c for task, c in zip(tasks, results) if task.reported and c is not None]))
+        results = _rounds(run, again)
     except BaseException:
         run.stopping.set()  # an interrupt: the kept fork servers it used are closed too (one may still import)
         raise
