@@ -169,9 +169,11 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
     for impl, bug in planted.items():
         out = MutantOutcome(id=bug["id"], impl=impl, requirement=bug["requirement"], bug=bug["bug"],
                             like=bug["like"])
-        for cell in (c.alone or c for c in result.cells if c.impl == impl):  # a rerun alone settles its cell
+        for first in (c for c in result.cells if c.impl == impl):
+            cell = first.alone or first  # a rerun alone settles its cell
             # a starved timing failure not run again alone is no catch (EarlyStop skipped its rerun)
-            hits = [] if needs_alone(cell) else _catching(cell, out.requirement, control_failed)
+            hits = [] if first.alone is None and needs_alone(first) else _catching(cell, out.requirement,
+                                                                                   control_failed)
             out.catching += hits
             if not hits and cell.verdict != Verdict.PASS:
                 out.other.append({"scenario": cell.scenario, "verdict": str(cell.verdict), "reason": cell.reason})

@@ -223,3 +223,7 @@ def test_a_starved_catch_is_provisional_until_its_rerun_alone(tmp_path, monkeypa
         _cell("reference", "s1", "PASS", []), starved_fail])
     planted = {"mutant.t": {"id": "t", "of": "reference", "requirement": "R-TIMEOUT-1", "bug": "b", "like": "l"}}
     assert not outcomes(unconfirmed, planted)[0][0].caught
+    # its rerun alone catches, however loaded the machine still looked (a load average lags the main phase)
+    starved_fail.alone = _cell("mutant.t", "s1", "FAIL", timer)
+    starved_fail.alone.starved, starved_fail.alone.timing_only = "load 9.0 on 2 cores", True
+    assert outcomes(unconfirmed, planted)[0][0].caught
