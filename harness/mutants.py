@@ -127,7 +127,7 @@ class EarlyStop:
 
     def _judge(self, cell, alone: bool) -> None:
         from harness.judge.judge import judge_cell
-        from harness.judge.load import needs_alone
+        from harness.judge.load import needs_alone, rerun_starved
         from harness.spec import history as hist
 
         bug = self.planted.get(cell.impl)
@@ -139,7 +139,8 @@ class EarlyStop:
             with self._lock:
                 self.control_failed[cell.scenario] = {c["name"] for c in judged.checks if c["ok"] is not True}
             return
-        starved = needs_alone(judged) and not alone  # failed only on timing bounds while starved: its rerun decides
+        # failed only on timing bounds while starved: its rerun decides (a rerun that waited for a core: nothing)
+        starved = (needs_alone(judged) and not alone) or (alone and rerun_starved(judged))
         with self._lock:
             control = self.control_failed.get(cell.scenario)
             if control is None:  # the control's cell has not ended: a catch cannot be told yet
@@ -160,7 +161,7 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
     problems: every cell of an unmutated implementation that is not PASS
     (``{"scenario", "impl", "verdict", "reason"}``).  A check that also failed (or could
     not tell) in the control's cell of the same scenario catches nothing."""
-    from harness.judge.load import needs_alone
+    from harness.judge.load import needs_alone, rerun_starved
 
     control_cells = [c.alone or c for c in result.cells if c.impl not in planted]
     control_failed = {(c.scenario, check["name"]) for c in control_cells for check in c.checks
@@ -172,8 +173,8 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
         for first in (c for c in result.cells if c.impl == impl):
             cell = first.alone or first  # a rerun alone settles its cell
             # a starved timing failure not run again alone is no catch (EarlyStop skipped its rerun)
-            hits = [] if first.alone is None and needs_alone(first) else _catching(cell, out.requirement,
-                                                                                   control_failed)
+            unconfirmed = rerun_starved(first.alone) if first.alone is not None else needs_alone(first)
+            hits = [] if unconfirmed else _catching(cell, out.requirement, control_failed)
             out.catching += hits
             if not hits and cell.verdict != Verdict.PASS:
                 out.other.append({"scenario": cell.scenario, "verdict": str(cell.verdict), "reason": cell.reason})

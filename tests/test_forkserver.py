@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from harness.drive.scheduler import fork_groups
+from harness.drive.fork_servers import fork_groups
 from harness.drive.forkserver_client import ForkServer, ForkServerError
 
 
@@ -168,7 +168,7 @@ def test_nixl_cells_come_from_a_fork_server_of_their_own_that_alone_holds_ucx(tm
     # fork server (forked from the shared one), and never in the shared one, whose
     # Mooncake and Mori roles must run without UCX's memory hooks.
     from harness.drive.forkserver_client import OwnForkServer
-    from harness.drive.scheduler import fork_group
+    from harness.drive.fork_servers import fork_group
 
     assert fork_group("nixl") == "sglang-nixl" and fork_group("mooncake") == "sglang"
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -325,8 +326,62 @@ def test_a_rerun_alone_the_callbacks_skip_is_left_out_and_each_that_ran_is_heard
 
     settled = {"b"}
     run = SimpleNamespace(tasks=[SimpleNamespace(scenario=scenario)], out_dir=tmp_path, work=work, declined_alone=[],
+                          schedule=SimpleNamespace(alone_jobs=1, seed=0), lock=threading.Lock(),
                           cb=Callbacks(skip=lambda impl, sid: impl in settled,
                                        on_alone=lambda cell: (heard.append(cell.impl), settled.add("c"))))
     run_alone(run, [("selftest-noop", "a"), ("selftest-noop", "b"), ("selftest-noop", "c")])
     assert ran == ["a"] and heard == ["a"]
     assert run.declined_alone == [("selftest-noop", "b"), ("selftest-noop", "c")]  # asked again after the round
+
+
+def test_reruns_alone_run_alone_jobs_at_a_time_the_longest_first(tmp_path):
+    """Schedule.alone_jobs > 1: that many reruns at once (two overlap), the longest scenario first."""
+    from types import SimpleNamespace
+
+    from harness.drive.runner import CellRun
+    from harness.drive.scheduler import Callbacks, run_alone
+
+    scenarios = [get_scenario("selftest-noop"), get_scenario("selftest-hang")]  # hang expects the longer wait
+    spans, lock, both = {}, threading.Lock(), threading.Barrier(2, timeout=10)
+
+    def work(task):
+        with lock:
+            spans[task.scenario.id] = [time.monotonic()]
+        both.wait()  # returns only once the other rerun has started too
+        spans[task.scenario.id].append(time.monotonic())
+        return CellRun(task.scenario.id, task.impl, task.workdir, False)
+
+    run = SimpleNamespace(tasks=[SimpleNamespace(scenario=s) for s in scenarios], out_dir=tmp_path, work=work,
+                          declined_alone=[], schedule=SimpleNamespace(alone_jobs=2, seed=0), lock=threading.Lock(),
+                          stopping=threading.Event(), cb=Callbacks())
+    run_alone(run, [("selftest-noop", "selftest"), ("selftest-hang", "selftest")])
+    assert set(spans) == {"selftest-noop", "selftest-hang"}
+    assert spans["selftest-hang"][0] <= spans["selftest-noop"][0]  # the longest started first
+    assert max(s[0] for s in spans.values()) < min(s[1] for s in spans.values())  # they overlapped
+
+
+def test_a_rerun_that_waited_for_a_core_confirms_nothing():
+    """harness.judge.load.rerun_starved: a rerun failed only on timing bounds while its own threads
+    waited for a core confirms nothing (outcomes counts no catch from it); one that did not wait does."""
+    from harness.judge.load import rerun_starved
+    from harness.judge.results import CellResult
+    from harness.mutants import outcomes
+    from harness.judge.results import RunResult
+    from harness.target.sglang import SglangInfo
+
+    def cell(verdict, wait_s, timing=True, impl="mutant.t"):
+        ok = verdict == "PASS"
+        return CellResult(impl=impl, scenario="s", verdict=verdict, timing_only=timing and not ok,
+                          load={"duration_s": 10.0, "wait_s": wait_s},
+                          checks=[{"name": "deadline", "requirement": "R-TIMEOUT-1", "level": "MUST", "ok": ok,
+                                   "detail": "d", "timing": True}])
+
+    assert rerun_starved(cell("FAIL", 4.0)) and not rerun_starved(cell("FAIL", 0.5))
+    assert not rerun_starved(cell("PASS", 4.0)) and not rerun_starved(cell("FAIL", 4.0, timing=False))
+    planted = {"mutant.t": {"id": "t", "of": "reference", "requirement": "R-TIMEOUT-1", "bug": "b", "like": "l"}}
+    for wait_s, caught in ((4.0, False), (0.5, True)):
+        first = cell("FAIL", 9.0)
+        first.starved, first.alone = "load 16.0 on 2 cores", cell("FAIL", wait_s)
+        run = RunResult(sglang=SglangInfo(version=None, path=None), seed=0, cells=[cell("PASS", 0.0, impl="reference"),
+                                                                                   first])
+        assert outcomes(run, planted)[0][0].caught is caught

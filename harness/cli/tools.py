@@ -357,7 +357,10 @@ def mutants(
     stop = None if all_cells else EarlyStop(planted, {s.id: s for s in scenarios}, seed)
     config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs, reports=False, priority=stop.priority() if stop else {},
-                       isolated=True)  # a catch is told from one run of each cell (harness.mutants.EarlyStop)
+                       isolated=True,  # a catch is told from one run of each cell (harness.mutants.EarlyStop)
+                       # reruns alone as many at once as cores: each mostly waits on a timer, the load stays within
+                       # the cores, and one whose threads still waited for a core confirms nothing (harness.judge.load)
+                       alone_jobs=os.cpu_count() or 1)
     callbacks = Callbacks(on_cell=stop.on_cell, skip=stop.skip, on_alone=stop.on_alone) if stop else None
     begin = time.monotonic()
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:

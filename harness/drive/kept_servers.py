@@ -1,6 +1,6 @@
 """Fork servers kept for the life of one process, for processes that run many small runs.
 
-A run starts a fork server per group (harness.drive.scheduler.start_fork_servers) and each
+A run starts a fork server per group (harness.drive.fork_servers.start_fork_servers) and each
 one imports its implementations before it forks a cell: about 2 s of CPU for the
 reference's, 6-7 s for sglang's (docs/performance.md).  The test suite makes some hundred
 small runs in each pytest process, so those imports were about 40 % of its CPU.  With
@@ -50,7 +50,7 @@ def on() -> bool:
 
 def key(python: str, env: dict[str, str], group: str, preload: list[str]) -> tuple:
     """What a kept fork server must match to serve a run: interpreter, the cells' whole
-    environment (a cell inherits its fork server's), group (harness.drive.scheduler.fork_group)
+    environment (a cell inherits its fork server's), group (harness.drive.fork_servers.fork_group)
     and the implementations it preloads (a preload may change the server's state, as Mori's
     stand-in does: a run gets the server a fresh start would give it)."""
     # pytest names the running test in the environment: a cell does not read it, and with it no two tests would share

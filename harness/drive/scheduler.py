@@ -22,11 +22,11 @@ from typing import Callable
 
 from harness import nofollow
 from harness.drive import kept_servers
+from harness.drive.fork_servers import close_fork_servers, fork_group, start_fork_servers
 from harness.drive.contain import become_subreaper, children, kill_descendants
-from harness.drive.forkserver_client import ForkServer, OwnForkServer, ForkServerError
+from harness.drive.forkserver_client import ForkServer, ForkServerError
 from harness.drive.ports import PortBlocks
 from harness.drive.runner import CellRun, kill_running_cells, run_cell_isolated
-from harness.implementations import implementation
 from harness.drive.warm import WarmPairs
 from harness.judge.results import alone_dir, cell_dir, on_pair_dir, reference_for_diff_dir
 from harness.spec import history as hist
@@ -116,7 +116,9 @@ class Schedule:
     (harness.spec.steps.STALL_CUT_S), ``duration_hint`` (seconds per (scenario, impl):
     longest first; default the scenarios' inherent waits), ``priority`` (per (scenario,
     impl), default 0: lower starts first, then longest first), ``pairs`` (cells on warm role
-    pairs where they can be, harness.drive.warm; False: every cell isolated)."""
+    pairs where they can be, harness.drive.warm; False: every cell isolated), ``alone_jobs``
+    (reruns alone at once, :func:`run_alone`; more than one only up to the cores, so the load
+    stays within them: harness.judge.load's first starved rule)."""
 
     target: SglangTarget
     seed: int = 0
@@ -126,71 +128,7 @@ class Schedule:
     duration_hint: dict[tuple[str, str], float] = field(default_factory=dict)
     priority: dict[tuple[str, str], int] = field(default_factory=dict)
     pairs: bool = False
-
-
-def fork_group(impl: str) -> str:
-    """Which fork server starts ``impl``'s cells: "sglang" (its roles import sglang),
-    "plain", or "sglang-IMPL" / "plain-IMPL" for an implementation with a fork server of
-    its own (``Implementation.own_fork_server``), forked from the shared one."""
-    spec = implementation(impl)
-    base = "sglang" if spec.imports_sglang else "plain"
-    return f"{base}-{impl}" if spec.own_fork_server else base
-
-
-def fork_groups(impls: list[str]) -> dict[str, list[str]]:
-    """The started fork servers a run needs: group name -> the implementations it preloads
-    (an implementation with a server of its own is preloaded by the shared one it forks from)."""
-    groups: dict[str, list[str]] = {}
-    for impl in impls:
-        groups.setdefault(fork_group(impl).split("-", 1)[0], []).append(impl)
-    return groups
-
-
-def start_fork_servers(impls: list[str], target: SglangTarget, out_dir: Path,
-                       note: Callable[[str], None], kept: bool = False) -> dict[str, ForkServer | OwnForkServer]:
-    """The fork servers ``impls`` need, by group (:func:`fork_group`), started together and
-    not waited for; a group that cannot start is noted (its cells start fresh interpreters).
-    The caller closes them, last first (an implementation's own server before its base).
-    With ``kept``, while this process keeps fork servers (harness.drive.kept_servers: the test
-    suite), a live kept one of the same interpreter, environment and group is taken instead of
-    starting one, and a started one is kept."""
-    servers: dict[str, ForkServer | OwnForkServer] = {}
-    kept = kept and kept_servers.on()
-    env = target.cell_env()
-    for group, names in fork_groups(impls).items():
-        k = kept_servers.key(target.python, env, group, names)
-        base = kept_servers.take(k) if kept else None
-        if base is None:
-            try:  # a kept one logs in its own socket folder (removed with it, also after a kill)
-                base = ForkServer(target.python, env, log_dir=None if kept else out_dir, impls=names,
-                                  wait=False, log_name=f"forkserver-{group}.log")
-            except (ForkServerError, OSError) as exc:
-                note(f"{group} cells start as fresh interpreters: {exc}")
-                continue
-            if kept:
-                kept_servers.put(k, base)
-        servers[group] = base
-        for impl in names:  # forked from base once it is ready (OwnForkServer.wait_ready)
-            if fork_group(impl) != group:
-                own = kept_servers.take(k + (impl,)) if kept else None  # alive only while its base is
-                if own is None:
-                    own = OwnForkServer(base, impl, log_dir=None if kept else out_dir)
-                    if kept:
-                        kept_servers.put(k + (impl,), own)
-                servers[fork_group(impl)] = own
-    return servers
-
-
-def close_fork_servers(servers: dict[str, ForkServer | OwnForkServer], interrupted: bool = False) -> None:
-    """Close what :func:`start_fork_servers` started, last first: an implementation's own
-    fork server before the base it was forked from (close is idempotent).  A kept one
-    (harness.drive.kept_servers) stays running, unless ``interrupted``."""
-    for server in reversed(servers.values()):
-        if kept_servers.is_kept(server):
-            if not interrupted:
-                continue
-            kept_servers.drop(server)
-        server.close()
+    alone_jobs: int = 1
 
 
 def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
@@ -424,18 +362,40 @@ def _stop_workers(futures: list) -> None:
 
 
 def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
-    """Run each ``(scenario, impl)`` of ``keys`` once more, one after the other (every other cell
-    has ended), into ``OUT/alone/SCENARIO--IMPL/``; not reported as cells of the run.  One the
-    callbacks' ``skip`` does not want now is left out (and noted in ``run.declined_alone``);
-    ``on_alone`` hears of each that ran."""
+    """Run each ``(scenario, impl)`` of ``keys`` once more (every other cell of the round has
+    ended), into ``OUT/alone/SCENARIO--IMPL/``; not reported as cells of the run: one after the
+    other, or ``Schedule.alone_jobs`` at a time, the longest first (such cells mostly wait on
+    their timers).  One the callbacks' ``skip`` does not want when it would start is left out
+    (and noted in ``run.declined_alone``); ``on_alone`` hears of each that ran."""
     by_id = {t.scenario.id: t.scenario for t in run.tasks}
-    for scenario_id, impl in keys:
+
+    def one(key: tuple[str, str]) -> None:
+        scenario_id, impl = key
         if run.cb.skip and run.cb.skip(impl, scenario_id):  # an earlier rerun settled what this one would
-            run.declined_alone.append((scenario_id, impl))
-            continue
+            with run.lock:
+                run.declined_alone.append(key)
+            return
         cell = run.work(_Task(by_id[scenario_id], impl, alone_dir(run.out_dir, scenario_id, impl), False, isolated=True))
         if cell is not None and run.cb.on_alone:
             run.cb.on_alone(cell)
+
+    workers = min(run.schedule.alone_jobs, len(keys))
+    if workers <= 1:
+        for key in keys:
+            one(key)
+        return
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdconform-alone")
+    futures = []
+    try:
+        futures = [pool.submit(one, key) for key in sorted(keys, key=lambda k: -by_id[k[0]].expected_s(run.schedule.seed))]
+        for future in futures:
+            future.result()
+    except BaseException:  # an interrupt: as run_parallel's
+        run.stopping.set()
+        _stop_workers(futures)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _rounds(run: _Run, again: Callable[[list[CellRun]], list[tuple[str, str]]] | None) -> list[CellRun | None]:

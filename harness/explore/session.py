@@ -34,7 +34,7 @@ from hypothesis.stateful import get_state_machine_test
 from harness.drive.forkserver_client import ForkServerError
 from harness.drive.pair import RolePair
 from harness.drive.runner import kill_running_cells, run_cell_isolated
-from harness.drive.scheduler import close_fork_servers, fork_group, start_fork_servers
+from harness.drive.fork_servers import close_fork_servers, fork_group, start_fork_servers
 from harness.explore.ahead import Round, RoundsAhead
 from harness.explore.lanes import LANE_OVERRUN_S, STOP_JOIN_S, Lanes, end_leftovers, watch_leftovers
 from harness.explore.found import found_dirs, found_files, impl_of, load_program, scenario_of, write_found

@@ -120,10 +120,26 @@ def starved(load: dict[str, Any] | None) -> str:
                             *(load.get("load_end") or [])[:1]) if isinstance(x, (int, float))], default=0.0)
     if peak > load["cores"]:
         why.append(f"load {peak:.1f} on {load['cores']} core{'s' * (load['cores'] != 1)}")
-    wall = load.get("duration_s") or 0.0
+    why.append(waited_for_core(load))
+    return ", ".join(w for w in why if w)
+
+
+def waited_for_core(load: dict[str, Any] | None) -> str:
+    """The second starved rule alone (module docstring): the cell's own threads waited for a core
+    at least :data:`STARVED_WAIT_SHARE` of its wall time and :data:`STARVED_WAIT_MIN_S`, in words;
+    "" when not.  The rule a rerun is held to (:func:`rerun_starved`): a load average still
+    lags a busy round when its reruns start.  Pure."""
+    wall = (load or {}).get("duration_s") or 0.0
     if wall > 0 and load.get("wait_s", 0.0) >= max(STARVED_WAIT_SHARE * wall, STARVED_WAIT_MIN_S):
-        why.append(f"waited {load['wait_s']:.1f} s for a core in {wall:.1f} s")
-    return ", ".join(why)
+        return f"waited {load['wait_s']:.1f} s for a core in {wall:.1f} s"
+    return ""
+
+
+def rerun_starved(rerun) -> bool:
+    """Whether ``rerun`` (a judged CellResult of a cell run again alone, or beside at most as
+    many other reruns as there are cores: harness.drive.scheduler.run_alone) confirms nothing: it
+    failed only on timing bounds and its own threads waited for a core (:func:`waited_for_core`)."""
+    return rerun.verdict != "PASS" and rerun.timing_only and bool(waited_for_core(rerun.load))
 
 
 def timing_only(history: list[dict], checks: list[dict]) -> bool:
