@@ -84,6 +84,7 @@ class RunConfig:
     # (harness.judge.load.needs_alone); False where only the first verdicts count (bench, soak)
     alone_reruns: bool = True
     alone_jobs: int = 1  # reruns alone at once (harness.drive.scheduler.Schedule.alone_jobs)
+    weigh: bool = False  # jobs count cells by their weight (harness.drive.scheduler.Schedule.weigh)
     isolated: bool = False
 
     def settings(self) -> dict[str, int]:
@@ -166,7 +167,8 @@ def run_into(config: RunConfig, folder: Path, callbacks: Callbacks | None = None
                      hosts_listen=config.hosts_listen, pool_device=config.pool_device)
     schedule = Schedule(target=target, seed=config.seed, jobs=config.jobs, fork=config.fork,
                         full_waits=config.full_waits, duration_hint=dict(config.duration_hint),
-                        priority=dict(config.priority), pairs=not config.isolated, alone_jobs=config.alone_jobs)
+                        priority=dict(config.priority), pairs=not config.isolated, alone_jobs=config.alone_jobs,
+                        weigh=config.weigh)
     if not config.isolated:
         callbacks = _with_confirm(config, callbacks)
     again = _starved_cells(config, folder, callbacks) if config.alone_reruns else None

@@ -385,3 +385,33 @@ def test_a_rerun_that_waited_for_a_core_confirms_nothing():
         run = RunResult(sglang=SglangInfo(version=None, path=None), seed=0, cells=[cell("PASS", 0.0, impl="reference"),
                                                                                    first])
         assert outcomes(run, planted)[0][0].caught is caught
+
+
+def test_weighed_cells_share_the_jobs_by_how_much_they_wait():
+    """Schedule.weigh: a cell that mostly waits on its timers weighs a quarter of a job, one of
+    steps alone a whole job; the gate starts a cell only while the running cells' weights leave
+    room for it (one always starts when none runs)."""
+    from harness.drive.scheduler import MIN_WEIGHT, _Gate, cell_weight
+
+    assert cell_weight(get_scenario("paused-prefill"), 0) == MIN_WEIGHT
+    assert cell_weight(get_scenario("happy-path"), 0) == 1.0
+    assert MIN_WEIGHT < cell_weight(get_scenario("no-residue"), 0) < 1.0
+    gate, started = _Gate(threading.Event(), capacity=1.0), []
+
+    def enter(name, weight):
+        gate.enter(False, weight)
+        started.append(name)
+
+    for name in ("a", "b"):
+        enter(name, 0.5)
+    late = threading.Thread(target=enter, args=("c", 0.5))
+    late.start()
+    late.join(0.7)
+    assert started == ["a", "b"] and late.is_alive()  # 0.5 + 0.5 fill the one job: c waits
+    gate.leave(False, 0.5)
+    late.join(5)
+    assert started == ["a", "b", "c"]
+    gate.leave(False, 0.5)
+    gate.leave(False, 0.5)
+    enter("heavy", 2.0)  # heavier than the whole capacity: starts when nothing else runs
+    assert started[-1] == "heavy"

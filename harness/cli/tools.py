@@ -327,7 +327,10 @@ def mutants(
     """Run the scenarios against every planted-bug mutant of the reference and say which
     check caught each (harness.mutants): a mutant is caught when a cell fails a check citing
     the requirement the mutant breaks.  A mutant's cells not yet started when one of them
-    caught it are skipped (harness.mutants.EarlyStop), unless ``--all-cells``.
+    caught it are skipped (harness.mutants.EarlyStop), unless ``--all-cells``; a catch made only
+    on timing bounds while the machine starved it waits for its rerun alone (two reruns a core
+    at once) before the mutant's other cells are skipped; cells that mostly wait on their
+    timers count as part of a job (harness.drive.scheduler.cell_weight).
 
     Exit 0 when every mutant was caught and the unmutated reference passed everywhere, 1
     otherwise, 2 on bad usage.
@@ -358,9 +361,10 @@ def mutants(
     config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
                        jobs=jobs, reports=False, priority=stop.priority() if stop else {},
                        isolated=True,  # a catch is told from one run of each cell (harness.mutants.EarlyStop)
-                       # reruns alone as many at once as cores: each mostly waits on a timer, the load stays within
-                       # the cores, and one whose threads still waited for a core confirms nothing (harness.judge.load)
-                       alone_jobs=os.cpu_count() or 1)
+                       # reruns alone two a core at once: each mostly waits on a timer (a twentieth of a core), the load
+                       # stays within the cores, and one whose threads still waited for a core confirms nothing
+                       alone_jobs=2 * (os.cpu_count() or 1),
+                       weigh=True)  # a cell that mostly waits on a timer takes a quarter of a job (cell_weight)
     callbacks = Callbacks(on_cell=stop.on_cell, skip=stop.skip, on_alone=stop.on_alone) if stop else None
     begin = time.monotonic()
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:

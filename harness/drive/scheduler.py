@@ -10,6 +10,7 @@ it judges nothing.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import threading
@@ -68,17 +69,20 @@ class Callbacks:
 
 class _Gate:
     """Cells of a scenario marked ``alone`` run with no other cell; the others run together.
-    A waiting alone cell goes first: no other cell starts until it has run.  Every wait
-    ends when the run is stopping (checked every half second)."""
+    A waiting alone cell goes first: no other cell starts until it has run.  Cells may carry
+    a weight (:func:`cell_weight`): one starts only while the running cells' weights leave room
+    for its own within ``capacity`` (a cell always starts when none runs).  Every wait ends
+    when the run is stopping (checked every half second)."""
 
-    def __init__(self, stopping: threading.Event):
+    def __init__(self, stopping: threading.Event, capacity: float = math.inf):
         self.cond = threading.Condition()
         self.stopping = stopping
+        self.capacity, self.used = capacity, 0.0
         self.running = 0
         self.alone = False
         self.waiting_alone = 0
 
-    def enter(self, alone: bool) -> None:
+    def enter(self, alone: bool, weight: float = 0.0) -> None:
         with self.cond:
             if alone:
                 self.waiting_alone += 1
@@ -87,17 +91,34 @@ class _Gate:
                 self.waiting_alone -= 1
                 self.alone = True
             else:
-                while (self.alone or self.waiting_alone) and not self.stopping.is_set():
+                while (self.alone or self.waiting_alone or (self.running and self.used + weight > self.capacity)) \
+                        and not self.stopping.is_set():
                     self.cond.wait(0.5)
                 self.running += 1
+                self.used += weight
 
-    def leave(self, alone: bool) -> None:
+    def leave(self, alone: bool, weight: float = 0.0) -> None:
         with self.cond:
             if alone:
                 self.alone = False
             else:
                 self.running -= 1
+                self.used -= weight
             self.cond.notify_all()
+
+
+CELL_BUSY_S = 1.0  # seconds a cell works beyond its steps (its roles start, are observed, end): cell_weight
+MIN_WEIGHT = 0.25  # the least share of a job a weighed cell takes: at most 4 cells a job
+
+
+def cell_weight(scenario: Scenario, seed: int) -> float:
+    """The share of one job a cell of ``scenario`` takes where a run weighs its cells
+    (Schedule.weigh): the part of its expected seconds (Scenario.expected_s, plus
+    :data:`CELL_BUSY_S`) not spent in its own sleeps and timeouts (Scenario.inherent_wait_s),
+    from :data:`MIN_WEIGHT` to 1: a cell that mostly waits on a timer leaves most of its core
+    to others.  Pure."""
+    expected = scenario.expected_s(seed) + CELL_BUSY_S
+    return max(MIN_WEIGHT, min(1.0, (expected - scenario.inherent_wait_s(seed)) / expected))
 
 
 @dataclass(frozen=True)
@@ -116,9 +137,11 @@ class Schedule:
     (harness.spec.steps.STALL_CUT_S), ``duration_hint`` (seconds per (scenario, impl):
     longest first; default the scenarios' inherent waits), ``priority`` (per (scenario,
     impl), default 0: lower starts first, then longest first), ``pairs`` (cells on warm role
-    pairs where they can be, harness.drive.warm; False: every cell isolated), ``alone_jobs``
-    (reruns alone at once, :func:`run_alone`; more than one only up to the cores, so the load
-    stays within them: harness.judge.load's first starved rule)."""
+    pairs where they can be, harness.drive.warm; False: every cell isolated), ``weigh`` (``jobs``
+    counts cells by :func:`cell_weight`, so up to 1 / MIN_WEIGHT times as many that mostly wait
+    run at once), ``alone_jobs``
+    (reruns alone at once, :func:`run_alone`; ``pdconform mutants`` runs two a core, as such
+    cells mostly wait on timers and one that waited for a core confirms nothing)."""
 
     target: SglangTarget
     seed: int = 0
@@ -129,6 +152,7 @@ class Schedule:
     priority: dict[tuple[str, str], int] = field(default_factory=dict)
     pairs: bool = False
     alone_jobs: int = 1
+    weigh: bool = False
 
 
 def expected_durations(scenarios: list[Scenario], impls: list[str], seed: int,
@@ -184,7 +208,7 @@ class _Run:
         self.started = self.done = 0
         self.noted: set[str] = set()
         self.stopping = threading.Event()
-        self.gate = _Gate(self.stopping)
+        self.gate = _Gate(self.stopping, schedule.jobs if schedule.weigh else math.inf)
         # what ``skip`` left unrun this round (task indices; reruns alone): asked again after it (_rounds)
         self.declined, self.declined_alone = [], []
         # idle pairs at most: one per cell at once (at least MIN_IDLE_PAIRS), so a run holds about twice its cells' roles
@@ -240,9 +264,10 @@ class _Run:
                 self.started += 1
                 self.cb.on_start(self.started, self.reported, task.impl, task.scenario)
         alone = bool(task.scenario.alone)
-        self.gate.enter(alone)
+        weight = cell_weight(task.scenario, self.schedule.seed) if self.schedule.weigh else 0.0
+        self.gate.enter(alone, weight)
         if self.stopping.is_set():
-            self.gate.leave(alone)
+            self.gate.leave(alone, weight)
             return None
         base = self.ports.acquire()
         try:
@@ -250,7 +275,7 @@ class _Run:
                 return None
         finally:
             self.ports.release(base)
-            self.gate.leave(alone)
+            self.gate.leave(alone, weight)
         cell = CellRun(task.scenario.id, task.impl, task.workdir, task.reported)
         if task.reported and self.cb.on_cell:
             with self.lock:
@@ -334,7 +359,8 @@ class _Run:
             while (i := next_task()) is not None:
                 results[i] = self.work(self.tasks[i], i)
 
-        workers = min(self.schedule.jobs, len(indices))  # no thread without a cell to run
+        per_job = round(1 / MIN_WEIGHT) if self.schedule.weigh else 1  # the gate holds weighed cells to jobs
+        workers = min(self.schedule.jobs * per_job, len(indices))  # no thread without a cell to run
         pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="pdconform-cell")
         futures = []
         try:
