@@ -154,3 +154,28 @@ def test_a_killed_decode_fails_the_writes_to_it_and_leaves_no_residue(pair, fail
         time.sleep(0.05)
     assert not prefill.observe([room])["rooms"], prefill.observe([room])["rooms"]
     assert all(prefill.observe()["loops"].values())
+
+
+def test_an_api_call_submitted_before_a_waiting_frame_is_applied_first():
+    """ControlSide: work submitted by an API call that has returned runs before a frame waiting
+    at the same wake-up, so an injected frame never overtakes the open_sender that made its room
+    (late-old-abort's ABORT copy met a room not yet opened, and a mutant that acts on it went
+    unseen)."""
+    from backends.reference.wire import ControlSide
+
+    seen = []
+    side = ControlSide("test", lambda frames: seen.append("frame"), lambda now: None)
+    push = side.ctx.socket(zmq.PUSH)
+    try:
+        push.connect(side.endpoint)
+        push.send_multipart([b"FRAME"])
+        assert side.pull.poll(5000), "the frame never reached the socket"
+        side.submit(lambda: seen.append("call"))
+        side.thread.start()
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == ["call", "frame"]
+    finally:
+        push.close(0)
+        side.close()

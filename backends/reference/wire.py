@@ -236,14 +236,9 @@ class ControlSide:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
                     pass
-            if ready.get(self.pull):
-                frames = self.pull.recv_multipart()
-                try:
-                    self.handle_frames(frames)
-                except (MalformedFrame, UnicodeDecodeError, ValueError) as exc:
-                    log.warning("dropped a malformed control frame: %s", exc)  # R-LIVE-1
-                except Exception as exc:  # handling failed: still never fatal (R-LIVE-1)
-                    log.warning("dropped a control frame it could not handle: %r", exc)
+            # API calls first: one submitted before this wake-up returned to its caller before any
+            # frame now waiting could be a reply to it (sglang's senders are made synchronously), so
+            # a frame never overtakes the call that made the room it names
             while True:
                 try:
                     fn = self.inbox.get_nowait()
@@ -253,6 +248,14 @@ class ControlSide:
                     fn()
                 except Exception as exc:  # an API call's own error goes back to its caller via _sync
                     log.error("control work failed: %r", exc)
+            if ready.get(self.pull):
+                frames = self.pull.recv_multipart()
+                try:
+                    self.handle_frames(frames)
+                except (MalformedFrame, UnicodeDecodeError, ValueError) as exc:
+                    log.warning("dropped a malformed control frame: %s", exc)  # R-LIVE-1
+                except Exception as exc:  # handling failed: still never fatal (R-LIVE-1)
+                    log.warning("dropped a control frame it could not handle: %r", exc)
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_S
                 self.on_tick(time.monotonic())
