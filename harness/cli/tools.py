@@ -358,13 +358,11 @@ def mutants(
     target = _target(None, None)
     controls = list(dict.fromkeys(bug["of"] for bug in planted.values()))  # each mutant's parent
     stop = None if all_cells else EarlyStop(planted, {s.id: s for s in scenarios}, seed)
+    # a catch is told from one run of each cell (EarlyStop); a cell that mostly waits on a timer takes part of a job
+    # (cell_weight); reruns alone two a core: each mostly waits, and one that waited for a core confirms nothing
     config = RunConfig(impls=[*controls, *planted], scenarios=scenarios, out_dir=out, target=target, seed=seed,
-                       jobs=jobs, reports=False, priority=stop.priority() if stop else {},
-                       isolated=True,  # a catch is told from one run of each cell (harness.mutants.EarlyStop)
-                       # reruns alone two a core at once: each mostly waits on a timer (a twentieth of a core), the load
-                       # stays within the cores, and one whose threads still waited for a core confirms nothing
-                       alone_jobs=2 * (os.cpu_count() or 1),
-                       weigh=True)  # a cell that mostly waits on a timer takes a quarter of a job (cell_weight)
+                       jobs=jobs, reports=False, priority=stop.priority() if stop else {}, isolated=True,
+                       alone_jobs=2 * (os.cpu_count() or 1), weigh=True)
     callbacks = Callbacks(on_cell=stop.on_cell, skip=stop.skip, on_alone=stop.on_alone) if stop else None
     begin = time.monotonic()
     with _run_folder(out, "mutants", ": the running cells were stopped") as folder:
