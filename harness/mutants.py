@@ -118,8 +118,15 @@ class EarlyStop:
             return impl in self.caught or self.provisional.get(impl, scenario) != scenario
 
     def on_alone(self, cell) -> None:
-        """A cell run once more alone ended: it may catch its mutant (and spare that mutant's other reruns)."""
-        self._judge(cell, alone=True)
+        """A cell run once more alone ended: it may catch its mutant (and spare that mutant's other
+        reruns); whatever it shows, the provisional catch it was run for is settled (confirmed, or
+        dropped so that what waited for it runs: a stuck mark would leave them unrun)."""
+        try:
+            self._judge(cell, alone=True)
+        finally:
+            with self._lock:
+                if self.provisional.get(cell.impl) == cell.scenario:
+                    del self.provisional[cell.impl]
 
     def on_cell(self, done: int, total: int, cell) -> None:
         """A cell (harness.drive.runner.CellRun) ended: the control's failures are noted, a mutant's catch too."""
@@ -140,19 +147,16 @@ class EarlyStop:
                 self.control_failed[cell.scenario] = {c["name"] for c in judged.checks if c["ok"] is not True}
             return
         # failed only on timing bounds while starved: its rerun decides (a rerun that waited for a core: nothing)
-        starved = (needs_alone(judged) and not alone) or (alone and rerun_starved(judged))
+        starved = rerun_starved(judged) if alone else needs_alone(judged)
         with self._lock:
             control = self.control_failed.get(cell.scenario)
             if control is None:  # the control's cell has not ended: a catch cannot be told yet
                 return
             catches = bool(_catching(judged, bug["requirement"], {(cell.scenario, name) for name in control}))
-            if starved:
-                if catches:
-                    self.provisional.setdefault(cell.impl, cell.scenario)
-            elif catches:
+            if catches and not starved:
                 self.caught.add(cell.impl)
-            elif alone and self.provisional.get(cell.impl) == cell.scenario:  # not confirmed: what waited runs
-                del self.provisional[cell.impl]
+            elif catches and not alone:  # provisional: the mutant's other cells wait for this one's rerun
+                self.provisional.setdefault(cell.impl, cell.scenario)
 
 
 def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOutcome], list[dict]]:

@@ -209,14 +209,17 @@ def test_a_starved_catch_is_provisional_until_its_rerun_alone(tmp_path, monkeypa
     timer = [("bootstrap-deadline", "R-TIMEOUT-1", False)]
     starved_fail = _cell("mutant.t", "s1", "FAIL", timer)
     starved_fail.starved, starved_fail.timing_only = "load 16.0 on 2 cores", True
-    for confirmed in (False, True):
+    starved_rerun = _cell("mutant.t", "s1", "FAIL", timer)  # caught, but its own threads waited for a core
+    starved_rerun.timing_only, starved_rerun.load = True, {"duration_s": 10.0, "wait_s": 4.0}
+    for confirmed, rerun in ((False, _cell("mutant.t", "s1", "PASS", [])), (True, _cell("mutant.t", "s1", "FAIL", timer)),
+                             (False, starved_rerun)):
         stop = EarlyStop({"mutant.t": {"id": "t", "requirement": "R-TIMEOUT-1"}}, {"s1": None, "s2": None}, 0)
         ended(stop, "reference", "s1", _cell("reference", "s1", "PASS", []))
         ended(stop, "mutant.t", "s1", starved_fail)
         assert not stop.caught and stop.skip("mutant.t", "s2") and not stop.skip("mutant.t", "s1")
-        rerun = _cell("mutant.t", "s1", "FAIL" if confirmed else "PASS", timer if confirmed else [])
         ended(stop, "mutant.t", "s1", rerun, alone=True)
         assert (stop.caught == {"mutant.t"}) is confirmed and stop.skip("mutant.t", "s2") is confirmed
+        assert not stop.provisional  # settled either way: nothing left waiting for ever
         tmp_path = tmp_path / "next"
         tmp_path.mkdir()
     unconfirmed = RunResult(sglang=SglangInfo(version=None, path=None), seed=0, cells=[

@@ -51,8 +51,9 @@ class Callbacks:
     reported cells as it is recorded (use with one job); ``on_note(text)`` for what the
     user should know (a fork server that could not start); ``skip(impl, scenario id)``,
     asked just before a reported cell would start (or run once more alone): True leaves it
-    unrun and out of the result, or as first run (``pdconform mutants`` once the cell's
-    mutant was caught); ``on_alone(cell_run)`` when a cell run once more alone ends;
+    unrun for now and asked again after the round (harness.drive.scheduler._rounds): out of the
+    result if it never wants it, or as first run (``pdconform mutants`` once the cell's
+    mutant was caught, or while a provisional catch of it waits for its rerun); ``on_alone(cell_run)`` when a cell run once more alone ends;
     ``confirm(cell_run)``, asked of a reported cell that ran on a warm role pair
     (harness.drive.warm): True when its result is not the expected one, so that it runs once
     more in a fresh isolated cell, which is what is reported (the pair's run is kept under
@@ -248,27 +249,37 @@ class _Run:
         """Whether the callbacks' ``skip`` leaves reported ``task`` unrun now."""
         return task.reported and self.cb.skip is not None and self.cb.skip(task.impl, task.scenario.id)
 
-    def work(self, task: _Task, i: int | None = None) -> CellRun | None:
-        """Run one cell (task ``i`` of the run, None: a rerun alone); None when the run is being
-        interrupted or ``skip`` said so (nothing was started; task ``i`` is then noted as declined)."""
-        if self.stopping.is_set() or self.declines(task):
-            if i is not None and not self.stopping.is_set():
+    def held_back(self, task: _Task, i: int | None) -> bool:
+        """Whether ``task`` (task ``i`` of the run, None: a rerun alone) is not to start now: the
+        run is stopping, or ``skip`` declines it (task ``i`` is then noted as declined)."""
+        if self.stopping.is_set():
+            return True
+        if self.declines(task):
+            if i is not None:
                 with self.lock:
                     self.declined.append(i)
+            return True
+        return False
+
+    def work(self, task: _Task, i: int | None = None) -> CellRun | None:
+        """Run one cell (task ``i`` of the run, None: a rerun alone); None when the run is being
+        interrupted or ``skip`` said so (nothing was started): asked before the fork server's
+        wait and again once the gate lets it in (it may have waited there while its mutant was caught)."""
+        if self.held_back(task, i):
             return None
         fork_server = self.zygote_for(task.impl)
         if self.stopping.is_set():  # interrupted while the fork server imported: start nothing
+            return None
+        alone = bool(task.scenario.alone)
+        weight = cell_weight(task.scenario, self.schedule.seed) if self.schedule.weigh else 0.0
+        self.gate.enter(alone, weight)
+        if self.held_back(task, i):
+            self.gate.leave(alone, weight)
             return None
         if task.reported and self.cb.on_start:
             with self.lock:
                 self.started += 1
                 self.cb.on_start(self.started, self.reported, task.impl, task.scenario)
-        alone = bool(task.scenario.alone)
-        weight = cell_weight(task.scenario, self.schedule.seed) if self.schedule.weigh else 0.0
-        self.gate.enter(alone, weight)
-        if self.stopping.is_set():
-            self.gate.leave(alone, weight)
-            return None
         base = self.ports.acquire()
         try:
             if not self.execute(task, fork_server, base):
@@ -390,8 +401,8 @@ def _stop_workers(futures: list) -> None:
 def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
     """Run each ``(scenario, impl)`` of ``keys`` once more (every other cell of the round has
     ended), into ``OUT/alone/SCENARIO--IMPL/``; not reported as cells of the run: one after the
-    other, or ``Schedule.alone_jobs`` at a time, the longest first (such cells mostly wait on
-    their timers).  One the callbacks' ``skip`` does not want when it would start is left out
+    other in the listed order, or ``Schedule.alone_jobs`` at a time, the longest first (such cells
+    mostly wait on their timers).  One the callbacks' ``skip`` does not want when it would start is left out
     (and noted in ``run.declined_alone``); ``on_alone`` hears of each that ran."""
     by_id = {t.scenario.id: t.scenario for t in run.tasks}
 
@@ -431,9 +442,9 @@ def _rounds(run: _Run, again: Callable[[list[CellRun]], list[tuple[str, str]]] |
     starved catch waits for its rerun alone, harness.mutants.EarlyStop).  Each round runs only
     what an earlier one declined, so the rounds end."""
     results: list[CellRun | None] = [None] * len(run.tasks)
-    indices, keys = list(range(len(run.tasks))), []
-    while (indices or keys) and not run.stopping.is_set():
-        run.declined, run.declined_alone = [], []
+    indices, keys, before = list(range(len(run.tasks))), [], None
+    while (indices or keys) and (indices, keys) != before and not run.stopping.is_set():  # a round that ran
+        before, run.declined, run.declined_alone = (indices, keys), [], []  # nothing ends them (a skip unchanged)
         if run.schedule.jobs <= 1:  # (run_cell_isolated itself kills an interrupted cell's group)
             for i in sorted(indices, key=run.priority):  # one at a time: listed order within a priority
                 results[i] = run.work(run.tasks[i], i)
@@ -458,10 +469,12 @@ def run_matrix(impls: list[str], scenarios: list[Scenario], out_dir: Path, sched
     that cannot start leave their cells to fresh interpreters (``on_note`` says why).  An
     interrupt (KeyboardInterrupt) propagates after every running cell was killed.
 
-    ``again``: given the reported cells once every cell has run, the ``(scenario, impl)`` keys
-    to run once more, one at a time with nothing else running, into ``OUT/alone/`` (the caller
+    ``again``: given the reported cells of a round once they have all run, the ``(scenario,
+    impl)`` keys to run once more with no other cell running (one at a time, or
+    ``Schedule.alone_jobs`` reruns at once: :func:`run_alone`), into ``OUT/alone/`` (the caller
     decides which: harness.judge.load.needs_alone; this module judges nothing); on the same
-    fork servers, so no import is paid twice."""
+    fork servers, so no import is paid twice.  Cells ``skip`` declined may run in later rounds
+    (:func:`_rounds`)."""
     started = time.monotonic()
     os.close(nofollow.open_dir(out_dir, create=True))  # no link followed on the way (harness.nofollow)
     tasks = tasks_for(impls, scenarios, out_dir, diff)

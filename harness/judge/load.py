@@ -136,8 +136,8 @@ def waited_for_core(load: dict[str, Any] | None) -> str:
 
 
 def rerun_starved(rerun) -> bool:
-    """Whether ``rerun`` (a judged CellResult of a cell run again alone, or beside at most as
-    many other reruns as there are cores: harness.drive.scheduler.run_alone) confirms nothing: it
+    """Whether ``rerun`` (a judged CellResult of a cell run again alone, or beside a few other
+    reruns: harness.drive.scheduler.run_alone, ``pdconform mutants`` two a core) confirms nothing: it
     failed only on timing bounds and its own threads waited for a core (:func:`waited_for_core`)."""
     return rerun.verdict != "PASS" and rerun.timing_only and bool(waited_for_core(rerun.load))
 
