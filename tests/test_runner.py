@@ -312,10 +312,10 @@ def test_a_cell_skip_declined_runs_in_a_later_round_once_skip_wants_it(tmp_path)
 def test_a_rerun_alone_the_callbacks_skip_is_left_out_and_each_that_ran_is_heard(tmp_path):
     """run_alone asks ``skip`` before each rerun (one an earlier rerun settled is not run) and
     tells ``on_alone`` of each that ran."""
-    from types import SimpleNamespace
+    from types import MethodType, SimpleNamespace
 
     from harness.drive.runner import CellRun
-    from harness.drive.scheduler import Callbacks, run_alone
+    from harness.drive.scheduler import Callbacks, _Run, run_alone
 
     scenario = get_scenario("selftest-noop")
     ran, heard = [], []
@@ -329,6 +329,7 @@ def test_a_rerun_alone_the_callbacks_skip_is_left_out_and_each_that_ran_is_heard
                           schedule=SimpleNamespace(alone_jobs=1, seed=0), lock=threading.Lock(),
                           cb=Callbacks(skip=lambda impl, sid: impl in settled,
                                        on_alone=lambda cell: (heard.append(cell.impl), settled.add("c"))))
+    run.skips = MethodType(_Run.skips, run)
     run_alone(run, [("selftest-noop", "a"), ("selftest-noop", "b"), ("selftest-noop", "c")])
     assert ran == ["a"] and heard == ["a"]
     assert run.declined_alone == [("selftest-noop", "b"), ("selftest-noop", "c")]  # asked again after the round
@@ -336,10 +337,10 @@ def test_a_rerun_alone_the_callbacks_skip_is_left_out_and_each_that_ran_is_heard
 
 def test_reruns_alone_run_alone_jobs_at_a_time_the_longest_first(tmp_path):
     """Schedule.alone_jobs > 1: that many reruns at once (two overlap), the longest scenario first."""
-    from types import SimpleNamespace
+    from types import MethodType, SimpleNamespace
 
     from harness.drive.runner import CellRun
-    from harness.drive.scheduler import Callbacks, run_alone
+    from harness.drive.scheduler import Callbacks, _Run, run_alone
 
     scenarios = [get_scenario("selftest-noop"), get_scenario("selftest-hang")]  # hang expects the longer wait
     spans, lock, both = {}, threading.Lock(), threading.Barrier(2, timeout=10)
@@ -353,7 +354,8 @@ def test_reruns_alone_run_alone_jobs_at_a_time_the_longest_first(tmp_path):
 
     run = SimpleNamespace(tasks=[SimpleNamespace(scenario=s) for s in scenarios], out_dir=tmp_path, work=work,
                           declined_alone=[], schedule=SimpleNamespace(alone_jobs=2, seed=0), lock=threading.Lock(),
-                          stopping=threading.Event(), cb=Callbacks())
+                          stopping=threading.Event(), cb=Callbacks(), fork_servers={})
+    run.skips, run.in_pool = MethodType(_Run.skips, run), MethodType(_Run.in_pool, run)
     run_alone(run, [("selftest-noop", "selftest"), ("selftest-hang", "selftest")])
     assert set(spans) == {"selftest-noop", "selftest-hang"}
     assert spans["selftest-hang"][0] <= spans["selftest-noop"][0]  # the longest started first

@@ -10,6 +10,7 @@ it judges nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -245,9 +246,31 @@ class _Run:
                 self.noted.add(group)
             return None
 
+    def skips(self, impl: str, scenario_id: str) -> bool:
+        """Whether the callbacks' ``skip`` leaves ``impl``'s cell (or rerun) of ``scenario_id`` unrun now."""
+        return self.cb.skip is not None and self.cb.skip(impl, scenario_id)
+
     def declines(self, task: _Task) -> bool:
-        """Whether the callbacks' ``skip`` leaves reported ``task`` unrun now."""
-        return task.reported and self.cb.skip is not None and self.cb.skip(task.impl, task.scenario.id)
+        """Whether :meth:`skips` leaves reported ``task`` unrun now."""
+        return task.reported and self.skips(task.impl, task.scenario.id)
+
+    def in_pool(self, calls: list[Callable[[], None]], workers: int, name: str) -> None:
+        """Run ``calls`` on ``workers`` threads and wait for them all; an interrupt stops every
+        running cell now and starts no other (the fork servers are closed, so a worker waiting
+        on one that still imports gives up at once)."""
+        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name)
+        futures = []
+        try:
+            futures = [pool.submit(call) for call in calls]
+            for future in futures:
+                future.result()
+        except BaseException:
+            self.stopping.set()
+            close_fork_servers(self.fork_servers, interrupted=True)
+            _stop_workers(futures)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def held_back(self, task: _Task, i: int | None) -> bool:
         """Whether ``task`` (task ``i`` of the run, None: a rerun alone) is not to start now: the
@@ -372,19 +395,7 @@ class _Run:
 
         per_job = round(1 / MIN_WEIGHT) if self.schedule.weigh else 1  # the gate holds weighed cells to jobs
         workers = min(self.schedule.jobs * per_job, len(indices))  # no thread without a cell to run
-        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="pdconform-cell")
-        futures = []
-        try:
-            futures = [pool.submit(worker) for _ in range(workers)]
-            for future in futures:
-                future.result()
-        except BaseException:  # an interrupt: stop every running cell now, start no other
-            self.stopping.set()
-            close_fork_servers(self.fork_servers, interrupted=True)  # workers waiting on an importing one give up at once
-            _stop_workers(futures)
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self.in_pool([worker] * workers, workers, "pdconform-cell")
 
 
 def _stop_workers(futures: list) -> None:
@@ -408,7 +419,7 @@ def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
 
     def one(key: tuple[str, str]) -> None:
         scenario_id, impl = key
-        if run.cb.skip and run.cb.skip(impl, scenario_id):  # an earlier rerun settled what this one would
+        if run.skips(impl, scenario_id):  # an earlier rerun settled what this one would
             with run.lock:
                 run.declined_alone.append(key)
             return
@@ -421,18 +432,8 @@ def run_alone(run: _Run, keys: list[tuple[str, str]]) -> None:
         for key in keys:
             one(key)
         return
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdconform-alone")
-    futures = []
-    try:
-        futures = [pool.submit(one, key) for key in sorted(keys, key=lambda k: -by_id[k[0]].expected_s(run.schedule.seed))]
-        for future in futures:
-            future.result()
-    except BaseException:  # an interrupt: as run_parallel's
-        run.stopping.set()
-        _stop_workers(futures)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    longest_first = sorted(keys, key=lambda k: -by_id[k[0]].expected_s(run.schedule.seed))
+    run.in_pool([functools.partial(one, key) for key in longest_first], workers, "pdconform-alone")
 
 
 def _rounds(run: _Run, again: Callable[[list[CellRun]], list[tuple[str, str]]] | None) -> list[CellRun | None]:
@@ -454,7 +455,7 @@ def _rounds(run: _Run, again: Callable[[list[CellRun]], list[tuple[str, str]]] |
             ran = [results[i] for i in indices if run.tasks[i].reported and results[i] is not None]
             run_alone(run, keys + (again(ran) if ran else []))
         indices = [i for i in run.declined if not run.declines(run.tasks[i])]
-        keys = [(sid, impl) for sid, impl in run.declined_alone if not (run.cb.skip and run.cb.skip(impl, sid))]
+        keys = [(sid, impl) for sid, impl in run.declined_alone if not run.skips(impl, sid)]
     return results
 
 
