@@ -70,6 +70,16 @@ def _catching(cell: CellResult, requirement: str, control_failed: set[tuple[str,
             and (cell.scenario, check["name"]) not in control_failed]
 
 
+def unconfirmed(cell: CellResult, rerun: bool) -> bool:
+    """Whether judged ``cell`` catches nothing whatever it failed: a first run that failed only
+    on timing bounds while starved (harness.judge.load.needs_alone: its rerun alone decides), or
+    a ``rerun`` whose own threads waited for a core (harness.judge.load.rerun_starved).  The one
+    rule EarlyStop and :func:`outcomes` both hold a catch to."""
+    from harness.judge.load import needs_alone, rerun_starved
+
+    return rerun_starved(cell) if rerun else needs_alone(cell)
+
+
 class EarlyStop:
     """A mutant needs one catching cell: once a finished cell of it fails a check citing its
     requirement, its cells not yet started are skipped (the run's ``Callbacks``: ``on_cell``
@@ -134,7 +144,6 @@ class EarlyStop:
 
     def _judge(self, cell, alone: bool) -> None:
         from harness.judge.judge import judge_cell
-        from harness.judge.load import needs_alone, rerun_starved
         from harness.spec import history as hist
 
         bug = self.planted.get(cell.impl)
@@ -147,7 +156,7 @@ class EarlyStop:
                 self.control_failed[cell.scenario] = {c["name"] for c in judged.checks if c["ok"] is not True}
             return
         # failed only on timing bounds while starved: its rerun decides (a rerun that waited for a core: nothing)
-        starved = rerun_starved(judged) if alone else needs_alone(judged)
+        starved = unconfirmed(judged, rerun=alone)
         with self._lock:
             control = self.control_failed.get(cell.scenario)
             if control is None:  # the control's cell has not ended: a catch cannot be told yet
@@ -165,8 +174,6 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
     problems: every cell of an unmutated implementation that is not PASS
     (``{"scenario", "impl", "verdict", "reason"}``).  A check that also failed (or could
     not tell) in the control's cell of the same scenario catches nothing."""
-    from harness.judge.load import needs_alone, rerun_starved
-
     control_cells = [c.alone or c for c in result.cells if c.impl not in planted]
     control_failed = {(c.scenario, check["name"]) for c in control_cells for check in c.checks
                       if check["ok"] is not True}
@@ -177,8 +184,8 @@ def outcomes(result: RunResult, planted: dict[str, dict]) -> tuple[list[MutantOu
         for first in (c for c in result.cells if c.impl == impl):
             cell = first.alone or first  # a rerun alone settles its cell
             # a starved timing failure not run again alone is no catch (EarlyStop skipped its rerun)
-            unconfirmed = rerun_starved(first.alone) if first.alone is not None else needs_alone(first)
-            hits = [] if unconfirmed else _catching(cell, out.requirement, control_failed)
+            hits = [] if unconfirmed(cell, rerun=first.alone is not None) else _catching(cell, out.requirement,
+                                                                                        control_failed)
             out.catching += hits
             if not hits and cell.verdict != Verdict.PASS:
                 out.other.append({"scenario": cell.scenario, "verdict": str(cell.verdict), "reason": cell.reason})
